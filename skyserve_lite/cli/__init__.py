@@ -1,0 +1,1 @@
+"""The `sky-lite` command line."""

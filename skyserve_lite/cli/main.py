@@ -1,0 +1,206 @@
+"""`sky-lite`: parse arguments, call the api, render. No decisions and no state access live here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.live import Live
+
+from skyserve_lite import __version__, api
+from skyserve_lite.cli.render import status_json, status_renderable
+from skyserve_lite.errors import SkyLiteError
+from skyserve_lite.spec.parse import load_task_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def home_dir() -> Path:
+    """``$SKY_LITE_HOME``, default ``~/.sky-lite``."""
+    return Path(os.environ.get("SKY_LITE_HOME") or Path.home() / ".sky-lite").expanduser().resolve()
+
+
+def make_controller() -> api.Controller:
+    return api.LocalController(home_dir())
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn sky-lite's own errors into one line on stderr and their exit code; no traceback."""
+    try:
+        yield
+    except SkyLiteError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+def _stderr() -> Console:
+    return Console(stderr=True)
+
+
+def _yes_option(func: F) -> F:
+    return click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")(func)
+
+
+def _output_option(func: F) -> F:
+    return click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+                        show_default=True, help="Output format; json prints only JSON on stdout.")(func)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sky-lite")
+def main() -> None:
+    """Serve an HTTP workload on replicas behind one endpoint."""
+
+
+@main.group()
+def serve() -> None:
+    """Start, inspect and stop services."""
+
+
+@serve.command("up")
+@click.argument("task_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-n", "--name", help="Service name (default: the YAML's name, else the file's stem).")
+@_yes_option
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the service is READY.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds to wait for READY.")
+def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: float) -> None:
+    """Start a service from TASK_FILE."""
+    del yes  # `serve up` asks nothing; accepted so that scripts can pass -y to every command
+    with _errors():
+        task = load_task_file(task_file.resolve())
+        name = name or api.default_service_name(task)
+        controller = make_controller()
+        service = controller.create_service(name, task)
+        if not wait:
+            click.echo(f"Service {name} submitted; it will answer at {service.endpoint} once a replica is "
+                       f"READY (see `sky-lite serve status {name}`).")
+            return
+        console = _stderr()
+        with Live(console=console, transient=True, refresh_per_second=4) as live:
+            def progress(view: api.ServiceView) -> None:
+                live.update(status_renderable([view]))
+
+            view = api.wait_until_ready(controller, name, timeout, on_progress=progress)
+        click.echo(f"Service {name} is READY at {view.service.endpoint}")
+
+
+@serve.command("status")
+@click.argument("names", nargs=-1)
+@_output_option
+def serve_status(names: tuple[str, ...], output: str) -> None:
+    """Show services and their replicas (all services when no NAME is given)."""
+    with _errors():
+        views = make_controller().get_status(names)
+        if output == "json":
+            click.echo(json.dumps(status_json(views), indent=2))
+        else:
+            Console().print(status_renderable(views))
+
+
+@serve.command("down")
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_services", is_flag=True, help="Take down every service.")
+@_yes_option
+@click.option("--timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="Seconds to wait for everything to stop.")
+def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: float) -> None:
+    """Stop services: every replica, the load balancer, and the controller when none is left."""
+    with _errors():
+        if all_services == bool(names):
+            raise click.UsageError("name the services to take down, or pass --all (not both)")
+        controller = make_controller()
+        views = controller.get_status(names)
+        targets = [view.service.name for view in views]
+        if not targets:
+            click.echo("No service to take down.")
+            return
+        if not yes:
+            click.confirm(f"Take down {', '.join(targets)}? Their replicas will be terminated", abort=True)
+        controller.request_down(targets)
+        with _stderr().status(f"Taking down {', '.join(targets)}..."):
+            controller.finish_down(targets, timeout)
+        for target in targets:
+            click.echo(f"Service {target} is down.")
+
+
+@serve.command("logs")
+@click.argument("name")
+@click.argument("replica_id", type=int, required=False)
+@click.option("--controller", "controller_log", is_flag=True, help="Show the controller's log.")
+@click.option("--load-balancer", "lb_log", is_flag=True, help="Show the service's load balancer log.")
+@click.option("--follow/--no-follow", default=False, show_default=True, help="Keep printing new output.")
+def serve_logs(name: str, replica_id: int | None, controller_log: bool, lb_log: bool, follow: bool) -> None:
+    """Print the output of replica REPLICA_ID of service NAME (or the controller's, or the load balancer's)."""
+    with _errors():
+        if controller_log and lb_log:
+            raise click.UsageError("pass at most one of --controller and --load-balancer")
+        path = make_controller().log_path(name, replica_id, controller=controller_log, load_balancer=lb_log)
+        _print_file(path, follow)
+
+
+def _print_file(path: Path, follow: bool) -> None:
+    out = sys.stdout.buffer
+    try:
+        with open(path, "rb") as stream:
+            while True:
+                chunk = stream.read(65536)
+                if chunk:
+                    out.write(chunk)
+                    continue
+                out.flush()
+                if not follow or not path.exists():
+                    return
+                time.sleep(0.3)
+    except FileNotFoundError:
+        raise SkyLiteError(f"no log yet at {path}") from None
+    except KeyboardInterrupt:
+        return
+
+
+@main.group()
+def controller() -> None:
+    """Run the controller (normally started for you by `serve up`)."""
+
+
+@controller.command("tick")
+def controller_tick() -> None:
+    """Run one reconcile pass and exit."""
+    from skyserve_lite.controller.loop import run_tick
+    from skyserve_lite.controller.settings import ControllerSettings
+
+    with _errors():
+        _configure_logging()
+        run_tick(home_dir(), ControllerSettings.from_env())
+
+
+@controller.command("run")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds between passes (default 2, or $SKY_LITE_CONTROLLER_INTERVAL_SECONDS).")
+def controller_run(interval: float | None) -> None:
+    """Reconcile on an interval until stopped (SIGTERM or Ctrl-C)."""
+    import dataclasses
+
+    from skyserve_lite.controller.loop import run_loop
+    from skyserve_lite.controller.settings import ControllerSettings
+
+    with _errors():
+        _configure_logging()
+        settings = ControllerSettings.from_env()
+        if interval is not None:
+            settings = dataclasses.replace(settings, interval_seconds=interval)
+        run_loop(home_dir(), settings)
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

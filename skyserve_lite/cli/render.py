@@ -1,0 +1,72 @@
+"""Rich tables for people; JSON for scripts. Pure: values in, renderables or dicts out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from skyserve_lite.api import ServiceView
+
+_STATUS_STYLE = {
+    "READY": "green", "REPLICA_INIT": "yellow", "CONTROLLER_INIT": "yellow", "STARTING": "yellow",
+    "PROVISIONING": "yellow", "PENDING": "yellow", "NOT_READY": "red", "SHUTTING_DOWN": "magenta",
+    "NO_REPLICA": "dim",
+}
+
+
+def status_json(views: Sequence[ServiceView]) -> dict[str, Any]:
+    return {"services": [view.to_json() for view in views]}
+
+
+def styled_status(status: str) -> Text:
+    style = _STATUS_STYLE.get(status, "red" if status.startswith(("FAILED", "PREEMPTED")) else "")
+    return Text(status, style=style)
+
+
+def format_age(since: float, now: float) -> str:
+    """``42s``, ``3m``, ``5h``, ``2d``: the largest whole unit."""
+    seconds = max(0, int(now - since))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def services_table(views: Sequence[ServiceView]) -> Table:
+    table = Table(title="Services", title_justify="left", box=None, header_style="bold")
+    for column in ("NAME", "STATUS", "VERSION", "ENDPOINT", "POLICY", "LB POLICY", "REPLICAS"):
+        table.add_column(column)
+    for view in views:
+        ready = sum(1 for r in view.replicas if r.status.value == "READY")
+        live = sum(1 for r in view.replicas if r.status.is_live)
+        status = styled_status(view.service.status.value)
+        if view.service.status_reason:
+            status.append(f" ({view.service.status_reason})", style="dim")
+        table.add_row(view.service.name, status, str(view.service.current_version), view.service.endpoint,
+                      view.policy, view.load_balancing_policy, f"{ready}/{live} ready")
+    return table
+
+
+def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Table:
+    now = time.time() if now is None else now
+    table = Table(title="Replicas", title_justify="left", box=None, header_style="bold")
+    for column in ("SERVICE", "ID", "VERSION", "STATUS", "CLOUD/REGION", "INSTANCE", "URL", "AGE", "REASON"):
+        table.add_column(column)
+    for view in views:
+        for r in view.replicas:
+            where = r.cloud + (f"/{r.region}" if r.region else "")
+            table.add_row(view.service.name, str(r.replica_id), str(r.version), styled_status(r.status.value),
+                          where, r.instance_id or "-", r.url or "-", format_age(r.launched_at, now),
+                          r.status_reason or "")
+    return table
+
+
+def status_renderable(views: Sequence[ServiceView], now: float | None = None) -> Group:
+    if not views:
+        return Group(Text("No service is running. Start one with `sky-lite serve up TASK.yaml`."))
+    return Group(services_table(views), Text(""), replicas_table(views, now))

@@ -1,0 +1,1 @@
+"""The controller: reconcile pass, pure decisions, the executor, the loop and its daemon."""

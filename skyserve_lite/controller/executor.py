@@ -1,0 +1,148 @@
+"""Applies a ``PassPlan``: the only code that calls a provider or writes replica rows and service status.
+
+Order matters for crash safety:
+
+1. replica status changes are written first (a replica marked FAILED is not counted again);
+2. instances are terminated, rows whose instance is gone are removed;
+3. launches write their intent (PROVISIONING rows with a launch token) *before* the provider is asked,
+   then record each outcome; a crash in between leaves rows that the next pass adopts or relaunches;
+4. load balancers, service statuses, deletions and events follow.
+
+Provider errors never escape: they become replica status reasons and events, and the next pass (which
+sees the same level) tries again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from skyserve_lite.clock import Clock
+from skyserve_lite.controller.lb_runner import LoadBalancerRunner
+from skyserve_lite.controller.plan import Event, LaunchBatch, PassPlan
+from skyserve_lite.errors import ProviderError, TransientProviderError
+from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Executor:
+    def __init__(self, store: Store, providers: Mapping[str, Provider], lb_runner: LoadBalancerRunner,
+                 clock: Clock, *, new_token: Callable[[], str] | None = None) -> None:
+        self._store = store
+        self._providers = providers
+        self._lb_runner = lb_runner
+        self._clock = clock
+        self._new_token = new_token or (lambda: uuid.uuid4().hex)
+
+    def apply(self, plan: PassPlan) -> None:
+        events: list[Event] = list(plan.events)
+        self._store.put_replicas(plan.replica_updates)
+        self._terminate(plan)
+        self._store.delete_replicas(plan.removals)
+        for batch in plan.launches:
+            self._launch(batch, events)
+        self._apply_load_balancers(plan)
+        for name, status, reason in plan.status_changes:
+            self._store.set_service_status(name, status, reason)
+        for name in plan.deletions:
+            for provider in self._providers.values():
+                provider.release_service(name)
+            self._store.delete_service(name)
+        now = self._clock.now()
+        self._store.add_events([(now, e.service, e.replica_id, e.kind, e.message) for e in events])
+
+    def _terminate(self, plan: PassPlan) -> None:
+        by_cloud: dict[str, list[str]] = defaultdict(list)
+        for cloud, instance_id in plan.terminations:
+            by_cloud[cloud].append(instance_id)
+        for cloud, instance_ids in by_cloud.items():
+            provider = self._providers.get(cloud)
+            if provider is None:
+                continue
+            try:
+                provider.terminate(instance_ids)
+            except ProviderError as exc:
+                # The instances are still observed next pass, whose plan asks to terminate them again.
+                log.warning("terminating %s on %s failed, retrying next pass: %s", instance_ids, cloud, exc)
+
+    def _launch(self, batch: LaunchBatch, events: list[Event]) -> None:
+        now = self._clock.now()
+        rows = list(batch.retry)
+        if batch.count:
+            template = ReplicaRecord(
+                service=batch.service, replica_id=0, version=batch.version,
+                status=ReplicaStatus.PROVISIONING, cloud=batch.cloud, launched_at=now, status_since=now,
+                launch_token=self._new_token(), is_spot=batch.is_spot,
+            )
+            added = self._store.add_replicas(batch.service, batch.count, template)
+            rows.extend(added)
+            events.extend(Event(batch.service, r.replica_id, "replica", f"launching on {batch.cloud}")
+                          for r in added)
+        provider = self._providers.get(batch.cloud)
+        if provider is None:
+            failed = [dataclasses.replace(r, status=ReplicaStatus.FAILED_PROVISION, status_since=now,
+                                          status_reason=f"no provider for cloud {batch.cloud!r}") for r in rows]
+            self._store.put_replicas(failed)
+            return
+        version = self._store.get_version(batch.service, batch.version)
+        source_dir = _source_dir(version.source)
+        requests = [LaunchRequest(service=r.service, replica_id=r.replica_id, version=r.version,
+                                  spec=self._store.get_version(r.service, r.version).spec
+                                  if r.version != batch.version else version.spec,
+                                  launch_token=r.launch_token, is_spot=r.is_spot, source_dir=source_dir)
+                    for r in rows]
+        try:
+            outcomes = provider.launch(requests)
+        except ProviderError as exc:
+            outcomes = [LaunchOutcome(r.replica_id, error=str(exc),
+                                      permanent=not isinstance(exc, TransientProviderError)) for r in rows]
+        by_id = {r.replica_id: r for r in rows}
+        updated = []
+        for outcome in outcomes:
+            row = by_id[outcome.replica_id]
+            if outcome.instance is not None:
+                instance = outcome.instance
+                status = (ReplicaStatus.PROVISIONING if instance.state is InstanceState.PENDING
+                          else row.status)
+                updated.append(dataclasses.replace(row, instance_id=instance.instance_id, status=status,
+                                                   region=instance.region, zone=instance.zone,
+                                                   status_reason=None))
+            elif outcome.permanent:
+                updated.append(dataclasses.replace(row, status=ReplicaStatus.FAILED_PROVISION,
+                                                   status_since=now, status_reason=outcome.error))
+                events.append(Event(row.service, row.replica_id, "replica",
+                                    f"FAILED_PROVISION: {outcome.error}"))
+            else:
+                updated.append(dataclasses.replace(row, status_reason=f"launch will be retried: {outcome.error}"))
+                events.append(Event(row.service, row.replica_id, "provider", f"launch failed: {outcome.error}"))
+        self._store.put_replicas(updated)
+
+    def _apply_load_balancers(self, plan: PassPlan) -> None:
+        for name, pid in plan.stop_lbs:
+            self._lb_runner.stop(pid)
+            service = self._store.find_service(name)
+            if service is not None:
+                self._store.set_load_balancer(name, None, service.lb_policy)
+        policies = dict(plan.lb_policy_changes)
+        for name in plan.start_lbs:
+            service = self._store.find_service(name)
+            if service is None:
+                continue
+            pid = self._lb_runner.start(name, service.lb_port)
+            self._store.set_load_balancer(name, pid, policies.pop(name, service.lb_policy))
+        for name, policy in policies.items():
+            service = self._store.find_service(name)
+            if service is not None:
+                self._store.set_load_balancer(name, service.lb_pid, policy)
+
+
+def _source_dir(source: str) -> str | None:
+    path = Path(source)
+    return str(path.parent) if path.is_absolute() else None

@@ -1,0 +1,75 @@
+"""Readiness probes: GET the path (POST ``post_data`` as JSON when given); only HTTP 200 is ready."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from skyserve_lite.controller.plan import ProbeTarget, ReplicaKey
+from skyserve_lite.controller.replica_rules import ProbeResult
+
+
+class Prober(Protocol):
+    def probe(self, targets: Sequence[ProbeTarget]) -> dict[ReplicaKey, ProbeResult]:
+        """Probe every target (concurrently); one result per target, never raises for a failed probe."""
+        ...
+
+
+class HttpProber:
+    """Probes over HTTP with aiohttp, all targets of a pass at once."""
+
+    def probe(self, targets: Sequence[ProbeTarget]) -> dict[ReplicaKey, ProbeResult]:
+        if not targets:
+            return {}
+        return asyncio.run(self._probe_all(targets))
+
+    async def _probe_all(self, targets: Sequence[ProbeTarget]) -> dict[ReplicaKey, ProbeResult]:
+        import aiohttp  # imported here: `sky-lite --help` and the CLI must not pay for it
+
+        connector = aiohttp.TCPConnector(limit=64, force_close=True)
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+            results = await asyncio.gather(*(self._probe_one(session, t) for t in targets))
+        return {(t.service, t.replica_id): r for t, r in zip(targets, results, strict=True)}
+
+    async def _probe_one(self, session: object, target: ProbeTarget) -> ProbeResult:
+        import aiohttp
+
+        assert isinstance(session, aiohttp.ClientSession)
+        probe = target.probe
+        url = target.url.rstrip("/") + probe.path
+        headers = dict(probe.headers)
+        timeout = aiohttp.ClientTimeout(total=probe.timeout_seconds)
+        method = "GET"
+        data: bytes | None = None
+        if probe.post_data is not None:
+            method, data = "POST", probe.post_data.encode()
+            headers.setdefault("Content-Type", "application/json")
+        try:
+            async with session.request(method, url, data=data, headers=headers, timeout=timeout,
+                                       allow_redirects=False) as response:
+                await response.read()
+                return ProbeResult(ok=response.status == 200, detail=f"HTTP {response.status}")
+        except asyncio.TimeoutError:
+            return ProbeResult(ok=False, detail=f"timed out after {probe.timeout_seconds:g}s")
+        except aiohttp.ClientConnectorError as exc:
+            return ProbeResult(ok=False, detail=f"cannot connect: {exc.os_error.strerror or exc}")
+        except aiohttp.ClientError as exc:
+            return ProbeResult(ok=False, detail=f"{type(exc).__name__}: {exc}")
+
+
+class FakeProber:
+    """Answers from a table: ``results[(service, replica_id)]``; unlisted targets get ``default``."""
+
+    def __init__(self, default: ProbeResult | None = None) -> None:
+        self.default = default or ProbeResult(ok=True, detail="HTTP 200")
+        self.results: dict[ReplicaKey, ProbeResult] = {}
+        self.probed: list[list[ReplicaKey]] = []
+
+    def set(self, results: Mapping[ReplicaKey, ProbeResult]) -> None:
+        self.results.update(results)
+
+    def probe(self, targets: Sequence[ProbeTarget]) -> dict[ReplicaKey, ProbeResult]:
+        keys = [(t.service, t.replica_id) for t in targets]
+        self.probed.append(keys)
+        return {key: self.results.get(key, self.default) for key in keys}

@@ -1,0 +1,93 @@
+"""One reconcile pass: read the store, observe providers and probes, decide (pure), apply (executor)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from skyserve_lite.clock import Clock
+from skyserve_lite.controller.executor import Executor
+from skyserve_lite.controller.lb_runner import LoadBalancerRunner
+from skyserve_lite.controller.plan import (
+    Observation,
+    PassPlan,
+    ServiceSnapshot,
+    find_probe_targets,
+    plan_pass,
+)
+from skyserve_lite.controller.probe import Prober
+from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.errors import ProviderError
+from skyserve_lite.providers.base import Instance, Provider
+from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.state.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    """Owns nothing but its dependencies; ``reconcile_once`` is the whole behaviour. Not thread-safe."""
+
+    def __init__(self, store: Store, providers: Mapping[str, Provider], prober: Prober,
+                 lb_runner: LoadBalancerRunner, clock: Clock, settings: ControllerSettings) -> None:
+        self._store = store
+        self._providers = providers
+        self._prober = prober
+        self._lb_runner = lb_runner
+        self._clock = clock
+        self._settings = settings
+        self._executor = Executor(store, providers, lb_runner, clock)
+        # Versions never change once stored, so their parsed specs are cached across passes.
+        self._specs: dict[tuple[str, int, float], TaskSpec] = {}
+
+    def reconcile_once(self) -> PassPlan:
+        """Run one pass and return the plan it applied. Provider errors do not escape."""
+        snapshots = self._read()
+        observation = self._observe(snapshots)
+        plan = plan_pass(snapshots, observation, self._clock.now(), self._settings)
+        if not plan.is_empty:
+            self._executor.apply(plan)
+        return plan
+
+    def _read(self) -> list[ServiceSnapshot]:
+        replicas_by_service: dict[str, list] = {}
+        for replica in self._store.list_replicas():
+            replicas_by_service.setdefault(replica.service, []).append(replica)
+        snapshots = []
+        for service in self._store.list_services():
+            replicas = tuple(replicas_by_service.get(service.name, ()))
+            versions = {v: self._spec(service.name, v, service.created_at)
+                        for v in {service.current_version, *(r.version for r in replicas)}}
+            lb_alive = service.lb_pid is not None and self._lb_runner.is_alive(service.lb_pid)
+            snapshots.append(ServiceSnapshot(service, versions, replicas, lb_alive))
+        return snapshots
+
+    def _spec(self, service: str, version: int, created_at: float) -> TaskSpec:
+        # created_at tells a re-created service of the same name apart from the one it replaced.
+        key = (service, version, created_at)
+        if key not in self._specs:
+            self._specs[key] = self._store.get_version(service, version).spec
+        return self._specs[key]
+
+    def _observe(self, snapshots: Sequence[ServiceSnapshot]) -> Observation:
+        instances: list[tuple[str, Instance]] = []
+        known: set[str] = set()
+        for cloud in self._clouds_in_use(snapshots):
+            provider = self._providers[cloud]
+            try:
+                found = provider.list_instances()
+            except ProviderError as exc:
+                log.warning("inventory of %s unavailable this pass: %s", cloud, exc)
+                continue
+            known.add(cloud)
+            instances.extend((cloud, instance) for instance in found)
+        partial = Observation(instances=tuple(instances), known_clouds=frozenset(known))
+        probes = self._prober.probe(find_probe_targets(snapshots, partial))
+        return Observation(instances=partial.instances, known_clouds=partial.known_clouds, probes=probes)
+
+    def _clouds_in_use(self, snapshots: Sequence[ServiceSnapshot]) -> list[str]:
+        """Every configured cloud that a service or replica uses; local is always listed (it is cheap)
+        so that processes left by a crashed controller are found even with no service left."""
+        used = {s.spec.resources.cloud.value for s in snapshots}
+        used |= {r.cloud for s in snapshots for r in s.replicas}
+        return sorted(cloud for cloud in self._providers if cloud in used or cloud == "local")

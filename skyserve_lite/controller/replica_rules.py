@@ -1,0 +1,138 @@
+"""The life of one replica: given its row, what the provider sees and the last probe, what next. Pure.
+
+::
+
+    PROVISIONING --instance running--> STARTING --probe 200--> READY <--probe 200-- NOT_READY
+         |                                 |                     |--probe fails-->     |
+         | no instance after timeout        | no 200 within          failing longer than the grace
+         v                                 v  initial_delay_seconds                    v
+    FAILED_PROVISION              FAILED_INITIAL_DELAY                         FAILED_PROBING
+
+    any live status --workload exited--> FAILED;  --spot taken back--> PREEMPTED
+    SHUTTING_DOWN --instance gone--> (row removed)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.providers.base import Instance, InstanceState
+from skyserve_lite.spec.model import ReadinessProbe
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    ok: bool
+    detail: str  # "HTTP 200", "HTTP 503", "connection refused", "timed out after 15s"
+
+
+@dataclass(frozen=True)
+class ReplicaStep:
+    """The decision for one replica in one pass.
+
+    ``record`` is the row as it should be after the pass (the same object when nothing changed).
+    ``terminate`` asks for the instance to be stopped; ``remove`` drops the row; ``relaunch`` asks the
+    provider again for a replica whose launch was recorded but never confirmed.
+    """
+
+    record: ReplicaRecord
+    terminate: bool = False
+    remove: bool = False
+    relaunch: bool = False
+    event: str | None = None
+
+
+def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: ProbeResult | None,
+                 readiness: ReadinessProbe, now: float, settings: ControllerSettings) -> ReplicaStep:
+    """Decide the next step of one replica. ``instance`` is None when the inventory has no instance for it.
+
+    Only call this with a complete inventory of the replica's cloud: "no instance" must mean "gone".
+    """
+    if replica.status is ReplicaStatus.SHUTTING_DOWN:
+        if instance is None or instance.state is InstanceState.TERMINATED:
+            return ReplicaStep(replica, remove=True, event="terminated")
+        return ReplicaStep(replica, terminate=True)
+    if replica.status.is_terminal:
+        alive = instance is not None and instance.state is not InstanceState.TERMINATED
+        return ReplicaStep(replica, terminate=alive)
+
+    if replica.instance_id is None:
+        if instance is None:
+            if now - replica.launched_at > settings.provision_timeout_seconds:
+                return _fail(replica, ReplicaStatus.FAILED_PROVISION, now,
+                             f"no instance after {settings.provision_timeout_seconds:g}s")
+            return ReplicaStep(replica, relaunch=True)
+        # Launched just before a crash: the instance carries our tags, so adopt it.
+        replica = dataclasses.replace(replica, instance_id=instance.instance_id, region=instance.region,
+                                      zone=instance.zone)
+
+    if instance is None or instance.state is InstanceState.TERMINATED:
+        return _fail(replica, ReplicaStatus.FAILED, now, "the instance disappeared")
+    if instance.state is InstanceState.PREEMPTED:
+        return _fail(replica, ReplicaStatus.PREEMPTED, now, instance.detail or "preempted by the cloud")
+    if instance.state is InstanceState.EXITED:
+        detail = f" ({instance.detail})" if instance.detail else ""
+        return _fail(replica, ReplicaStatus.FAILED, now, f"the workload exited{detail}")
+    if instance.state is InstanceState.PENDING:
+        if now - replica.launched_at > settings.provision_timeout_seconds:
+            return _fail(replica, ReplicaStatus.FAILED_PROVISION, now,
+                         f"instance not running after {settings.provision_timeout_seconds:g}s")
+        return _changed(replica, ReplicaStatus.PROVISIONING, now)
+
+    # RUNNING from here on.
+    if replica.status in (ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING):
+        replica = dataclasses.replace(replica, status=ReplicaStatus.STARTING, status_since=now,
+                                      url=instance.url, status_reason=None)
+        if probe is None:
+            return ReplicaStep(replica, event="instance running, waiting for the readiness probe")
+    elif instance.url != replica.url:
+        replica = dataclasses.replace(replica, url=instance.url)
+    return _apply_probe(replica, probe, readiness, now, settings)
+
+
+def _apply_probe(replica: ReplicaRecord, probe: ProbeResult | None, readiness: ReadinessProbe,
+                 now: float, settings: ControllerSettings) -> ReplicaStep:
+    if probe is None:
+        return ReplicaStep(replica)
+    status = replica.status
+    if probe.ok:
+        if status is ReplicaStatus.READY:
+            return ReplicaStep(replica)
+        ready = dataclasses.replace(
+            replica, status=ReplicaStatus.READY, status_since=now, probe_failing_since=None,
+            first_ready_at=replica.first_ready_at if replica.first_ready_at is not None else now,
+            status_reason=None)
+        return ReplicaStep(ready, event="ready")
+    if status is ReplicaStatus.STARTING:
+        waited = now - replica.status_since
+        if waited > readiness.initial_delay_seconds:
+            return _fail(replica, ReplicaStatus.FAILED_INITIAL_DELAY, now,
+                         f"not ready within initial_delay_seconds={readiness.initial_delay_seconds} "
+                         f"(last probe: {probe.detail})")
+        if replica.status_reason != probe.detail:
+            return ReplicaStep(dataclasses.replace(replica, status_reason=probe.detail))
+        return ReplicaStep(replica)
+    if status is ReplicaStatus.READY:
+        not_ready = dataclasses.replace(replica, status=ReplicaStatus.NOT_READY, status_since=now,
+                                        probe_failing_since=now, status_reason=probe.detail)
+        return ReplicaStep(not_ready, event=f"probe failed: {probe.detail}")
+    failing_since = replica.probe_failing_since if replica.probe_failing_since is not None else now
+    if now - failing_since > settings.probe_failure_grace_seconds:
+        return _fail(replica, ReplicaStatus.FAILED_PROBING, now,
+                     f"probe failing for {now - failing_since:.0f}s (last: {probe.detail})")
+    return ReplicaStep(dataclasses.replace(replica, probe_failing_since=failing_since,
+                                           status_reason=probe.detail))
+
+
+def _fail(replica: ReplicaRecord, status: ReplicaStatus, now: float, reason: str) -> ReplicaStep:
+    failed = dataclasses.replace(replica, status=status, status_since=now, status_reason=reason)
+    return ReplicaStep(failed, terminate=True, event=f"{status.value}: {reason}")
+
+
+def _changed(replica: ReplicaRecord, status: ReplicaStatus, now: float) -> ReplicaStep:
+    if replica.status is status:
+        return ReplicaStep(replica)
+    return ReplicaStep(dataclasses.replace(replica, status=status, status_since=now))

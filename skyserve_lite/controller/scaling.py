@@ -1,0 +1,56 @@
+"""How many replicas a service wants, which to let go first, and when to stop launching. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from skyserve_lite.spec.model import ReplicaPolicy
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+
+# Failures that say the workload itself is broken (not the cloud taking a spot instance back).
+_APP_FAILURES = frozenset({
+    ReplicaStatus.FAILED,
+    ReplicaStatus.FAILED_INITIAL_DELAY,
+    ReplicaStatus.FAILED_PROBING,
+    ReplicaStatus.FAILED_PROVISION,
+})
+
+
+def compute_target_replicas(policy: ReplicaPolicy) -> int:
+    """The replica count the controller steers to: ``min_replicas`` until an autoscaler says more."""
+    return policy.min_replicas
+
+
+def find_scale_down_order(replicas: Sequence[ReplicaRecord]) -> list[ReplicaRecord]:
+    """Live replicas in the order they should be terminated when the target shrinks.
+
+    Not-yet-ready before ready (they serve nothing yet), older versions before newer (they are on their
+    way out), and among equals the newest replica first (the oldest has proven itself longest).
+    E.g. r1 v1 READY, r2 v1 STARTING, r3 v2 READY, r4 v1 READY -> r2, r4, r1, r3.
+    """
+    return sorted(
+        replicas,
+        key=lambda r: (r.status is ReplicaStatus.READY, r.version, -r.replica_id),
+    )
+
+
+def find_recent_failures(replicas: Sequence[ReplicaRecord], version: int) -> list[ReplicaRecord]:
+    """Replicas of ``version`` that failed without ever becoming ready, since one last became ready."""
+    last_ready = max((r.first_ready_at for r in replicas
+                      if r.version == version and r.first_ready_at is not None), default=None)
+    return [
+        r for r in replicas
+        if r.version == version and r.status in _APP_FAILURES and r.first_ready_at is None
+        and (last_ready is None or r.launched_at > last_ready)
+    ]
+
+
+def is_launch_blocked(replicas: Sequence[ReplicaRecord], version: int, failure_limit: int) -> bool:
+    """True once ``failure_limit`` replicas of the version failed in a row and none is READY now.
+
+    With the default limit 3: a `run` that exits at once fails replicas 1, 2 and 3, then launching stops
+    and the service is FAILED, instead of starting a fourth copy of a broken command every pass.
+    """
+    if any(r.status is ReplicaStatus.READY for r in replicas):
+        return False
+    return len(find_recent_failures(replicas, version)) >= failure_limit

@@ -1,0 +1,78 @@
+"""Every error sky-lite raises on purpose.
+
+The tree::
+
+    SkyLiteError                    base; the CLI prints its message without a traceback
+    ├── SpecError                   the task YAML is invalid (exit 2); names the file and field path
+    ├── UsageError                  a bad command-line argument (exit 2), e.g. an invalid service name
+    ├── NotFoundError               a service, version or replica that does not exist (exit 1)
+    ├── StateConflictError          the request contradicts the stored state (exit 1):
+    │                               the service exists already, an expected version does not match
+    ├── ControllerError             the controller could not be reached, started or locked (exit 1)
+    ├── WaitTimeoutError            a wait (`serve up` until READY, `serve down`) ran out of time (exit 1)
+    └── ProviderError               a provider call failed; vendor errors are translated into these
+        ├── TransientProviderError  worth retrying on a later pass (throttling, a busy API)
+        └── PermanentProviderError  retrying will not help (bad parameters, no permission)
+
+Vendor exceptions (botocore, OSError from a spawn) are translated into ``ProviderError`` subclasses
+in exactly one place per provider, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class SkyLiteError(Exception):
+    """Base of every error sky-lite raises on purpose."""
+
+    exit_code = 1
+
+
+class SpecError(SkyLiteError):
+    """The task YAML is invalid.
+
+    ``source`` is the file (or ``<string>``), ``path`` the dotted field path (``service.replica_policy``),
+    empty when the whole document is at fault.
+    """
+
+    exit_code = 2
+
+    def __init__(self, source: str, path: str, problem: str) -> None:
+        self.source = source
+        self.path = path
+        self.problem = problem
+        where = f"{source}: {path}" if path else source
+        super().__init__(f"{where}: {problem}")
+
+
+class UsageError(SkyLiteError):
+    """A command-line argument is invalid."""
+
+    exit_code = 2
+
+
+class NotFoundError(SkyLiteError):
+    """A named service, version or replica does not exist."""
+
+
+class StateConflictError(SkyLiteError):
+    """The request contradicts the stored state; nothing was changed."""
+
+
+class ControllerError(SkyLiteError):
+    """The controller could not be started, reached or locked."""
+
+
+class WaitTimeoutError(SkyLiteError):
+    """A wait ran out of time; the message says what was still pending."""
+
+
+class ProviderError(SkyLiteError):
+    """A provider call failed."""
+
+
+class TransientProviderError(ProviderError):
+    """A provider call failed in a way that a later pass may not see again."""
+
+
+class PermanentProviderError(ProviderError):
+    """A provider call failed in a way that retrying will not fix."""

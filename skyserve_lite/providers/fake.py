@@ -1,0 +1,101 @@
+"""An in-memory provider that records every call and lets tests script what happens.
+
+It is a peer of the real providers: the controller cannot tell it apart. Tests drive it with
+``set_state`` (a process exits, a spot instance is preempted), ``fail_next_launch`` (the next launch
+outcomes fail) and ``fail_inventory`` (the next ``list_instances`` raises), then assert on ``calls``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from skyserve_lite.errors import TransientProviderError
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
+
+
+@dataclass(frozen=True)
+class Call:
+    """One recorded call: its name and arguments in a comparable form."""
+
+    method: str
+    args: tuple[object, ...] = ()
+
+
+@dataclass
+class FakeProvider:
+    name: str = "fake"
+    # Instances start RUNNING (a workload that boots at once) unless told otherwise.
+    initial_state: InstanceState = InstanceState.RUNNING
+    instances: dict[str, Instance] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    _next_id: int = 1
+    _launch_failures: list[tuple[str, bool]] = field(default_factory=list)
+    _inventory_failures: int = 0
+
+    # --- scripting -------------------------------------------------------------------------------
+    def fail_next_launch(self, error: str, *, permanent: bool, times: int = 1) -> None:
+        self._launch_failures.extend([(error, permanent)] * times)
+
+    def fail_inventory(self, times: int = 1) -> None:
+        self._inventory_failures += times
+
+    def set_state(self, instance_id: str, state: InstanceState, detail: str | None = None) -> None:
+        self.instances[instance_id] = dataclasses.replace(self.instances[instance_id], state=state,
+                                                          detail=detail)
+
+    def add_instance(self, instance: Instance) -> None:
+        """An instance the controller did not launch through this object (crash recovery tests)."""
+        self.instances[instance.instance_id] = instance
+
+    def instance_for(self, service: str, replica_id: int) -> Instance:
+        return next(i for i in self.instances.values()
+                    if i.service == service and i.replica_id == replica_id)
+
+    def calls_to(self, method: str) -> list[Call]:
+        return [call for call in self.calls if call.method == method]
+
+    # --- Provider --------------------------------------------------------------------------------
+    def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
+        self.calls.append(Call("launch", tuple((r.service, r.replica_id, r.version) for r in requests)))
+        outcomes = []
+        for request in requests:
+            existing = next((i for i in self.instances.values()
+                             if (i.service, i.replica_id) == (request.service, request.replica_id)
+                             and i.state is not InstanceState.TERMINATED), None)
+            if existing is not None:
+                outcomes.append(LaunchOutcome(request.replica_id, instance=existing))
+                continue
+            if self._launch_failures:
+                error, permanent = self._launch_failures.pop(0)
+                outcomes.append(LaunchOutcome(request.replica_id, error=error, permanent=permanent))
+                continue
+            instance_id = f"fake-{self._next_id}"
+            self._next_id += 1
+            instance = Instance(
+                instance_id=instance_id, service=request.service, replica_id=request.replica_id,
+                version=request.version, state=self.initial_state,
+                url=f"http://fake-replica.invalid/{instance_id}", is_spot=request.is_spot,
+            )
+            self.instances[instance_id] = instance
+            outcomes.append(LaunchOutcome(request.replica_id, instance=instance))
+        return outcomes
+
+    def list_instances(self) -> list[Instance]:
+        self.calls.append(Call("list_instances"))
+        if self._inventory_failures:
+            self._inventory_failures -= 1
+            raise TransientProviderError("scripted inventory failure")
+        return [i for i in self.instances.values() if i.state is not InstanceState.TERMINATED]
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        self.calls.append(Call("terminate", tuple(sorted(instance_ids))))
+        for instance_id in instance_ids:
+            if instance_id in self.instances:
+                self.set_state(instance_id, InstanceState.TERMINATED)
+
+    def release_service(self, service: str) -> None:
+        self.calls.append(Call("release_service", (service,)))
+        self.released.append(service)

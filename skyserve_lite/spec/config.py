@@ -1,0 +1,106 @@
+"""The one definition of "the same replica config".
+
+A replica's config is the whole task except the ``service`` section (probe, policy and load balancing
+can change under a running replica) and ``name``. Update, rollback and status all ask this module, so
+they cannot disagree about whether a replica can be kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from skyserve_lite.spec.model import TaskSpec
+
+ConfigValue = str | int | bool | None
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One reason a replica cannot be reused: a field path with its old and new value.
+
+    ``note`` explains changes that are forced rather than observed (``file_mounts`` contents cannot be
+    compared, so a non-empty one always differs).
+    """
+
+    path: str
+    old: ConfigValue
+    new: ConfigValue
+    note: str | None = None
+
+    def describe(self) -> str:
+        text = f"{self.path}: {_show(self.old)} -> {_show(self.new)}"
+        return f"{text} ({self.note})" if self.note else text
+
+
+def compute_replica_config(spec: TaskSpec) -> dict[str, ConfigValue]:
+    """Flatten the replica-relevant part of a task into ``{field path: value}``.
+
+    Unset optional fields are absent, so adding ``region: null`` to a file changes nothing.
+    """
+    res = spec.resources
+    flat: dict[str, ConfigValue] = {
+        "resources.cloud": res.cloud.value,
+        "resources.region": res.region,
+        "resources.zone": res.zone,
+        "resources.instance_type": res.instance_type,
+        "resources.image_id": res.image_id,
+        "resources.use_spot": res.use_spot,
+        "resources.disk_size": res.disk_size,
+        "resources.ports": ",".join(str(port) for port in res.ports) or None,
+        "setup": spec.setup,
+        "run": spec.run,
+        "workdir": spec.workdir,
+        # The port the workload listens on is part of how a replica is built, although it sits in `service`.
+        "service.ports": spec.service.port,
+    }
+    flat.update({f"resources.labels.{key}": value for key, value in res.labels})
+    flat.update({f"envs.{key}": value for key, value in spec.envs})
+    flat.update({f"file_mounts.{dst}": src for dst, src in spec.file_mounts})
+    return {key: value for key, value in flat.items() if value is not None}
+
+
+def compute_config_fingerprint(spec: TaskSpec) -> str:
+    """A short stable hash of ``compute_replica_config``; equal configs give equal fingerprints."""
+    canonical = json.dumps(compute_replica_config(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def find_config_changes(old: TaskSpec, new: TaskSpec) -> tuple[FieldChange, ...]:
+    """Why a replica built from ``old`` cannot serve as one built from ``new``; empty means reusable.
+
+    Pure. Besides the differing fields, a non-empty ``workdir`` or ``file_mounts`` in either task forces
+    a change: the files behind them may have changed although the paths did not.
+    """
+    old_flat, new_flat = compute_replica_config(old), compute_replica_config(new)
+    changes = [
+        FieldChange(path, old_flat.get(path), new_flat.get(path))
+        for path in sorted(old_flat.keys() | new_flat.keys())
+        if old_flat.get(path) != new_flat.get(path)
+    ]
+    changed_paths = {change.path for change in changes}
+    if (old.workdir or new.workdir) and "workdir" not in changed_paths:
+        changes.append(FieldChange("workdir", old.workdir, new.workdir,
+                                   note="workdir contents cannot be compared"))
+    if (old.file_mounts or new.file_mounts) and not any(p.startswith("file_mounts.") for p in changed_paths):
+        changes.append(FieldChange("file_mounts", _mounts(old), _mounts(new),
+                                   note="file_mounts contents cannot be compared"))
+    return tuple(changes)
+
+
+def is_same_replica_config(old: TaskSpec, new: TaskSpec) -> bool:
+    return not find_config_changes(old, new)
+
+
+def _mounts(spec: TaskSpec) -> str | None:
+    return ", ".join(f"{dst}={src}" for dst, src in spec.file_mounts) or None
+
+
+def _show(value: ConfigValue) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = str(value)
+    return text if "\n" not in text and len(text) <= 60 else repr(text[:57] + "...")

@@ -1,0 +1,1 @@
+"""The state store: SQLite schema, migrations and typed rows."""

@@ -1,0 +1,130 @@
+"""Rows of the state store as typed values. The store returns these, never tuples or dicts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from functools import cached_property
+
+from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.spec.parse import parse_task
+
+
+class ReplicaStatus(str, Enum):
+    """Statuses a SkyServe user knows.
+
+    Live: PENDING, PROVISIONING, STARTING, READY, NOT_READY (they count toward the target).
+    SHUTTING_DOWN: being terminated on purpose; the row goes away once the instance is gone.
+    Terminal: FAILED*, PREEMPTED; the row stays as a record, the instance is cleaned up.
+    """
+
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    STARTING = "STARTING"
+    READY = "READY"
+    NOT_READY = "NOT_READY"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    FAILED = "FAILED"
+    FAILED_INITIAL_DELAY = "FAILED_INITIAL_DELAY"
+    FAILED_PROBING = "FAILED_PROBING"
+    FAILED_PROVISION = "FAILED_PROVISION"
+    PREEMPTED = "PREEMPTED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def is_live(self) -> bool:
+        return not self.is_terminal and self is not ReplicaStatus.SHUTTING_DOWN
+
+
+_TERMINAL = frozenset({
+    ReplicaStatus.FAILED,
+    ReplicaStatus.FAILED_INITIAL_DELAY,
+    ReplicaStatus.FAILED_PROBING,
+    ReplicaStatus.FAILED_PROVISION,
+    ReplicaStatus.PREEMPTED,
+})
+
+
+class ServiceStatus(str, Enum):
+    CONTROLLER_INIT = "CONTROLLER_INIT"  # accepted, no controller pass has looked at it yet
+    REPLICA_INIT = "REPLICA_INIT"  # replicas are being launched, none ready yet
+    READY = "READY"  # at least one replica is READY
+    NO_REPLICA = "NO_REPLICA"  # the target is zero and nothing runs
+    SHUTTING_DOWN = "SHUTTING_DOWN"  # `serve down` asked; replicas and load balancer are going away
+    FAILED = "FAILED"  # replicas of the current version keep failing; launching stopped
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    name: str
+    current_version: int
+    status: ServiceStatus
+    status_reason: str | None
+    lb_port: int
+    lb_pid: int | None
+    lb_policy: str
+    deleting: bool
+    created_at: float
+    next_replica_id: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.lb_port}"
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """One accepted task YAML: the text exactly as submitted, and its parsed form."""
+
+    service: str
+    version: int
+    text: str
+    source: str
+    created_at: float
+    mode: str
+
+    @cached_property
+    def spec(self) -> TaskSpec:
+        # The text was validated when it was accepted; parsing it again gives the same value.
+        return parse_task(self.text, source=f"{self.service} version {self.version}")
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    service: str
+    replica_id: int
+    version: int
+    status: ReplicaStatus
+    cloud: str
+    launched_at: float  # when the controller recorded its intent to launch
+    status_since: float  # when `status` last changed
+    launch_token: str  # idempotency token of the launch batch (a cloud's ClientToken)
+    is_spot: bool = False
+    region: str | None = None
+    zone: str | None = None
+    instance_id: str | None = None
+    url: str | None = None
+    first_ready_at: float | None = None
+    probe_failing_since: float | None = None
+    status_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    event_id: int
+    time: float
+    service: str
+    replica_id: int | None
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class LbView:
+    """What a service's load balancer needs from the state: where to send traffic, and how."""
+
+    ready_urls: tuple[str, ...]
+    policy: str

@@ -1,0 +1,72 @@
+"""Numbered schema migrations. Migration N moves `PRAGMA user_version` from N-1 to N.
+
+Never edit a migration that has shipped; append a new one.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: services, versions, replicas, events, request counts, and controller metadata.
+    """
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    CREATE TABLE services (
+        name TEXT PRIMARY KEY,
+        current_version INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        status_reason TEXT,
+        lb_port INTEGER NOT NULL UNIQUE,
+        lb_pid INTEGER,
+        lb_policy TEXT NOT NULL,
+        deleting INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        next_replica_id INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE TABLE versions (
+        service TEXT NOT NULL REFERENCES services(name) ON DELETE CASCADE,
+        version INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        source TEXT NOT NULL,
+        spec_json TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (service, version)
+    );
+    CREATE TABLE replicas (
+        service TEXT NOT NULL REFERENCES services(name) ON DELETE CASCADE,
+        replica_id INTEGER NOT NULL,
+        version INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        cloud TEXT NOT NULL,
+        launched_at REAL NOT NULL,
+        status_since REAL NOT NULL,
+        launch_token TEXT NOT NULL,
+        is_spot INTEGER NOT NULL,
+        region TEXT,
+        zone TEXT,
+        instance_id TEXT,
+        url TEXT,
+        first_ready_at REAL,
+        probe_failing_since REAL,
+        status_reason TEXT,
+        PRIMARY KEY (service, replica_id)
+    );
+    CREATE TABLE events (
+        event_id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time REAL NOT NULL,
+        service TEXT NOT NULL,
+        replica_id INTEGER,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_by_service ON events (service, event_id);
+    CREATE TABLE request_counts (
+        service TEXT NOT NULL,
+        second INTEGER NOT NULL,
+        count INTEGER NOT NULL,
+        PRIMARY KEY (service, second)
+    );
+    """,
+)

@@ -1,0 +1,306 @@
+"""The SQLite state store: services, every version of their task YAML, replicas, events, request counts.
+
+One file per ``$SKY_LITE_HOME`` in WAL mode, so the controller, the load balancers and the CLI read and
+write side by side. Every write is one short transaction (``BEGIN IMMEDIATE``), so a crash leaves either
+the old or the new state, never half of a change.
+
+Who writes what: the CLI (through ``api``) creates services and versions and marks them for deletion;
+the controller's executor is the only writer of replica rows and service status; a load balancer writes
+only its request counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from skyserve_lite.errors import NotFoundError, StateConflictError
+from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.state.models import (
+    EventRecord,
+    LbView,
+    ReplicaRecord,
+    ReplicaStatus,
+    ServiceRecord,
+    ServiceStatus,
+    VersionRecord,
+)
+from skyserve_lite.state.schema import MIGRATIONS
+
+DB_NAME = "state.db"
+# Terminal replica rows kept per service as a record of what failed; older ones are pruned.
+KEEP_TERMINAL_REPLICAS = 10
+
+_REPLICA_COLUMNS = tuple(field.name for field in dataclasses.fields(ReplicaRecord))
+
+
+def prepare_home(home: Path) -> Path:
+    """Create the state directory with mode 0700 (idempotent) and return it."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(home, 0o700)
+    return home
+
+
+class Store:
+    """Typed access to the state database. Not thread-safe: one ``Store`` per thread."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self._db = connection
+        self.path = path
+
+    @classmethod
+    def open(cls, home: Path) -> Store:
+        """Open (creating and migrating when needed) the store under ``home``."""
+        prepare_home(home)
+        path = home / DB_NAME
+        if not path.exists():
+            # Create the file with 0600 before SQLite writes anything into it.
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        os.chmod(path, 0o600)
+        connection = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA foreign_keys=ON")
+        store = cls(connection, path)
+        store._migrate()
+        return store
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._write() as db:
+            current = db.execute("PRAGMA user_version").fetchone()[0]
+            for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version = {number}")
+            db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('controller_id', ?)",
+                       (uuid.uuid4().hex[:12],))
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    @property
+    def controller_id(self) -> str:
+        """A random id made once per state directory; cloud resources are tagged with it."""
+        return str(self._db.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()[0])
+
+    # --- services and versions ------------------------------------------------------------------
+    def create_service(self, name: str, task: SubmittedTask, lb_port: int, now: float) -> ServiceRecord:
+        """Store a new service with ``task`` as version 1. Raises ``StateConflictError`` if it exists."""
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM services WHERE name = ?", (name,)).fetchone():
+                raise StateConflictError(
+                    f"service {name!r} already exists; change it with `sky-lite serve update {name} TASK.yaml`"
+                )
+            if db.execute("SELECT 1 FROM services WHERE lb_port = ?", (lb_port,)).fetchone():
+                raise StateConflictError(f"port {lb_port} is already the endpoint of another service")
+            db.execute(
+                "INSERT INTO services (name, current_version, status, lb_port, lb_policy, created_at)"
+                " VALUES (?, 1, ?, ?, ?, ?)",
+                (name, ServiceStatus.CONTROLLER_INIT.value, lb_port,
+                 task.spec.service.load_balancing_policy.value, now),
+            )
+            self._insert_version(db, name, 1, task, "initial", now)
+        return self.get_service(name)
+
+    def _insert_version(self, db: sqlite3.Connection, name: str, version: int, task: SubmittedTask,
+                        mode: str, now: float) -> None:
+        spec_json = json.dumps(dataclasses.asdict(task.spec), default=_json_default, sort_keys=True)
+        db.execute(
+            "INSERT INTO versions (service, version, text, source, spec_json, mode, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (name, version, task.text, task.source, spec_json, mode, now),
+        )
+
+    def find_service(self, name: str) -> ServiceRecord | None:
+        row = self._db.execute(f"SELECT {_SERVICE_SELECT} FROM services WHERE name = ?", (name,)).fetchone()
+        return _service(row) if row else None
+
+    def get_service(self, name: str) -> ServiceRecord:
+        service = self.find_service(name)
+        if service is None:
+            raise NotFoundError(f"no service named {name!r}; see `sky-lite serve status`")
+        return service
+
+    def list_services(self) -> list[ServiceRecord]:
+        rows = self._db.execute(f"SELECT {_SERVICE_SELECT} FROM services ORDER BY name").fetchall()
+        return [_service(row) for row in rows]
+
+    def used_lb_ports(self) -> set[int]:
+        return {row[0] for row in self._db.execute("SELECT lb_port FROM services")}
+
+    def get_version(self, name: str, version: int) -> VersionRecord:
+        row = self._db.execute(
+            "SELECT service, version, text, source, created_at, mode FROM versions"
+            " WHERE service = ? AND version = ?", (name, version)).fetchone()
+        if row is None:
+            raise NotFoundError(f"service {name!r} has no version {version}")
+        return VersionRecord(*row)
+
+    def list_versions(self, name: str) -> list[VersionRecord]:
+        rows = self._db.execute(
+            "SELECT service, version, text, source, created_at, mode FROM versions"
+            " WHERE service = ? ORDER BY version", (name,)).fetchall()
+        return [VersionRecord(*row) for row in rows]
+
+    def mark_deleting(self, names: Sequence[str]) -> None:
+        """Ask the controller to take these services down (idempotent)."""
+        with self._write() as db:
+            db.executemany("UPDATE services SET deleting = 1 WHERE name = ?", [(name,) for name in names])
+
+    def set_service_status(self, name: str, status: ServiceStatus, reason: str | None) -> None:
+        with self._write() as db:
+            db.execute("UPDATE services SET status = ?, status_reason = ? WHERE name = ?",
+                       (status.value, reason, name))
+
+    def set_load_balancer(self, name: str, pid: int | None, policy: str) -> None:
+        with self._write() as db:
+            db.execute("UPDATE services SET lb_pid = ?, lb_policy = ? WHERE name = ?", (pid, policy, name))
+
+    def delete_service(self, name: str) -> None:
+        """Forget a service: its versions, replicas and request counts. Its events stay."""
+        with self._write() as db:
+            db.execute("DELETE FROM request_counts WHERE service = ?", (name,))
+            db.execute("DELETE FROM services WHERE name = ?", (name,))
+
+    # --- replicas --------------------------------------------------------------------------------
+    def list_replicas(self, service: str | None = None) -> list[ReplicaRecord]:
+        columns = ", ".join(_REPLICA_COLUMNS)
+        if service is None:
+            rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id")
+        else:
+            rows = self._db.execute(
+                f"SELECT {columns} FROM replicas WHERE service = ? ORDER BY replica_id", (service,))
+        return [_replica(row) for row in rows.fetchall()]
+
+    def add_replicas(self, service: str, count: int, template: ReplicaRecord) -> list[ReplicaRecord]:
+        """Record the intent to launch ``count`` replicas like ``template``, with fresh ids.
+
+        Ids come from the service's counter and are never reused, even after rows are deleted.
+        """
+        with self._write() as db:
+            row = db.execute("SELECT next_replica_id FROM services WHERE name = ?", (service,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no service named {service!r}")
+            first = int(row[0])
+            records = [dataclasses.replace(template, service=service, replica_id=first + offset)
+                       for offset in range(count)]
+            db.execute("UPDATE services SET next_replica_id = ? WHERE name = ?", (first + count, service))
+            for record in records:
+                _put_replica(db, record)
+        return records
+
+    def put_replicas(self, records: Sequence[ReplicaRecord]) -> None:
+        """Write whole replica rows (insert or replace) in one transaction."""
+        with self._write() as db:
+            for record in records:
+                _put_replica(db, record)
+
+    def delete_replicas(self, keys: Sequence[tuple[str, int]]) -> None:
+        with self._write() as db:
+            db.executemany("DELETE FROM replicas WHERE service = ? AND replica_id = ?", keys)
+
+    # --- events ----------------------------------------------------------------------------------
+    def add_events(self, events: Sequence[tuple[float, str, int | None, str, str]]) -> None:
+        """Append ``(time, service, replica_id, kind, message)`` events."""
+        if not events:
+            return
+        with self._write() as db:
+            db.executemany(
+                "INSERT INTO events (time, service, replica_id, kind, message) VALUES (?, ?, ?, ?, ?)",
+                events)
+
+    def list_events(self, service: str, limit: int = 100) -> list[EventRecord]:
+        rows = self._db.execute(
+            "SELECT event_id, time, service, replica_id, kind, message FROM events WHERE service = ?"
+            " ORDER BY event_id DESC LIMIT ?", (service, limit)).fetchall()
+        return [EventRecord(*row) for row in reversed(rows)]
+
+    # --- load balancer ---------------------------------------------------------------------------
+    def get_lb_view(self, service: str) -> LbView | None:
+        """Ready replica urls of the service and its policy; None once the service is gone or deleting."""
+        row = self._db.execute(
+            "SELECT lb_policy, deleting FROM services WHERE name = ?", (service,)).fetchone()
+        if row is None or row[1]:
+            return None
+        urls = self._db.execute(
+            "SELECT url FROM replicas WHERE service = ? AND status = ? AND url IS NOT NULL"
+            " ORDER BY replica_id", (service, ReplicaStatus.READY.value)).fetchall()
+        return LbView(ready_urls=tuple(url for (url,) in urls), policy=row[0])
+
+    def record_request_counts(self, service: str, counts: Mapping[int, int],
+                              keep_seconds: int = 3600) -> None:
+        """Add per-second request counts, and drop counts older than ``keep_seconds`` before the newest."""
+        if not counts:
+            return
+        with self._write() as db:
+            db.executemany(
+                "INSERT INTO request_counts (service, second, count) VALUES (?, ?, ?)"
+                " ON CONFLICT (service, second) DO UPDATE SET count = count + excluded.count",
+                [(service, second, count) for second, count in counts.items()])
+            db.execute("DELETE FROM request_counts WHERE service = ? AND second < ?",
+                       (service, max(counts) - keep_seconds))
+
+    def count_requests(self, service: str, since_second: int) -> int:
+        row = self._db.execute(
+            "SELECT COALESCE(SUM(count), 0) FROM request_counts WHERE service = ? AND second >= ?",
+            (service, since_second)).fetchone()
+        return int(row[0])
+
+
+_SERVICE_SELECT = (
+    "name, current_version, status, status_reason, lb_port, lb_pid, lb_policy, deleting, created_at,"
+    " next_replica_id"
+)
+
+
+def _service(row: tuple[Any, ...]) -> ServiceRecord:
+    (name, version, status, reason, port, pid, policy, deleting, created_at, next_id) = row
+    return ServiceRecord(
+        name=name, current_version=version, status=ServiceStatus(status), status_reason=reason,
+        lb_port=port, lb_pid=pid, lb_policy=policy, deleting=bool(deleting), created_at=created_at,
+        next_replica_id=next_id,
+    )
+
+
+def _replica(row: tuple[Any, ...]) -> ReplicaRecord:
+    values = dict(zip(_REPLICA_COLUMNS, row, strict=True))
+    values["status"] = ReplicaStatus(values["status"])
+    values["is_spot"] = bool(values["is_spot"])
+    return ReplicaRecord(**values)
+
+
+def _put_replica(db: sqlite3.Connection, record: ReplicaRecord) -> None:
+    values = [getattr(record, column) for column in _REPLICA_COLUMNS]
+    values = [value.value if isinstance(value, Enum) else value for value in values]
+    placeholders = ", ".join("?" for _ in _REPLICA_COLUMNS)
+    db.execute(f"INSERT OR REPLACE INTO replicas ({', '.join(_REPLICA_COLUMNS)}) VALUES ({placeholders})",
+               values)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"cannot store {type(value).__name__} as JSON")
