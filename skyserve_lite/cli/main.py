@@ -47,6 +47,11 @@ def _stderr() -> Console:
     return Console(stderr=True)
 
 
+def _stdout() -> Console:
+    # Piped output is read by people in logs and by grep: do not squeeze tables into 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 def _yes_option(func: F) -> F:
     return click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")(func)
 
@@ -105,7 +110,7 @@ def serve_status(names: tuple[str, ...], output: str) -> None:
         if output == "json":
             click.echo(json.dumps(status_json(views), indent=2))
         else:
-            Console().print(status_renderable(views))
+            _stdout().print(status_renderable(views))
 
 
 @serve.command("down")

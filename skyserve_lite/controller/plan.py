@@ -198,7 +198,8 @@ def _plan_service(snapshot: ServiceSnapshot, index: _InstanceIndex,
     if service.deleting:
         if snapshot.lb_alive and service.lb_pid is not None:
             stop_lbs = ((service.name, service.lb_pid),)
-        if not snapshot.replicas and not snapshot.lb_alive:
+        # Rows removed in this pass have no instance left, and the load balancer stops before deletion.
+        if all(s.remove for s in steps):
             deletions = (service.name,)
             events.append(Event(service.name, None, "service", "service removed"))
     else:

@@ -1,0 +1,134 @@
+"""The CLI with click's runner: exit codes, messages, and that bad input changes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from skyserve_lite.api import LocalController
+from skyserve_lite.cli.main import main
+from skyserve_lite.spec.parse import load_task_file
+
+TASK = "service:\n  replicas: 1\nrun: echo hi\n"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("SKY_LITE_HOME", str(home))
+    return home
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def add_service(home: Path, tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(TASK)
+    LocalController(home, start_daemon=False).create_service(name, load_task_file(path))
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        pytest.param(["serve", "status", "nope"], 1, "Error: no service named 'nope'", id="status-unknown"),
+        pytest.param(["serve", "down", "nope", "-y"], 1, "Error: no service named 'nope'", id="down-unknown"),
+        pytest.param(["serve", "down", "-y"], 2, "name the services to take down, or pass --all",
+                     id="down-nothing-named"),
+        pytest.param(["serve", "logs", "nope", "1"], 1, "Error: no service named 'nope'", id="logs-unknown"),
+        pytest.param(["serve", "up", "missing.yaml"], 2, "missing.yaml: cannot read the file",
+                     id="up-missing-file"),
+        pytest.param(["serve", "status", "-o", "xml"], 2, "Invalid value for '-o'", id="bad-output"),
+    ],
+)
+def test_errors_exit_with_a_message_and_no_traceback(home: Path, args: list[str], code: int,
+                                                     message: str) -> None:
+    exit_code, _stdout, stderr = invoke(*args)
+    assert exit_code == code
+    assert message in stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "name_args", "message"),
+    [
+        pytest.param("service: [\n", [], "invalid YAML (line 2, column 1)", id="yaml-syntax"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: azure\n", [],
+                     "resources.cloud: unknown value 'azure'", id="unknown-cloud"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n", [],
+                     "resources.cloud: cloud 'aws' is not available in this version", id="unavailable-cloud"),
+        pytest.param(TASK, ["-n", "Bad_Name"], "invalid service name 'Bad_Name'", id="invalid-name"),
+    ],
+)
+def test_bad_input_to_up_exits_2_and_writes_nothing(home: Path, tmp_path: Path, text: str,
+                                                    name_args: list[str], message: str) -> None:
+    path = tmp_path / "task.yaml"
+    path.write_text(text)
+    exit_code, stdout, stderr = invoke("serve", "up", str(path), *name_args)
+    assert exit_code == 2
+    assert message in stderr
+    assert stdout == ""
+    assert not (home / "state.db").exists() or json.loads(invoke("serve", "status", "-o", "json")[1]) == {
+        "services": []}
+
+
+def test_status_json_is_only_json_on_stdout(home: Path, tmp_path: Path) -> None:
+    add_service(home, tmp_path, "alpha")
+    add_service(home, tmp_path, "beta")
+    exit_code, stdout, _ = invoke("serve", "status", "-o", "json")
+    assert exit_code == 0
+    services = json.loads(stdout)["services"]
+    assert [(s["name"], s["status"], s["version"], s["policy"]) for s in services] == [
+        ("alpha", "CONTROLLER_INIT", 1, "Fixed 1 replica"), ("beta", "CONTROLLER_INIT", 1, "Fixed 1 replica")]
+    endpoints = [s["endpoint"] for s in services]
+    assert all(re.fullmatch(r"http://127\.0\.0\.1:30\d\d\d", e) for e in endpoints)
+    assert endpoints[0] != endpoints[1]
+
+
+def test_status_table_names_services(home: Path, tmp_path: Path) -> None:
+    add_service(home, tmp_path, "alpha")
+    exit_code, stdout, _ = invoke("serve", "status", "alpha")
+    assert exit_code == 0
+    assert "alpha" in stdout and "CONTROLLER_INIT" in stdout and "Fixed 1 replica" in stdout
+
+
+def test_status_without_services_says_how_to_start_one(home: Path) -> None:
+    exit_code, stdout, _ = invoke("serve", "status")
+    assert exit_code == 0
+    assert "sky-lite serve up TASK.yaml" in stdout
+
+
+def test_down_asks_for_confirmation_and_declining_changes_nothing(home: Path, tmp_path: Path) -> None:
+    add_service(home, tmp_path, "alpha")
+    result = CliRunner().invoke(main, ["serve", "down", "alpha"], input="n\n")
+    assert result.exit_code == 1
+    assert "Take down alpha?" in result.output
+    (view,) = LocalController(home, start_daemon=False).get_status(["alpha"])
+    assert not view.service.deleting
+
+
+def test_default_name_is_the_yaml_name_else_the_file_stem(tmp_path: Path) -> None:
+    from skyserve_lite.api import default_service_name
+
+    named = tmp_path / "whatever.yaml"
+    named.write_text("name: fromyaml\n" + TASK)
+    stem = tmp_path / "my_service.yaml"
+    stem.write_text(TASK)
+    assert default_service_name(load_task_file(named)) == "fromyaml"
+    assert default_service_name(load_task_file(stem)) == "my-service"
+
+
+def test_help_does_not_import_cloud_sdks_or_aiohttp() -> None:
+    code = ("import sys; from click.testing import CliRunner; from skyserve_lite.cli.main import main; "
+            "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in ('boto3', 'botocore', 'google.cloud', 'aiohttp') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

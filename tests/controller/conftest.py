@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from skyserve_lite.clock import FakeClock
+from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
+from skyserve_lite.controller.plan import PassPlan
+from skyserve_lite.controller.probe import FakeProber
+from skyserve_lite.controller.reconcile import Reconciler
+from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.providers.fake import FakeProvider
+from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.spec.parse import parse_task
+from skyserve_lite.state.models import ReplicaRecord, ServiceRecord
+from skyserve_lite.state.store import Store
+
+TASK = """\
+service:
+  readiness_probe:
+    path: /health
+    initial_delay_seconds: 60
+  replicas: {replicas}
+run: python -m http.server $PORT
+"""
+
+
+class Harness:
+    """A reconciler wired to fakes that record what it did."""
+
+    def __init__(self, home: Path) -> None:
+        self.store = Store.open(home)
+        self.clock = FakeClock()
+        self.provider = FakeProvider(name="local")
+        self.prober = FakeProber()
+        self.lbs = FakeLoadBalancerRunner()
+        self.settings = ControllerSettings(probe_failure_grace_seconds=180, provision_timeout_seconds=600,
+                                           failure_limit=3)
+        self.reconciler = Reconciler(self.store, {"local": self.provider}, self.prober, self.lbs, self.clock,
+                                     self.settings)
+
+    def create(self, name: str = "svc", replicas: int = 2, text: str | None = None) -> ServiceRecord:
+        text = text or TASK.format(replicas=replicas)
+        task = SubmittedTask(text=text, source="/tasks/svc.yaml", spec=parse_task(text))
+        return self.store.create_service(name, task, 30001 + len(self.store.list_services()),
+                                         self.clock.now())
+
+    def tick(self, seconds: float = 1.0) -> PassPlan:
+        self.clock.advance(seconds)
+        return self.reconciler.reconcile_once()
+
+    def replicas(self, name: str = "svc") -> list[ReplicaRecord]:
+        return self.store.list_replicas(name)
+
+    def statuses(self, name: str = "svc") -> dict[int, str]:
+        return {r.replica_id: r.status.value for r in self.replicas(name)}
+
+    def service(self, name: str = "svc") -> ServiceRecord:
+        return self.store.get_service(name)
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path / "home")
+    yield h
+    h.store.close()
