@@ -20,6 +20,7 @@ from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ProviderError
 from skyserve_lite.providers.base import Instance, Provider
 from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.state.models import ReplicaRecord
 from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class Reconciler:
         return plan
 
     def _read(self) -> list[ServiceSnapshot]:
-        replicas_by_service: dict[str, list] = {}
+        replicas_by_service: dict[str, list[ReplicaRecord]] = {}
         for replica in self._store.list_replicas():
             replicas_by_service.setdefault(replica.service, []).append(replica)
         snapshots = []

@@ -10,7 +10,8 @@ from skyserve_lite.controller.replica_rules import ProbeResult, plan_replica
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.spec.model import ReadinessProbe
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus as S
+from skyserve_lite.state.models import ReplicaRecord
+from skyserve_lite.state.models import ReplicaStatus as S
 
 NOW = 10_000.0
 SETTINGS = ControllerSettings(probe_failure_grace_seconds=180, provision_timeout_seconds=600)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from skyserve_lite.controller.scaling import find_scale_down_order, is_launch_blocked
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus as S
+from skyserve_lite.state.models import ReplicaRecord
+from skyserve_lite.state.models import ReplicaStatus as S
 
 
 def r(replica_id: int, version: int, status: S, launched_at: float = 0.0,

@@ -1,0 +1,87 @@
+"""The HTTP prober against a real server on 127.0.0.1: only HTTP 200 counts, POST and headers pass."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+from aiohttp import web
+
+from skyserve_lite.controller.plan import ProbeTarget
+from skyserve_lite.controller.probe import HttpProber
+from skyserve_lite.procs import find_free_port
+from skyserve_lite.spec.model import ReadinessProbe
+
+SEEN: list[tuple[str, str, str, str]] = []
+
+
+async def handler(request: web.Request) -> web.Response:
+    body = await request.text()
+    SEEN.append((request.method, request.path, body, request.headers.get("Authorization", "")))
+    if request.path == "/slow":
+        await asyncio.sleep(2)
+    if request.path == "/post-only":
+        ok = request.method == "POST" and json.loads(body or "null") == {"prompt": "hi"}
+        return web.Response(status=200 if ok else 405)
+    if request.path == "/auth":
+        return web.Response(status=200 if request.headers.get("Authorization") == "Bearer t" else 401)
+    status = {"/ok": 200, "/unavailable": 503, "/redirect": 302, "/created": 201}.get(request.path, 404)
+    return web.Response(status=status)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = find_free_port()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(web.Application())
+    runner.app.router.add_route("*", "/{tail:.*}", handler)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def probe(url: str, **fields: object) -> tuple[bool, str]:
+    target = ProbeTarget("svc", 1, url, ReadinessProbe(**fields))  # type: ignore[arg-type]
+    result = HttpProber().probe([target])[("svc", 1)]
+    return result.ok, result.detail
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        pytest.param({"path": "/ok"}, (True, "HTTP 200"), id="200-is-ready"),
+        pytest.param({"path": "/unavailable"}, (False, "HTTP 503"), id="503-is-not"),
+        pytest.param({"path": "/created"}, (False, "HTTP 201"), id="only-200-counts"),
+        pytest.param({"path": "/redirect"}, (False, "HTTP 302"), id="redirects-not-followed"),
+        pytest.param({"path": "/post-only", "post_data": '{"prompt":"hi"}'}, (True, "HTTP 200"),
+                     id="post-data-sent-as-json"),
+        pytest.param({"path": "/post-only"}, (False, "HTTP 405"), id="get-without-post-data"),
+        pytest.param({"path": "/auth", "headers": (("Authorization", "Bearer t"),)}, (True, "HTTP 200"),
+                     id="headers-sent"),
+        pytest.param({"path": "/slow", "timeout_seconds": 0.3}, (False, "timed out after 0.3s"),
+                     id="timeout"),
+    ],
+)
+def test_probe_results(server: str, fields: dict[str, object], expected: tuple[bool, str]) -> None:
+    assert probe(server, **fields) == expected
+
+
+def test_refused_connection_is_not_ready() -> None:
+    ok, detail = probe(f"http://127.0.0.1:{find_free_port()}", path="/")
+    assert not ok
+    assert detail.startswith("cannot connect")
+
+
+def test_many_targets_are_probed_in_one_call(server: str) -> None:
+    targets = [ProbeTarget("svc", i, server, ReadinessProbe(path="/ok" if i % 2 else "/unavailable"))
+               for i in range(1, 21)]
+    results = HttpProber().probe(targets)
+    assert [results[("svc", i)].ok for i in range(1, 21)] == [bool(i % 2) for i in range(1, 21)]
