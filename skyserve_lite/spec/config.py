@@ -62,7 +62,11 @@ def compute_replica_config(spec: TaskSpec) -> dict[str, ConfigValue]:
 
 
 def compute_config_fingerprint(spec: TaskSpec) -> str:
-    """A short stable hash of ``compute_replica_config``; equal configs give equal fingerprints."""
+    """A short stable hash of ``compute_replica_config``; equal configs give equal fingerprints.
+
+    The hash sees the paths of ``workdir`` and ``file_mounts``, not the files behind them: two tasks with
+    equal fingerprints may still need new replicas. Decide reuse with ``is_same_replica_config``.
+    """
     canonical = json.dumps(compute_replica_config(spec), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -103,4 +107,7 @@ def _show(value: ConfigValue) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     text = str(value)
-    return text if "\n" not in text and len(text) <= 60 else repr(text[:57] + "...")
+    if len(text) > 60:
+        text = text[:57] + "..."
+    # Quoted when multi-line (a `run` script: newlines show as \n) or cut short (the quote marks the cut).
+    return repr(text) if "\n" in text or text != str(value) else text

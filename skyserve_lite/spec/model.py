@@ -69,7 +69,10 @@ class ReplicaPolicy:
         return self.target_qps_per_replica is not None
 
     def describe(self) -> str:
-        """One line for `serve status`: ``Fixed 2 replicas`` or ``Autoscaling 1-3 replicas (2 qps/replica)``."""
+        """One line for `serve status`.
+
+        ``Fixed 2 replicas`` or ``Autoscaling 1-3 replicas (2 qps/replica)``.
+        """
         if not self.is_autoscaling:
             noun = "replica" if self.min_replicas == 1 else "replicas"
             return f"Fixed {self.min_replicas} {noun}"

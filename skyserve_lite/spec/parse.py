@@ -7,6 +7,7 @@ here touches state, so a rejected file changes nothing.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,7 +36,7 @@ from skyserve_lite.spec.model import (
 _T = TypeVar("_T")
 
 # DNS-1123 label: what a hostname part, a Kubernetes name and a cloud tag accept alike.
-_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 _TOP_KEYS = ("name", "resources", "envs", "workdir", "file_mounts", "setup", "run", "service")
 _RESOURCE_KEYS = (
@@ -49,9 +50,33 @@ _POLICY_KEYS = (
 )
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """A ``SafeLoader`` that rejects a key given twice in one mapping.
+
+    Plain YAML keeps the last value, so a second ``run:`` further down a file would silently replace the
+    first; here it is an error with the line of the repeated key.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults` may be overridden by keys written out; that is its purpose
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # an unhashable key is reported by the base class
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def is_valid_service_name(name: str) -> bool:
     """A DNS-style label: lowercase letters, digits and '-', starting with a letter, at most 63 chars."""
-    return bool(_NAME_RE.match(name))
+    # fullmatch, not match with "$": "$" also matches before a trailing newline ("svc\n").
+    return _NAME_RE.fullmatch(name) is not None
 
 
 def load_task_file(path: Path) -> SubmittedTask:
@@ -66,7 +91,7 @@ def load_task_file(path: Path) -> SubmittedTask:
 def parse_task(text: str, source: str = "<string>") -> TaskSpec:
     """Parse task YAML text. Pure: raises ``SpecError`` on the first problem found."""
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -129,6 +154,8 @@ class _Parser:
     def number(self, value: object, path: str, positive: bool) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(path, f"must be a number, got {_kind(value)}")
+        if not math.isfinite(value):
+            raise self.fail(path, f"must be a finite number, got {value}")
         if value < 0 or (positive and value == 0):
             raise self.fail(path, f"must be {'greater than 0' if positive else 'at least 0'}, got {value}")
         return float(value)
@@ -149,7 +176,9 @@ class _Parser:
         for index, item in enumerate(items):
             item_path = f"{path}[{index}]" if isinstance(value, list) else path
             if isinstance(item, str) and "-" in item:
-                low_text, _, high_text = item.partition("-")
+                low_text, _, high_text = (part.strip() for part in item.partition("-"))
+                if not (low_text.isdigit() and high_text.isdigit()):
+                    raise self.fail(item_path, f"port range must look like '8000-8010', got {item!r}")
                 low, high = self.port(low_text, item_path), self.port(high_text, item_path)
                 if high < low:
                     raise self.fail(item_path, f"port range {item!r} ends before it starts")
@@ -249,6 +278,8 @@ class _Parser:
     def probe(self, value: object, path: str) -> ReadinessProbe:
         if isinstance(value, str):
             return ReadinessProbe(path=self.probe_path(value, path))
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a path string or a mapping, got {_kind(value)}")
         doc = self.mapping(value, path, _PROBE_KEYS)
         return ReadinessProbe(
             path=self.optional(doc, "path", path, self.probe_path, DEFAULT_PROBE_PATH),
@@ -276,7 +307,8 @@ class _Parser:
             except json.JSONDecodeError as exc:
                 raise self.fail(path, f"must be valid JSON: {exc.msg} at position {exc.pos}") from exc
         try:
-            return json.dumps(value, sort_keys=True, separators=(",", ":"))
+            # NaN and Infinity are not JSON, though Python's json module reads and writes them.
+            return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise self.fail(path, f"cannot be sent as JSON: {exc}") from exc
 
@@ -296,13 +328,15 @@ class _Parser:
                             f"must be at least min_replicas ({min_replicas}), got {max_replicas}")
         if target is not None and not max_given:
             raise self.fail(_join(path, "max_replicas"), "required when target_qps_per_replica is set")
+        # Checked before the min/max rule below: `min_replicas: 0` alone defaults max to 1, and "0 and 1
+        # differ" would blame a max_replicas the user never wrote.
+        if target is None and min_replicas == 0:
+            raise self.fail(_join(path, "min_replicas"),
+                            "0 needs target_qps_per_replica, or the service would never start a replica")
         if target is None and max_replicas != min_replicas:
             raise self.fail(_join(path, "target_qps_per_replica"),
                             f"required when min_replicas ({min_replicas}) and max_replicas ({max_replicas}) "
                             "differ: it is what decides between them")
-        if target is None and min_replicas == 0:
-            raise self.fail(_join(path, "min_replicas"),
-                            "0 needs target_qps_per_replica, or the service would never start a replica")
         base_fallback = count("base_ondemand_fallback_replicas", 0, 0)
         dynamic_fallback = self.optional(doc, "dynamic_ondemand_fallback", path, self.boolean, False)
         return ReplicaPolicy(
