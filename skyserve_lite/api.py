@@ -17,11 +17,14 @@ from skyserve_lite import procs
 from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
 from skyserve_lite.controller.lb_runner import lb_log_path
-from skyserve_lite.errors import NotFoundError, SpecError, UsageError, WaitTimeoutError
+from skyserve_lite.errors import NotFoundError, SpecError, StateConflictError, UsageError, WaitTimeoutError
+from skyserve_lite.plan.rollout import UpdateMode
+from skyserve_lite.plan.update import UpdatePlan, plan_update
 from skyserve_lite.providers import AVAILABLE_CLOUDS
+from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import is_valid_service_name
-from skyserve_lite.state.models import EventRecord, ReplicaRecord, ServiceRecord, ServiceStatus
+from skyserve_lite.state.models import EventRecord, ReplicaRecord, ServiceRecord, ServiceStatus, VersionRecord
 from skyserve_lite.state.store import Store
 
 LB_PORT_START = 30001
@@ -40,9 +43,10 @@ class ServiceView:
 
     @property
     def active_versions(self) -> list[int]:
-        """Versions the load balancer sends traffic to: those with a READY replica (else the current)."""
-        ready = sorted({r.version for r in self.replicas if r.status.value == "READY"})
-        return ready or [self.service.current_version]
+        """Versions the load balancer sends traffic to (the controller decides them per rollout step)."""
+        if self.service.active_versions is not None:
+            return list(self.service.active_versions)
+        return [self.service.current_version]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +70,35 @@ class ServiceView:
         }
 
 
+@dataclass(frozen=True)
+class RolloutState:
+    """What planning an update needs: the service, its stored versions and its replicas."""
+
+    service: ServiceRecord
+    versions: tuple[VersionRecord, ...]
+    replicas: tuple[ReplicaRecord, ...]
+
+    def version(self, number: int) -> VersionRecord:
+        for record in self.versions:
+            if record.version == number:
+                return record
+        raise NotFoundError(f"service {self.service.name!r} has no version {number}; "
+                            f"see `sky-lite serve history {self.service.name}`")
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    version: int
+    created_at: float
+    mode: str
+    summary: str
+    note: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "created_at": format_timestamp(self.created_at), "mode": self.mode,
+                "summary": self.summary, "note": self.note}
+
+
 class Controller(Protocol):
     """The CLI's one door to a controller. Every method is safe to retry."""
 
@@ -75,6 +108,16 @@ class Controller(Protocol):
 
     def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
         """Views of the named services (all when empty). Raises ``NotFoundError`` for an unknown name."""
+        ...
+
+    def get_rollout_state(self, name: str) -> RolloutState:
+        """The service with every stored version and its replicas. Raises ``NotFoundError``."""
+        ...
+
+    def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
+                      expect_version: int | None = None, note: str | None = None) -> VersionRecord:
+        """Store ``task`` as the next version; the controller rolls it out. Raises ``StateConflictError``
+        when ``expect_version`` is not the current version (nothing stored)."""
         ...
 
     def request_down(self, names: Sequence[str]) -> None:
@@ -104,11 +147,7 @@ class LocalController:
 
     def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
         check_service_name(name)
-        cloud = task.spec.resources.cloud.value
-        if cloud not in AVAILABLE_CLOUDS:
-            raise SpecError(task.source, "resources.cloud",
-                            f"cloud {cloud!r} is not available in this version; available: "
-                            + ", ".join(AVAILABLE_CLOUDS))
+        check_cloud_available(task)
         store = self._open()
         try:
             port = _pick_lb_port(store.used_lb_ports())
@@ -137,6 +176,31 @@ class LocalController:
             return views
         finally:
             store.close()
+
+    def get_rollout_state(self, name: str) -> RolloutState:
+        store = self._open()
+        try:
+            service = store.get_service(name)
+            return RolloutState(service=service, versions=tuple(store.list_versions(name)),
+                                replicas=tuple(store.list_replicas(name)))
+        finally:
+            store.close()
+
+    def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
+                      expect_version: int | None = None, note: str | None = None) -> VersionRecord:
+        check_cloud_available(task)
+        store = self._open()
+        try:
+            version = store.add_version(name, task, mode.value, self._clock.now(), expect_version=expect_version,
+                                        note=note)
+            store.add_events([(self._clock.now(), name, None, "service",
+                               f"version {version.version} submitted ({mode.value}"
+                               + (f", {note}" if note else "") + f") from {task.source}")])
+        finally:
+            store.close()
+        if self._start_daemon:
+            ensure_controller(self.home)
+        return version
 
     def request_down(self, names: Sequence[str]) -> None:
         store = self._open()
@@ -183,6 +247,57 @@ class LocalController:
         if path is None:
             raise NotFoundError(f"service {name!r} has no log for replica {replica_id}")
         return path
+
+
+def check_cloud_available(task: SubmittedTask) -> None:
+    cloud = task.spec.resources.cloud.value
+    if cloud not in AVAILABLE_CLOUDS:
+        raise SpecError(task.source, "resources.cloud",
+                        f"cloud {cloud!r} is not available in this version; available: " + ", ".join(AVAILABLE_CLOUDS))
+
+
+def plan_update_of(state: RolloutState, task: SubmittedTask, mode: UpdateMode) -> UpdatePlan:
+    """The plan of updating ``state``'s service to ``task``: what `--dry-run` shows. Pure."""
+    live_versions = {r.version for r in state.replicas if r.status.is_live}
+    specs = {v: state.version(v).spec for v in live_versions}
+    current = state.service.current_version
+    return plan_update(state.service.name, current, current + 1, mode, task.spec, specs, state.replicas)
+
+
+def rollback_task(state: RolloutState, to_version: int | None) -> tuple[SubmittedTask, int]:
+    """The stored task to roll back to (default: the version before the current one)."""
+    current = state.service.current_version
+    target = current - 1 if to_version is None else to_version
+    if target < 1:
+        raise StateConflictError(f"service {state.service.name!r} has only version {current}; nothing to roll back to")
+    if target == current:
+        raise StateConflictError(f"service {state.service.name!r} is already at version {current}")
+    record = state.version(target)
+    return SubmittedTask(text=record.text, source=record.source, spec=record.spec), target
+
+
+def describe_history(versions: Sequence[VersionRecord]) -> list[HistoryEntry]:
+    """Every version with a one-line summary of what it changed against the one before. Pure."""
+    entries = []
+    previous: VersionRecord | None = None
+    for record in versions:
+        entries.append(HistoryEntry(record.version, record.created_at, record.mode,
+                                    summarize_change(previous, record), record.note))
+        previous = record
+    return entries
+
+
+def summarize_change(previous: VersionRecord | None, record: VersionRecord) -> str:
+    if previous is None:
+        return "initial version"
+    replaced = find_config_changes(previous.spec, record.spec)
+    settings = find_service_changes(previous.spec, record.spec)
+    details = "; ".join(c.describe() for c in (*replaced, *settings))
+    if replaced:
+        return f"replaces replicas: {details}"
+    if settings:
+        return f"reuses replicas: {details}"
+    return "no change"
 
 
 def check_service_name(name: str) -> None:

@@ -17,8 +17,10 @@ from rich.console import Console
 from rich.live import Live
 
 from skyserve_lite import __version__, api
-from skyserve_lite.cli.render import status_json, status_renderable
-from skyserve_lite.errors import SkyLiteError
+from skyserve_lite.cli.render import history_table, plan_renderable, status_json, status_renderable
+from skyserve_lite.errors import SkyLiteError, StateConflictError
+from skyserve_lite.plan.rollout import UpdateMode
+from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import load_task_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -98,6 +100,81 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 
             view = api.wait_until_ready(controller, name, timeout, on_progress=progress)
         click.echo(f"Service {name} is READY at {view.service.endpoint}")
+
+
+@serve.command("update")
+@click.argument("name")
+@click.argument("task_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--mode", type=click.Choice([m.value for m in UpdateMode]), default=UpdateMode.ROLLING.value,
+              show_default=True, help="rolling: replace as new replicas become READY; blue_green: switch all "
+              "traffic once the new version has min_replicas READY.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("--expect-version", type=int, default=None,
+              help="Refuse unless the service is at this version (guards against concurrent updates).")
+@_yes_option
+@_output_option
+def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_version: int | None, yes: bool,
+                 output: str) -> None:
+    """Update service NAME to TASK_FILE, reusing replicas whose config is unchanged."""
+    with _errors():
+        task = load_task_file(task_file.resolve())
+        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None)
+
+
+@serve.command("rollback")
+@click.argument("name")
+@click.option("--to", "to_version", type=click.IntRange(min=1), default=None,
+              help="The version to go back to (default: the one before the current).")
+@click.option("--mode", type=click.Choice([m.value for m in UpdateMode]), default=UpdateMode.ROLLING.value,
+              show_default=True)
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("--expect-version", type=int, default=None, help="Refuse unless the service is at this version.")
+@_yes_option
+@_output_option
+def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, expect_version: int | None,
+                   yes: bool, output: str) -> None:
+    """Update service NAME to an earlier version's stored task, with the same reuse rules."""
+    with _errors():
+        state = make_controller().get_rollout_state(name)
+        task, target = api.rollback_task(state, to_version)
+        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
+                note=f"rollback to version {target}")
+
+
+def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
+            yes: bool, output: str, note: str | None) -> None:
+    controller = make_controller()
+    state = controller.get_rollout_state(name)
+    if expect_version is not None and state.service.current_version != expect_version:
+        raise StateConflictError(f"service {name!r} is at version {state.service.current_version}, not "
+                                 f"{expect_version}; nothing was changed")
+    plan = api.plan_update_of(state, task, mode)
+    if output == "json":
+        click.echo(json.dumps(plan.to_json(), indent=2))
+    else:
+        _stdout().print(plan_renderable(plan))
+    if dry_run:
+        return
+    if not yes:
+        click.confirm("Apply this update?", abort=True, err=True)
+    version = controller.submit_update(name, task, mode, expect_version=expect_version, note=note)
+    click.echo(f"Service {name} is rolling out version {version.version} ({mode.value}); follow it with "
+               f"`sky-lite serve status {name}`.", err=output == "json")
+
+
+@serve.command("history")
+@click.argument("name")
+@_output_option
+def serve_history(name: str, output: str) -> None:
+    """List every version of service NAME and what each changed."""
+    with _errors():
+        state = make_controller().get_rollout_state(name)
+        entries = api.describe_history(state.versions)
+        if output == "json":
+            click.echo(json.dumps({"service": name, "current_version": state.service.current_version,
+                                   "versions": [e.to_json() for e in entries]}, indent=2))
+        else:
+            _stdout().print(history_table(name, entries))
 
 
 @serve.command("status")

@@ -10,7 +10,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from skyserve_lite.api import ServiceView
+from skyserve_lite.api import HistoryEntry, ServiceView
+from skyserve_lite.clock import format_timestamp
+from skyserve_lite.plan.update import ReplicaAction, UpdatePlan
 
 _STATUS_STYLE = {
     "READY": "green", "REPLICA_INIT": "yellow", "CONTROLLER_INIT": "yellow", "STARTING": "yellow",
@@ -70,3 +72,33 @@ def status_renderable(views: Sequence[ServiceView], now: float | None = None) ->
     if not views:
         return Group(Text("No service is running. Start one with `sky-lite serve up TASK.yaml`."))
     return Group(services_table(views), Text(""), replicas_table(views, now))
+
+
+_ACTION_STYLE = {ReplicaAction.REUSE: "green", ReplicaAction.REPLACE: "yellow", ReplicaAction.TERMINATE: "red"}
+
+
+def plan_renderable(plan: UpdatePlan) -> Group:
+    """The update plan: one row per live replica with its action and reasons, then the summary line."""
+    title = (f"Update {plan.service}: version {plan.from_version} -> {plan.to_version} ({plan.mode.value}), "
+             f"target {plan.target_replicas} replicas")
+    table = Table(title=title, title_justify="left", box=None, header_style="bold")
+    for column in ("REPLICA", "VERSION", "ACTION", "REASONS"):
+        table.add_column(column)
+    for decision in plan.replicas:
+        reasons = "\n".join(change.describe() for change in decision.reasons) or (
+            "same replica config" if decision.action is ReplicaAction.REUSE else "")
+        table.add_row(str(decision.replica_id), str(decision.version),
+                      Text(decision.action.value, style=_ACTION_STYLE[decision.action]), reasons)
+    if not plan.replicas:
+        table.add_row("-", "-", "-", "no live replica")
+    return Group(table, Text(plan.summary(), style="bold"))
+
+
+def history_table(name: str, entries: Sequence[HistoryEntry]) -> Table:
+    table = Table(title=f"History of {name}", title_justify="left", box=None, header_style="bold")
+    for column in ("VERSION", "CREATED", "MODE", "CHANGES"):
+        table.add_column(column)
+    for entry in entries:
+        changes = entry.summary + (f" ({entry.note})" if entry.note else "")
+        table.add_row(str(entry.version), format_timestamp(entry.created_at) or "", entry.mode, changes)
+    return table

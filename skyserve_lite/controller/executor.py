@@ -51,6 +51,8 @@ class Executor:
         self._apply_load_balancers(plan)
         for name, status, reason in plan.status_changes:
             self._store.set_service_status(name, status, reason)
+        for name, versions in plan.active_version_changes:
+            self._store.set_active_versions(name, versions)
         for name in plan.deletions:
             for provider in self._providers.values():
                 provider.release_service(name)

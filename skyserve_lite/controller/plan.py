@@ -11,13 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from skyserve_lite.controller.replica_rules import ProbeResult, ReplicaStep, plan_replica
-from skyserve_lite.controller.scaling import (
+from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.plan.rollout import UpdateMode, plan_rollout_step
+from skyserve_lite.plan.scaling import (
     compute_target_replicas,
     find_recent_failures,
     find_scale_down_order,
     is_launch_blocked,
 )
-from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.plan.update import ReplicaAction, find_replica_decision
 from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.spec.model import ReadinessProbe, TaskSpec
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceRecord, ServiceStatus
@@ -33,6 +35,7 @@ class ServiceSnapshot:
     versions: Mapping[int, TaskSpec]  # the current version and every version a replica runs
     replicas: tuple[ReplicaRecord, ...]
     lb_alive: bool
+    mode: UpdateMode = UpdateMode.ROLLING  # how the current version rolls out
 
     @property
     def spec(self) -> TaskSpec:
@@ -92,6 +95,7 @@ class PassPlan:
     status_changes: tuple[tuple[str, ServiceStatus, str | None], ...] = ()
     deletions: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
+    active_version_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -144,6 +148,7 @@ def plan_pass(snapshots: Sequence[ServiceSnapshot], observation: Observation, no
         lb_policy_changes=tuple(c for p in parts for c in p.lb_policy_changes),
         status_changes=tuple(c for p in parts for c in p.status_changes),
         deletions=tuple(d for p in parts for d in p.deletions),
+        active_version_changes=tuple(c for p in parts for c in p.active_version_changes),
         events=tuple(e for p in parts for e in p.events)
         + tuple(Event(i.service, i.replica_id, "orphan", f"terminating {cloud} instance {i.instance_id} "
                       "that no replica claims") for cloud, i in observation.instances
@@ -177,11 +182,16 @@ def _plan_service(snapshot: ServiceSnapshot, index: _InstanceIndex,
         steps.append(plan_replica(replica, index.find(replica), probes.get((service.name, replica.replica_id)),
                                   readiness, now, settings))
 
+    active_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     if service.deleting:
         steps = [_shut_down(step, now) for step in steps]
     else:
-        steps = _scale(snapshot, steps, now, settings)
+        steps = _reuse(snapshot, steps)
+        steps = _scale(snapshot, steps, now)
+        steps, active = _roll_out(snapshot, steps, now)
         steps = _prune_terminal(steps, settings.keep_terminal_replicas)
+        if active != service.active_versions:
+            active_changes = ((service.name, active),)
 
     events = [Event(service.name, s.record.replica_id, "replica", s.event) for s in steps if s.event]
     launches = [] if service.deleting else _plan_launches(snapshot, steps, settings)
@@ -220,6 +230,7 @@ def _plan_service(snapshot: ServiceSnapshot, index: _InstanceIndex,
         replica_updates=updates, removals=removals, terminations=terminations, launches=tuple(launches),
         start_lbs=start_lbs, stop_lbs=stop_lbs, lb_policy_changes=policy_changes,
         status_changes=status_changes, deletions=deletions, events=tuple(events),
+        active_version_changes=active_changes,
     )
 
 
@@ -244,23 +255,56 @@ def _shut_down(step: ReplicaStep, now: float) -> ReplicaStep:
     return ReplicaStep(down, terminate=True, remove=record.instance_id is None)
 
 
-def _scale(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float,
-           settings: ControllerSettings) -> list[ReplicaStep]:
-    """Terminate the surplus when more replicas are live than the target wants."""
+def _live_of_version(steps: Sequence[ReplicaStep], version: int) -> list[ReplicaRecord]:
+    return [s.record for s in steps if s.record.status.is_live and not s.remove and s.record.version == version]
+
+
+def _reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[ReplicaStep]:
+    """Bump live replicas of older versions whose replica config equals the current one (an update that
+    changed only the `service` section, or a rollback to an equal config): same instance, new version."""
+    version = snapshot.service.current_version
+    result = []
+    for step in steps:
+        record = step.record
+        if record.status.is_live and not step.remove and record.version != version:
+            decision = find_replica_decision(record, snapshot.versions[record.version], snapshot.spec)
+            if decision.action is ReplicaAction.REUSE:
+                step = dataclasses.replace(step, record=dataclasses.replace(record, version=version),
+                                           event=f"reused for version {version} (same replica config)")
+        result.append(step)
+    return result
+
+
+def _shut_down_step(step: ReplicaStep, now: float, reason: str) -> ReplicaStep:
+    down = dataclasses.replace(step.record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
+                               status_reason=reason)
+    return ReplicaStep(down, terminate=True, event=reason)
+
+
+def _scale(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float) -> list[ReplicaStep]:
+    """Terminate the surplus when more current-version replicas are live than the target wants."""
     target = compute_target_replicas(snapshot.spec.service.replica_policy)
-    live = [s.record for s in steps if s.record.status.is_live and not s.remove]
+    live = _live_of_version(steps, snapshot.service.current_version)
     surplus = len(live) - target
     if surplus <= 0:
         return steps
     victims = {r.replica_id for r in find_scale_down_order(live)[:surplus]}
-    result = []
-    for step in steps:
-        if step.record.replica_id in victims:
-            down = dataclasses.replace(step.record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
-                                       status_reason=f"scaling down to {target}")
-            step = ReplicaStep(down, terminate=True, event=f"scaling down to {target} replicas")
-        result.append(step)
-    return result
+    return [_shut_down_step(s, now, f"scaling down to {target} replicas") if s.record.replica_id in victims
+            else s for s in steps]
+
+
+def _roll_out(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float
+              ) -> tuple[list[ReplicaStep], tuple[int, ...]]:
+    """One step of the current version's rollout: which outdated replicas go, which versions serve."""
+    version = snapshot.service.current_version
+    policy = snapshot.spec.service.replica_policy
+    outdated = [s.record for s in steps if s.record.status.is_live and not s.remove and s.record.version != version]
+    rollout = plan_rollout_step(snapshot.mode, version, _live_of_version(steps, version), outdated,
+                                compute_target_replicas(policy), policy.min_replicas)
+    victims = set(rollout.terminate)
+    steps = [_shut_down_step(s, now, f"replaced by version {version}") if s.record.replica_id in victims
+             else s for s in steps]
+    return steps, rollout.active_versions
 
 
 def _prune_terminal(steps: list[ReplicaStep], keep: int) -> list[ReplicaStep]:
@@ -278,7 +322,7 @@ def _plan_launches(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep],
     retry = tuple(s.record for s in steps if s.relaunch)
     if is_launch_blocked(records, service.current_version, settings.failure_limit):
         return []
-    live = sum(1 for r in records if r.status.is_live)
+    live = sum(1 for r in records if r.status.is_live and r.version == service.current_version)
     missing = max(0, compute_target_replicas(snapshot.spec.service.replica_policy) - live)
     if not missing and not retry:
         return []

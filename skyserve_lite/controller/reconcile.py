@@ -18,9 +18,9 @@ from skyserve_lite.controller.plan import (
 from skyserve_lite.controller.probe import Prober
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ProviderError
+from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.providers.base import Instance, Provider
-from skyserve_lite.spec.model import TaskSpec
-from skyserve_lite.state.models import ReplicaRecord
+from skyserve_lite.state.models import ReplicaRecord, VersionRecord
 from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,8 @@ class Reconciler:
         self._clock = clock
         self._settings = settings
         self._executor = Executor(store, providers, lb_runner, clock)
-        # Versions never change once stored, so their parsed specs are cached across passes.
-        self._specs: dict[tuple[str, int, float], TaskSpec] = {}
+        # Versions never change once stored, so they (and their parsed specs) are cached across passes.
+        self._versions: dict[tuple[str, int, float], VersionRecord] = {}
 
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
@@ -57,18 +57,20 @@ class Reconciler:
         snapshots = []
         for service in self._store.list_services():
             replicas = tuple(replicas_by_service.get(service.name, ()))
-            versions = {v: self._spec(service.name, v, service.created_at)
+            versions = {v: self._version(service.name, v, service.created_at)
                         for v in {service.current_version, *(r.version for r in replicas)}}
             lb_alive = service.lb_pid is not None and self._lb_runner.is_alive(service.lb_pid)
-            snapshots.append(ServiceSnapshot(service, versions, replicas, lb_alive))
+            mode = UpdateMode.of_version(versions[service.current_version].mode)
+            snapshots.append(ServiceSnapshot(service, {v: record.spec for v, record in versions.items()},
+                                             replicas, lb_alive, mode))
         return snapshots
 
-    def _spec(self, service: str, version: int, created_at: float) -> TaskSpec:
+    def _version(self, service: str, version: int, created_at: float) -> VersionRecord:
         # created_at tells a re-created service of the same name apart from the one it replaced.
         key = (service, version, created_at)
-        if key not in self._specs:
-            self._specs[key] = self._store.get_version(service, version).spec
-        return self._specs[key]
+        if key not in self._versions:
+            self._versions[key] = self._store.get_version(service, version)
+        return self._versions[key]
 
     def _observe(self, snapshots: Sequence[ServiceSnapshot]) -> Observation:
         instances: list[tuple[str, Instance]] = []

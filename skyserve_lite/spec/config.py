@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from skyserve_lite.spec.model import TaskSpec
 
-ConfigValue = str | int | bool | None
+ConfigValue = str | int | float | bool | None
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,24 @@ class FieldChange:
     note: str | None = None
 
     def describe(self) -> str:
-        text = f"{self.path}: {_show(self.old)} -> {_show(self.new)}"
+        old, new = self.old, self.new
+        if isinstance(old, str) and isinstance(new, str) and ("\n" in old or "\n" in new):
+            # Scripts: show the first line that differs, not two equal-looking prefixes.
+            number, old, new = _first_different_line(old, new)
+            text = f"{self.path} line {number}: {_show(old)} -> {_show(new)}"
+        else:
+            text = f"{self.path}: {_show(old)} -> {_show(new)}"
         return f"{text} ({self.note})" if self.note else text
+
+
+def _first_different_line(old: str, new: str) -> tuple[int, str | None, str | None]:
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    for number in range(1, max(len(old_lines), len(new_lines)) + 1):
+        before = old_lines[number - 1].strip() if number <= len(old_lines) else None
+        after = new_lines[number - 1].strip() if number <= len(new_lines) else None
+        if before != after:
+            return number, before, after
+    return 1, old, new  # differ only in trailing whitespace
 
 
 def compute_replica_config(spec: TaskSpec) -> dict[str, ConfigValue]:
@@ -77,12 +93,7 @@ def find_config_changes(old: TaskSpec, new: TaskSpec) -> tuple[FieldChange, ...]
     Pure. Besides the differing fields, a non-empty ``workdir`` or ``file_mounts`` in either task forces
     a change: the files behind them may have changed although the paths did not.
     """
-    old_flat, new_flat = compute_replica_config(old), compute_replica_config(new)
-    changes = [
-        FieldChange(path, old_flat.get(path), new_flat.get(path))
-        for path in sorted(old_flat.keys() | new_flat.keys())
-        if old_flat.get(path) != new_flat.get(path)
-    ]
+    changes = list(_diff(compute_replica_config(old), compute_replica_config(new)))
     changed_paths = {change.path for change in changes}
     if (old.workdir or new.workdir) and "workdir" not in changed_paths:
         changes.append(FieldChange("workdir", old.workdir, new.workdir,
@@ -95,6 +106,43 @@ def find_config_changes(old: TaskSpec, new: TaskSpec) -> tuple[FieldChange, ...]
 
 def is_same_replica_config(old: TaskSpec, new: TaskSpec) -> bool:
     return not find_config_changes(old, new)
+
+
+def compute_service_settings(spec: TaskSpec) -> dict[str, ConfigValue]:
+    """Flatten the ``service`` section (minus ``ports``, which belongs to the replica config).
+
+    These settings change under running replicas; they never force a replacement.
+    """
+    probe, policy = spec.service.readiness_probe, spec.service.replica_policy
+    flat: dict[str, ConfigValue] = {
+        "service.readiness_probe.path": probe.path,
+        "service.readiness_probe.post_data": probe.post_data,
+        "service.readiness_probe.initial_delay_seconds": probe.initial_delay_seconds,
+        "service.readiness_probe.timeout_seconds": probe.timeout_seconds,
+        "service.replica_policy.min_replicas": policy.min_replicas,
+        "service.replica_policy.max_replicas": policy.max_replicas,
+        "service.replica_policy.target_qps_per_replica": policy.target_qps_per_replica,
+        "service.replica_policy.upscale_delay_seconds": policy.upscale_delay_seconds,
+        "service.replica_policy.downscale_delay_seconds": policy.downscale_delay_seconds,
+        "service.replica_policy.base_ondemand_fallback_replicas": policy.base_ondemand_fallback_replicas,
+        "service.replica_policy.dynamic_ondemand_fallback": policy.dynamic_ondemand_fallback,
+        "service.load_balancing_policy": spec.service.load_balancing_policy.value,
+    }
+    flat.update({f"service.readiness_probe.headers.{k}": v for k, v in probe.headers})
+    return {key: value for key, value in flat.items() if value is not None}
+
+
+def find_service_changes(old: TaskSpec, new: TaskSpec) -> tuple[FieldChange, ...]:
+    """What changed in the ``service`` section; informational (history), never a reason to replace."""
+    return _diff(compute_service_settings(old), compute_service_settings(new))
+
+
+def _diff(old_flat: dict[str, ConfigValue], new_flat: dict[str, ConfigValue]) -> tuple[FieldChange, ...]:
+    return tuple(
+        FieldChange(path, old_flat.get(path), new_flat.get(path))
+        for path in sorted(old_flat.keys() | new_flat.keys())
+        if old_flat.get(path) != new_flat.get(path)
+    )
 
 
 def _mounts(spec: TaskSpec) -> str | None:

@@ -69,6 +69,7 @@ class ServiceRecord:
     deleting: bool
     created_at: float
     next_replica_id: int
+    active_versions: tuple[int, ...] | None = None  # None: every READY replica gets traffic
 
     @property
     def endpoint(self) -> str:
@@ -84,7 +85,8 @@ class VersionRecord:
     text: str
     source: str
     created_at: float
-    mode: str
+    mode: str  # "initial" for version 1, else the update mode: "rolling" | "blue_green"
+    note: str | None = None
 
     @cached_property
     def spec(self) -> TaskSpec:

@@ -69,4 +69,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (service, second)
     );
     """,
+    # 2: updates. Which versions get traffic during a rollout (JSON list; NULL: every READY replica),
+    #    and a note per version (e.g. "rollback to version 1").
+    """
+    ALTER TABLE services ADD COLUMN active_versions TEXT;
+    ALTER TABLE versions ADD COLUMN note TEXT;
+    """,
 )

@@ -126,13 +126,37 @@ class Store:
         return self.get_service(name)
 
     def _insert_version(self, db: sqlite3.Connection, name: str, version: int, task: SubmittedTask,
-                        mode: str, now: float) -> None:
+                        mode: str, now: float, note: str | None = None) -> None:
         spec_json = json.dumps(dataclasses.asdict(task.spec), default=_json_default, sort_keys=True)
         db.execute(
-            "INSERT INTO versions (service, version, text, source, spec_json, mode, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (name, version, task.text, task.source, spec_json, mode, now),
+            "INSERT INTO versions (service, version, text, source, spec_json, mode, created_at, note)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, version, task.text, task.source, spec_json, mode, now, note),
         )
+
+    def add_version(self, name: str, task: SubmittedTask, mode: str, now: float, *,
+                    expect_version: int | None = None, note: str | None = None) -> VersionRecord:
+        """Store ``task`` as the next version of ``name`` and make it current, in one transaction.
+
+        Concurrent callers are serialized by the write lock: each gets its own number, in order.
+        Raises ``StateConflictError`` (nothing stored) when ``expect_version`` is given and is not the
+        current version, or when the service is being taken down.
+        """
+        with self._write() as db:
+            row = db.execute("SELECT current_version, deleting FROM services WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no service named {name!r}; see `sky-lite serve status`")
+            current, deleting = int(row[0]), bool(row[1])
+            if deleting:
+                raise StateConflictError(f"service {name!r} is shutting down; it cannot be updated")
+            if expect_version is not None and current != expect_version:
+                raise StateConflictError(
+                    f"service {name!r} is at version {current}, not {expect_version}: someone else updated "
+                    f"it; see `sky-lite serve history {name}` and plan again")
+            version = current + 1
+            self._insert_version(db, name, version, task, mode, now, note)
+            db.execute("UPDATE services SET current_version = ? WHERE name = ?", (version, name))
+        return self.get_version(name, version)
 
     def find_service(self, name: str) -> ServiceRecord | None:
         row = self._db.execute(f"SELECT {_SERVICE_SELECT} FROM services WHERE name = ?", (name,)).fetchone()
@@ -153,7 +177,7 @@ class Store:
 
     def get_version(self, name: str, version: int) -> VersionRecord:
         row = self._db.execute(
-            "SELECT service, version, text, source, created_at, mode FROM versions"
+            f"SELECT {_VERSION_SELECT} FROM versions"
             " WHERE service = ? AND version = ?", (name, version)).fetchone()
         if row is None:
             raise NotFoundError(f"service {name!r} has no version {version}")
@@ -161,7 +185,7 @@ class Store:
 
     def list_versions(self, name: str) -> list[VersionRecord]:
         rows = self._db.execute(
-            "SELECT service, version, text, source, created_at, mode FROM versions"
+            f"SELECT {_VERSION_SELECT} FROM versions"
             " WHERE service = ? ORDER BY version", (name,)).fetchall()
         return [VersionRecord(*row) for row in rows]
 
@@ -174,6 +198,11 @@ class Store:
         with self._write() as db:
             db.execute("UPDATE services SET status = ?, status_reason = ? WHERE name = ?",
                        (status.value, reason, name))
+
+    def set_active_versions(self, name: str, versions: tuple[int, ...] | None) -> None:
+        with self._write() as db:
+            db.execute("UPDATE services SET active_versions = ? WHERE name = ?",
+                       (None if versions is None else json.dumps(list(versions)), name))
 
     def set_load_balancer(self, name: str, pid: int | None, policy: str) -> None:
         with self._write() as db:
@@ -242,13 +271,15 @@ class Store:
     def get_lb_view(self, service: str) -> LbView | None:
         """Ready replica urls of the service and its policy; None once the service is gone or deleting."""
         row = self._db.execute(
-            "SELECT lb_policy, deleting FROM services WHERE name = ?", (service,)).fetchone()
+            "SELECT lb_policy, deleting, active_versions FROM services WHERE name = ?", (service,)).fetchone()
         if row is None or row[1]:
             return None
-        urls = self._db.execute(
-            "SELECT url FROM replicas WHERE service = ? AND status = ? AND url IS NOT NULL"
+        rows = self._db.execute(
+            "SELECT url, version FROM replicas WHERE service = ? AND status = ? AND url IS NOT NULL"
             " ORDER BY replica_id", (service, ReplicaStatus.READY.value)).fetchall()
-        return LbView(ready_urls=tuple(url for (url,) in urls), policy=row[0])
+        active = None if row[2] is None else set(json.loads(row[2]))
+        return LbView(ready_urls=tuple(url for url, version in rows if active is None or version in active),
+                      policy=row[0])
 
     def record_request_counts(self, service: str, counts: Mapping[int, int],
                               keep_seconds: int = 3600) -> None:
@@ -272,16 +303,17 @@ class Store:
 
 _SERVICE_SELECT = (
     "name, current_version, status, status_reason, lb_port, lb_pid, lb_policy, deleting, created_at,"
-    " next_replica_id"
+    " next_replica_id, active_versions"
 )
+_VERSION_SELECT = "service, version, text, source, created_at, mode, note"
 
 
 def _service(row: tuple[Any, ...]) -> ServiceRecord:
-    (name, version, status, reason, port, pid, policy, deleting, created_at, next_id) = row
+    (name, version, status, reason, port, pid, policy, deleting, created_at, next_id, active) = row
     return ServiceRecord(
         name=name, current_version=version, status=ServiceStatus(status), status_reason=reason,
         lb_port=port, lb_pid=pid, lb_policy=policy, deleting=bool(deleting), created_at=created_at,
-        next_replica_id=next_id,
+        next_replica_id=next_id, active_versions=None if active is None else tuple(json.loads(active)),
     )
 
 

@@ -99,7 +99,7 @@ def test_surplus_replicas_are_terminated_in_scale_down_order(harness: Harness) -
     # The target drops to 1 (as after an update): the newest replicas go first.
     text = harness.store.get_version("svc", 1).text.replace("replicas: 3", "replicas: 1")
     harness.store._db.execute("UPDATE versions SET text = ? WHERE service = 'svc'", (text,))
-    harness.reconciler._specs.clear()
+    harness.reconciler._versions.clear()
     harness.tick()
     assert harness.statuses() == {1: "READY", 2: "SHUTTING_DOWN", 3: "SHUTTING_DOWN"}
     ids = tuple(sorted(harness.provider.instance_for("svc", i).instance_id for i in (2, 3)))

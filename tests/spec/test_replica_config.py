@@ -170,7 +170,9 @@ def test_workdir_and_file_mounts_force_a_change(
     pytest.param(FieldChange("workdir", ".", ".", note="workdir contents cannot be compared"),
                  "workdir: . -> . (workdir contents cannot be compared)", id="with-note"),
     pytest.param(FieldChange("run", "python a.py\n", "python b.py\n"),
-                 r"run: 'python a.py\n' -> 'python b.py\n'", id="multi-line-quoted"),
+                 "run line 1: python a.py -> python b.py", id="script-first-different-line"),
+    pytest.param(FieldChange("setup", "pip install a\npip install b\n", "pip install a\n"),
+                 "setup line 2: pip install b -> (unset)", id="script-line-removed"),
     pytest.param(FieldChange("run", "x" * 60, "y" * 61), f"run: {'x' * 60} -> '{'y' * 57}...'",
                  id="long-value-truncated"),
 ])

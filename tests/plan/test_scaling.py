@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skyserve_lite.controller.scaling import find_scale_down_order, is_launch_blocked
+from skyserve_lite.plan.scaling import find_scale_down_order, is_launch_blocked
 from skyserve_lite.state.models import ReplicaRecord
 from skyserve_lite.state.models import ReplicaStatus as S
 

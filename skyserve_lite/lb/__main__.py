@@ -1,0 +1,129 @@
+"""Process entry of one service's load balancer.
+
+    python -m skyserve_lite.lb --home PATH --service NAME --port N [--host 127.0.0.1]
+
+Reads the service's READY replicas and policy from the state store under ``--home``, writes the per-second
+request counts back to it, and serves until SIGTERM/SIGINT or until the service is deleted from the store.
+Exit status: 0 on a normal stop, 1 when the port cannot be bound or the store cannot be opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import importlib
+import logging
+import signal
+import sys
+from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skyserve_lite.clock import SystemClock
+from skyserve_lite.errors import SkyLiteError
+from skyserve_lite.lb.server import LbView, LoadBalancer, serve
+
+if TYPE_CHECKING:
+    from skyserve_lite.state.store import Store
+
+log = logging.getLogger("skyserve_lite.lb")
+
+
+class StoreTargetSource:
+    """``TargetSource`` backed by the state store."""
+
+    def __init__(self, store: Store, service: str) -> None:
+        self._store = store
+        self._service = service
+
+    def read(self) -> LbView | None:
+        view = self._store.get_lb_view(self._service)
+        # The store has its own row type of the same shape; the server takes only its own.
+        return None if view is None else LbView(ready_urls=tuple(view.ready_urls), policy=view.policy)
+
+
+class StoreMetricsSink:
+    """``MetricsSink`` backed by the state store."""
+
+    def __init__(self, store: Store, service: str) -> None:
+        self._store = store
+        self._service = service
+
+    def record_request_counts(self, counts: Mapping[int, int]) -> None:
+        self._store.record_request_counts(self._service, counts)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m skyserve_lite.lb", description=__doc__.splitlines()[0])
+    parser.add_argument("--home", required=True, help="sky-lite home directory holding the state store")
+    parser.add_argument("--service", required=True, help="the service to balance")
+    parser.add_argument("--port", required=True, type=int, help="port to listen on")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    return parser.parse_args(argv)
+
+
+def _run_until_complete(coro: Coroutine[Any, Any, int]) -> int:
+    """Run ``coro`` on uvloop when it is installed (optional, not a dependency), else on asyncio's loop."""
+    try:
+        uvloop = importlib.import_module("uvloop")
+    except ImportError:
+        return asyncio.run(coro)
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return asyncio.run(coro)
+
+
+async def _run(home: Path, service: str, host: str, port: int) -> int:
+    from skyserve_lite.state.store import Store  # the store is needed by the process only, not by the server
+
+    loop = asyncio.get_running_loop()
+    # Every store call (open, reads, writes, close) runs on this one thread: an SQLite connection belongs
+    # to the thread that opened it, and asyncio.to_thread would otherwise pick any thread of the pool.
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lb-store")
+    loop.set_default_executor(executor)
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    store = await asyncio.to_thread(Store.open, home)
+    try:
+        lb = LoadBalancer(
+            service,
+            StoreTargetSource(store, service),
+            StoreMetricsSink(store, service),
+            SystemClock(),
+        )
+        log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
+        try:
+            await serve(lb, host, port, stop)
+        except OSError as exc:  # serve raises OSError only when the port cannot be bound
+            print(
+                f"sky-lite load balancer for service {service}: cannot listen on {host}:{port}: "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 1
+    finally:
+        await asyncio.to_thread(store.close)
+    log.info("load balancer for service %s stopped", service)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the load balancer; returns the exit status (0 stopped normally, 1 could not start)."""
+    args = _parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return _run_until_complete(_run(Path(args.home), args.service, args.host, args.port))
+    except SkyLiteError as exc:  # e.g. the store cannot be opened
+        print(f"sky-lite load balancer for service {args.service}: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

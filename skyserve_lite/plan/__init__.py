@@ -1,0 +1,1 @@
+"""Update plans (which replicas are reused, replaced, terminated) and rollout strategies. All pure."""
