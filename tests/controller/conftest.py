@@ -47,6 +47,10 @@ class Harness:
         return self.store.create_service(name, task, 30001 + len(self.store.list_services()),
                                          self.clock.now())
 
+    def update(self, text: str, mode: str = "rolling", name: str = "svc") -> int:
+        task = SubmittedTask(text=text, source="/tasks/svc.yaml", spec=parse_task(text))
+        return self.store.add_version(name, task, mode, self.clock.now()).version
+
     def tick(self, seconds: float = 1.0) -> PassPlan:
         self.clock.advance(seconds)
         return self.reconciler.reconcile_once()

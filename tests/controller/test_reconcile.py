@@ -96,16 +96,19 @@ def test_surplus_replicas_are_terminated_in_scale_down_order(harness: Harness) -
     harness.create(replicas=3)
     harness.tick()
     harness.tick()
-    # The target drops to 1 (as after an update): the newest replicas go first.
-    text = harness.store.get_version("svc", 1).text.replace("replicas: 3", "replicas: 1")
-    harness.store._db.execute("UPDATE versions SET text = ? WHERE service = 'svc'", (text,))
-    harness.reconciler._versions.clear()
+    from skyserve_lite.controller.replica_rules import ProbeResult
+
+    harness.prober.set({("svc", 1): ProbeResult(False, "HTTP 503")})
     harness.tick()
-    assert harness.statuses() == {1: "READY", 2: "SHUTTING_DOWN", 3: "SHUTTING_DOWN"}
-    ids = tuple(sorted(harness.provider.instance_for("svc", i).instance_id for i in (2, 3)))
+    assert harness.statuses() == {1: "NOT_READY", 2: "READY", 3: "READY"}
+    harness.update(harness.store.get_version("svc", 1).text.replace("replicas: 3", "replicas: 1"))
+    harness.tick()
+    # Not-ready first, then the newest of the ready ones.
+    assert harness.statuses() == {1: "SHUTTING_DOWN", 2: "READY", 3: "SHUTTING_DOWN"}
+    ids = tuple(sorted(harness.provider.instance_for("svc", i).instance_id for i in (1, 3)))
     assert harness.provider.calls_to("terminate") == [Call("terminate", ids)]
     harness.tick()
-    assert harness.statuses() == {1: "READY"}
+    assert harness.statuses() == {2: "READY"}
 
 
 def test_down_terminates_everything_then_forgets_the_service(harness: Harness) -> None:

@@ -1,0 +1,158 @@
+"""`serve update / history / rollback` through the CLI: plans, confirmation, and nothing stored on refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from skyserve_lite.api import LocalController
+from skyserve_lite.cli import main as cli_main
+from skyserve_lite.clock import FakeClock
+from skyserve_lite.spec.parse import load_task_file
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.store import Store
+
+V1 = "resources:\n  image_id: img-1\nservice:\n  replicas: 2\nrun: python serve.py\n"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("SKY_LITE_HOME", str(home))
+    monkeypatch.setattr(cli_main, "make_controller",
+                        lambda: LocalController(home, FakeClock(), start_daemon=False))
+    task = tmp_path / "svc.yaml"
+    task.write_text(V1)
+    LocalController(home, FakeClock(), start_daemon=False).create_service("svc", load_task_file(task))
+    store = Store.open(home)
+    template = ReplicaRecord(service="svc", replica_id=0, version=1, status=ReplicaStatus.READY, cloud="local",
+                             launched_at=0.0, status_since=0.0, launch_token="t")
+    store.add_replicas("svc", 2, template)
+    store.close()
+    return home
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "new.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def invoke(*args: str, input: str | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli_main.main, list(args), input=input)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def versions(home: Path) -> list[int]:
+    store = Store.open(home)
+    try:
+        return [v.version for v in store.list_versions("svc")]
+    finally:
+        store.close()
+
+
+def test_dry_run_json_is_the_plan_and_stores_nothing(home: Path, tmp_path: Path) -> None:
+    new = write(tmp_path, V1.replace("replicas: 2", "replicas: 3"))
+    code, stdout, _ = invoke("serve", "update", "svc", new, "--dry-run", "-o", "json")
+    assert code == 0
+    assert json.loads(stdout) == {
+        "service": "svc", "from_version": 1, "to_version": 2, "mode": "rolling", "target_replicas": 3,
+        "replicas": [{"replica_id": 1, "version": 1, "action": "reuse", "reasons": []},
+                     {"replica_id": 2, "version": 1, "action": "reuse", "reasons": []}],
+        "launch": 1, "terminate": [], "summary": "reuse 2, replace 0, launch 1, terminate 0"}
+    assert versions(home) == [1]
+
+
+def test_dry_run_table_names_the_field_that_forces_replacement(home: Path, tmp_path: Path) -> None:
+    new = write(tmp_path, V1.replace("img-1", "img-2"))
+    code, stdout, _ = invoke("serve", "update", "svc", new, "--dry-run", "--mode", "blue_green")
+    assert code == 0
+    assert "resources.image_id: img-1 -> img-2" in stdout
+    assert "blue_green" in stdout
+    assert "reuse 0, replace 2, launch 2, terminate 0" in stdout
+
+
+def test_update_with_yes_stores_the_next_version(home: Path, tmp_path: Path) -> None:
+    new = write(tmp_path, V1.replace("replicas: 2", "replicas: 1"))
+    code, stdout, _ = invoke("serve", "update", "svc", new, "-y")
+    assert code == 0
+    assert "reuse 1, replace 0, launch 0, terminate 1" in stdout
+    assert "rolling out version 2 (rolling)" in stdout
+    assert versions(home) == [1, 2]
+
+
+def test_declining_the_confirmation_stores_nothing(home: Path, tmp_path: Path) -> None:
+    new = write(tmp_path, V1.replace("replicas: 2", "replicas: 1"))
+    code, _, stderr = invoke("serve", "update", "svc", new, input="n\n")
+    assert code == 1
+    assert "Apply this update?" in stderr
+    assert versions(home) == [1]
+
+
+@pytest.mark.parametrize(
+    ("args", "text", "code", "message"),
+    [
+        pytest.param(["svc"], "service:\n  replicas: -1\nrun: x\n", 2, "service.replicas: must be at least 1",
+                     id="invalid-yaml"),
+        pytest.param(["nope"], V1, 1, "no service named 'nope'", id="unknown-service"),
+        pytest.param(["svc", "--expect-version", "5"], V1, 1, "is at version 1, not 5", id="expect-version"),
+        pytest.param(["svc", "--mode", "canary"], V1, 2, "Invalid value for '--mode'", id="unknown-mode"),
+    ],
+)
+def test_refused_updates_store_nothing(home: Path, tmp_path: Path, args: list[str], text: str, code: int,
+                                       message: str) -> None:
+    new = write(tmp_path, text)
+    exit_code, _, stderr = invoke("serve", "update", args[0], new, *args[1:], "-y")
+    assert exit_code == code
+    assert message in stderr
+    assert versions(home) == [1]
+
+
+def test_history_summarizes_each_version(home: Path, tmp_path: Path) -> None:
+    invoke("serve", "update", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")), "-y")
+    invoke("serve", "update", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")
+                                            .replace("img-1", "img-2")), "-y", "--mode", "blue_green")
+    code, stdout, _ = invoke("serve", "history", "svc", "-o", "json")
+    assert code == 0
+    history = json.loads(stdout)
+    assert history["current_version"] == 3
+    assert [(v["version"], v["mode"], v["summary"]) for v in history["versions"]] == [
+        (1, "initial", "initial version"),
+        (2, "rolling", "reuses replicas: service.replica_policy.max_replicas: 2 -> 3; "
+                       "service.replica_policy.min_replicas: 2 -> 3"),
+        (3, "blue_green", "replaces replicas: resources.image_id: img-1 -> img-2"),
+    ]
+    assert "replaces replicas" in invoke("serve", "history", "svc")[1]
+
+
+def test_rollback_goes_to_the_previous_text_with_a_note(home: Path, tmp_path: Path) -> None:
+    invoke("serve", "update", "svc", write(tmp_path, V1.replace("img-1", "img-2")), "-y")
+    code, stdout, _ = invoke("serve", "rollback", "svc", "--dry-run", "-o", "json")
+    assert code == 0
+    plan = json.loads(stdout)
+    assert (plan["from_version"], plan["to_version"]) == (2, 3)
+    assert {r["action"] for r in plan["replicas"]} == {"reuse"}  # replicas still run version 1's config
+    assert versions(home) == [1, 2]
+    assert invoke("serve", "rollback", "svc", "-y")[0] == 0
+    store = Store.open(home)
+    rolled = store.get_version("svc", 3)
+    assert (rolled.text, rolled.note) == (V1, "rollback to version 1")
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param([], "has only version 1; nothing to roll back to", id="nothing-before"),
+        pytest.param(["--to", "9"], "has no version 9", id="unknown-version"),
+        pytest.param(["--to", "1"], "is already at version 1", id="current-version"),
+    ],
+)
+def test_refused_rollbacks(home: Path, args: list[str], message: str) -> None:
+    code, _, stderr = invoke("serve", "rollback", "svc", *args, "-y")
+    assert code == 1
+    assert message in stderr
+    assert versions(home) == [1]
