@@ -17,7 +17,16 @@ from skyserve_lite import procs
 from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
 from skyserve_lite.controller.lb_runner import lb_log_path
-from skyserve_lite.errors import NotFoundError, SpecError, StateConflictError, UsageError, WaitTimeoutError
+from skyserve_lite.controller.loop import is_controller_running
+from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.errors import (
+    ControllerError,
+    NotFoundError,
+    SpecError,
+    StateConflictError,
+    UsageError,
+    WaitTimeoutError,
+)
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan, plan_update
 from skyserve_lite.providers import AVAILABLE_CLOUDS
@@ -66,6 +75,10 @@ class ServiceView:
                     "launched_at": format_timestamp(r.launched_at),
                 }
                 for r in self.replicas
+            ],
+            "events": [
+                {"time": format_timestamp(e.time), "replica_id": e.replica_id, "kind": e.kind, "message": e.message}
+                for e in self.events
             ],
         }
 
@@ -148,6 +161,7 @@ class LocalController:
     def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
         check_service_name(name)
         check_cloud_available(task)
+        ControllerSettings.from_env()  # a bad SKY_LITE_* value fails here, before anything is stored
         store = self._open()
         try:
             port = _pick_lb_port(store.used_lb_ports())
@@ -171,11 +185,14 @@ class LocalController:
                     service=service, policy=spec.service.replica_policy.describe(),
                     load_balancing_policy=spec.service.load_balancing_policy.value,
                     replicas=tuple(store.list_replicas(service.name)),
-                    events=tuple(store.list_events(service.name, limit=20)),
+                    events=tuple(store.list_events(service.name, limit=10)),
                 ))
-            return views
         finally:
             store.close()
+        if views and self._start_daemon and not is_controller_running(self.home):
+            # Status of services nobody reconciles would be stale: bring their controller back.
+            ensure_controller(self.home)
+        return views
 
     def get_rollout_state(self, name: str) -> RolloutState:
         store = self._open()
@@ -189,6 +206,7 @@ class LocalController:
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None) -> VersionRecord:
         check_cloud_available(task)
+        ControllerSettings.from_env()
         store = self._open()
         try:
             version = store.add_version(name, task, mode.value, self._clock.now(), expect_version=expect_version,
@@ -234,9 +252,9 @@ class LocalController:
 
     def log_path(self, name: str, replica_id: int | None, *, controller: bool = False,
                  load_balancer: bool = False) -> Path:
+        self.get_status([name])  # NotFoundError for an unknown service
         if controller:
             return controller_log_path(self.home)
-        self.get_status([name])  # NotFoundError for an unknown service
         if load_balancer:
             return lb_log_path(self.home, name)
         if replica_id is None:
@@ -315,7 +333,7 @@ def _pick_lb_port(used: set[int]) -> int:
     for port in range(LB_PORT_START, LB_PORT_END + 1):
         if port not in used and procs.is_port_free(port):
             return port
-    raise UsageError(f"no free port for a load balancer between {LB_PORT_START} and {LB_PORT_END}")
+    raise ControllerError(f"no free port for a load balancer between {LB_PORT_START} and {LB_PORT_END}")
 
 
 @dataclass(frozen=True)

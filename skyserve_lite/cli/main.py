@@ -187,7 +187,7 @@ def serve_status(names: tuple[str, ...], output: str) -> None:
         if output == "json":
             click.echo(json.dumps(status_json(views), indent=2))
         else:
-            _stdout().print(status_renderable(views))
+            _stdout().print(status_renderable(views, events=bool(names)))
 
 
 @serve.command("down")

@@ -68,10 +68,25 @@ def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Ta
     return table
 
 
-def status_renderable(views: Sequence[ServiceView], now: float | None = None) -> Group:
+def events_table(view: ServiceView) -> Table:
+    table = Table(title=f"Recent events of {view.service.name}", title_justify="left", box=None,
+                  header_style="bold")
+    for column in ("TIME", "REPLICA", "EVENT"):
+        table.add_column(column)
+    for event in view.events:
+        table.add_row(format_timestamp(event.time) or "", "-" if event.replica_id is None else str(event.replica_id),
+                      event.message)
+    return table
+
+
+def status_renderable(views: Sequence[ServiceView], now: float | None = None, *, events: bool = False) -> Group:
+    """Services and replicas; with ``events`` (one service asked for by name) its recent events too."""
     if not views:
         return Group(Text("No service is running. Start one with `sky-lite serve up TASK.yaml`."))
-    return Group(services_table(views), Text(""), replicas_table(views, now))
+    parts: list[Table | Text] = [services_table(views), Text(""), replicas_table(views, now)]
+    if events:
+        parts.extend(item for view in views if view.events for item in (Text(""), events_table(view)))
+    return Group(*parts)
 
 
 _ACTION_STYLE = {ReplicaAction.REUSE: "green", ReplicaAction.REPLACE: "yellow", ReplicaAction.TERMINATE: "red"}

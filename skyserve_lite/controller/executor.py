@@ -43,7 +43,7 @@ class Executor:
 
     def apply(self, plan: PassPlan) -> None:
         events: list[Event] = list(plan.events)
-        self._store.put_replicas(plan.replica_updates)
+        self._store.put_replicas(plan.replica_updates, dict(plan.active_version_changes))
         self._terminate(plan)
         self._store.delete_replicas(plan.removals)
         for batch in plan.launches:
@@ -51,8 +51,6 @@ class Executor:
         self._apply_load_balancers(plan)
         for name, status, reason in plan.status_changes:
             self._store.set_service_status(name, status, reason)
-        for name, versions in plan.active_version_changes:
-            self._store.set_active_versions(name, versions)
         for name in plan.deletions:
             for provider in self._providers.values():
                 provider.release_service(name)

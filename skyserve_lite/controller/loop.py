@@ -75,8 +75,12 @@ def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> 
                       ProcessLoadBalancerRunner(home), clock, settings)
 
 
-def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 60.0) -> None:
-    """One pass under the lock (waits for a running loop's pass to finish)."""
+def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:
+    """One pass under the lock. A running loop holds the lock for its whole life, so a tick then refuses
+    at once (``ControllerError``); another tick in progress is waited for up to ``lock_timeout_seconds``."""
+    if is_controller_running(home) and read_controller_pid(home) is not None:
+        raise ControllerError(f"a controller loop (pid {read_controller_pid(home)}) is running for {home} and "
+                              "already reconciles on its interval; `controller tick` is for when none runs")
     with controller_lock(home, lock_timeout_seconds):
         store = Store.open(home)
         try:

@@ -248,7 +248,8 @@ def _shut_down(step: ReplicaStep, now: float) -> ReplicaStep:
         # Terminal rows go once their instance is gone; plan_replica asked to terminate it if it is not.
         return ReplicaStep(record, terminate=step.terminate, remove=not step.terminate)
     if record.status is ReplicaStatus.SHUTTING_DOWN:
-        return step
+        # The load balancer is going away too: no need to wait for the drain.
+        return dataclasses.replace(step, terminate=not step.remove)
     down = dataclasses.replace(record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
                                status_reason="service is shutting down")
     # A launch recorded but never confirmed has no instance to wait for (plan_replica adopted any it found).
@@ -276,9 +277,10 @@ def _reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[ReplicaS
 
 
 def _shut_down_step(step: ReplicaStep, now: float, reason: str) -> ReplicaStep:
+    """Take a replica out of traffic now; ``plan_replica`` terminates it once it has drained."""
     down = dataclasses.replace(step.record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
                                status_reason=reason)
-    return ReplicaStep(down, terminate=True, event=reason)
+    return ReplicaStep(down, event=f"draining: {reason}")
 
 
 def _scale(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float) -> list[ReplicaStep]:
@@ -337,15 +339,17 @@ def plan_service_status(snapshot: ServiceSnapshot, replicas: Sequence[ReplicaRec
     service = snapshot.service
     if service.deleting:
         return ServiceStatus.SHUTTING_DOWN, None
-    if any(r.status is ReplicaStatus.READY for r in replicas):
-        return ServiceStatus.READY, None
+    blocked = None
     if is_launch_blocked(replicas, service.current_version, settings.failure_limit):
         failures = find_recent_failures(replicas, service.current_version)
         last = max(failures, key=lambda r: r.replica_id)
-        return ServiceStatus.FAILED, (
-            f"{len(failures)} replicas failed before becoming ready, launching stopped; last: replica "
-            f"{last.replica_id} {last.status.value}: {last.status_reason}"
-        )
+        blocked = (f"{len(failures)} replicas of version {service.current_version} failed before becoming ready, "
+                   f"launching stopped; last: replica {last.replica_id} {last.status.value}: {last.status_reason}")
+    if any(r.status is ReplicaStatus.READY for r in replicas):
+        # Still serving (older replicas, or some of this version): READY, with the failing rollout named.
+        return ServiceStatus.READY, blocked
+    if blocked:
+        return ServiceStatus.FAILED, blocked
     if compute_target_replicas(snapshot.spec.service.replica_policy) == 0 and not any(
             r.status.is_live for r in replicas):
         return ServiceStatus.NO_REPLICA, None

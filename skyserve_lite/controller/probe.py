@@ -44,7 +44,8 @@ class HttpProber:
         data: bytes | None = None
         if probe.post_data is not None:
             method, data = "POST", probe.post_data.encode()
-            headers.setdefault("Content-Type", "application/json")
+            if not any(key.lower() == "content-type" for key in headers):
+                headers["Content-Type"] = "application/json"
         try:
             async with session.request(method, url, data=data, headers=headers, timeout=timeout,
                                        allow_redirects=False) as response:

@@ -9,7 +9,7 @@
     FAILED_PROVISION              FAILED_INITIAL_DELAY                         FAILED_PROBING
 
     any live status --workload exited--> FAILED;  --spot taken back--> PREEMPTED
-    SHUTTING_DOWN --instance gone--> (row removed)
+    SHUTTING_DOWN --drained--> terminated --instance gone--> (row removed)
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
     if replica.status is ReplicaStatus.SHUTTING_DOWN:
         if instance is None or instance.state is InstanceState.TERMINATED:
             return ReplicaStep(replica, remove=True, event="terminated")
-        return ReplicaStep(replica, terminate=True)
+        # Out of the load balancer's view since status_since; requests already sent get time to finish.
+        return ReplicaStep(replica, terminate=now - replica.status_since >= settings.drain_seconds)
     if replica.status.is_terminal:
         alive = instance is not None and instance.state is not InstanceState.TERMINATED
         return ReplicaStep(replica, terminate=alive)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from skyserve_lite.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -19,24 +23,39 @@ class ControllerSettings:
     failure_limit: int = 3
     # Terminal replica rows kept per service, newest first, so `serve status` can show what failed.
     keep_terminal_replicas: int = 10
+    # A replica taken out of traffic (scale-down, rollout) is terminated this long after: the load balancer
+    # stops choosing it within a second, and requests it already has get the rest of the time to finish.
+    drain_seconds: float = 10.0
     # Seconds between passes of `controller run`.
     interval_seconds: float = 2.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerSettings:
-        """Read ``SKY_LITE_PROBE_FAILURE_GRACE_SECONDS`` and friends; unset ones keep their default."""
+        """Read ``SKY_LITE_<FIELD>`` variables (``SKY_LITE_DRAIN_SECONDS``...); unset ones keep their default.
+
+        Raises ``UsageError`` naming the variable for a value that is not a number of the right kind.
+        """
         env = os.environ if environ is None else environ
-        defaults = cls()
+        values: dict[str, float | int] = {}
+        for field in dataclasses.fields(cls):
+            name = _ENV_NAME.get(field.name, f"SKY_LITE_{field.name.upper()}")
+            text = env.get(name, "").strip()
+            if not text:
+                continue
+            minimum = _MINIMUM[field.name]
+            try:
+                value: float | int = int(text) if field.type == "int" else float(text)
+            except ValueError:
+                kind = "a whole number" if field.type == "int" else "a number"
+                raise UsageError(f"{name} must be {kind}, got {text!r}") from None
+            if not math.isfinite(value) or value < minimum:
+                raise UsageError(f"{name} must be at least {minimum}, got {text!r}")
+            values[field.name] = value
+        return cls(**values)  # type: ignore[arg-type]
 
-        def number(name: str, default: float) -> float:
-            text = env.get(f"SKY_LITE_{name}")
-            return float(text) if text else default
 
-        return cls(
-            probe_failure_grace_seconds=number("PROBE_FAILURE_GRACE_SECONDS",
-                                               defaults.probe_failure_grace_seconds),
-            provision_timeout_seconds=number("PROVISION_TIMEOUT_SECONDS", defaults.provision_timeout_seconds),
-            failure_limit=int(number("FAILURE_LIMIT", defaults.failure_limit)),
-            keep_terminal_replicas=int(number("KEEP_TERMINAL_REPLICAS", defaults.keep_terminal_replicas)),
-            interval_seconds=number("CONTROLLER_INTERVAL_SECONDS", defaults.interval_seconds),
-        )
+_ENV_NAME = {"interval_seconds": "SKY_LITE_CONTROLLER_INTERVAL_SECONDS"}
+_MINIMUM: dict[str, float] = {
+    "probe_failure_grace_seconds": 0, "provision_timeout_seconds": 1, "failure_limit": 1,
+    "keep_terminal_replicas": 0, "drain_seconds": 0, "interval_seconds": 0.1,
+}

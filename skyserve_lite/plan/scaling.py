@@ -46,11 +46,11 @@ def find_recent_failures(replicas: Sequence[ReplicaRecord], version: int) -> lis
 
 
 def is_launch_blocked(replicas: Sequence[ReplicaRecord], version: int, failure_limit: int) -> bool:
-    """True once ``failure_limit`` replicas of the version failed in a row and none is READY now.
+    """True once ``failure_limit`` replicas of the version failed before ever becoming ready, counting
+    since a replica of the version last became ready.
 
     With the default limit 3: a `run` that exits at once fails replicas 1, 2 and 3, then launching stops
-    and the service is FAILED, instead of starting a fourth copy of a broken command every pass.
+    instead of starting a fourth copy of a broken command every pass. Replicas of older versions that
+    still serve do not lift the block: an update to a broken version must not relaunch forever.
     """
-    if any(r.status is ReplicaStatus.READY for r in replicas):
-        return False
     return len(find_recent_failures(replicas, version)) >= failure_limit

@@ -36,8 +36,6 @@ from skyserve_lite.state.models import (
 from skyserve_lite.state.schema import MIGRATIONS
 
 DB_NAME = "state.db"
-# Terminal replica rows kept per service as a record of what failed; older ones are pruned.
-KEEP_TERMINAL_REPLICAS = 10
 
 _REPLICA_COLUMNS = tuple(field.name for field in dataclasses.fields(ReplicaRecord))
 
@@ -199,19 +197,15 @@ class Store:
             db.execute("UPDATE services SET status = ?, status_reason = ? WHERE name = ?",
                        (status.value, reason, name))
 
-    def set_active_versions(self, name: str, versions: tuple[int, ...] | None) -> None:
-        with self._write() as db:
-            db.execute("UPDATE services SET active_versions = ? WHERE name = ?",
-                       (None if versions is None else json.dumps(list(versions)), name))
-
     def set_load_balancer(self, name: str, pid: int | None, policy: str) -> None:
         with self._write() as db:
             db.execute("UPDATE services SET lb_pid = ?, lb_policy = ? WHERE name = ?", (pid, policy, name))
 
     def delete_service(self, name: str) -> None:
-        """Forget a service: its versions, replicas and request counts. Its events stay."""
+        """Forget a service: its versions, replicas, request counts and events."""
         with self._write() as db:
             db.execute("DELETE FROM request_counts WHERE service = ?", (name,))
+            db.execute("DELETE FROM events WHERE service = ?", (name,))
             db.execute("DELETE FROM services WHERE name = ?", (name,))
 
     # --- replicas --------------------------------------------------------------------------------
@@ -241,11 +235,15 @@ class Store:
                 _put_replica(db, record)
         return records
 
-    def put_replicas(self, records: Sequence[ReplicaRecord]) -> None:
-        """Write whole replica rows (insert or replace) in one transaction."""
+    def put_replicas(self, records: Sequence[ReplicaRecord],
+                     active_versions: Mapping[str, tuple[int, ...]] | None = None) -> None:
+        """Write whole replica rows (insert or replace) and services' active versions in one transaction,
+        so a load balancer never sees replicas leave traffic before the versions replacing them arrive."""
         with self._write() as db:
             for record in records:
                 _put_replica(db, record)
+            for name, versions in (active_versions or {}).items():
+                db.execute("UPDATE services SET active_versions = ? WHERE name = ?", (json.dumps(list(versions)), name))
 
     def delete_replicas(self, keys: Sequence[tuple[str, int]]) -> None:
         with self._write() as db:

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from skyserve_lite.api import LocalController
+from skyserve_lite.cli import main as cli_main
 from skyserve_lite.cli.main import main
 from skyserve_lite.spec.parse import load_task_file
 
@@ -22,6 +23,7 @@ TASK = "service:\n  replicas: 1\nrun: echo hi\n"
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     monkeypatch.setenv("SKY_LITE_HOME", str(home))
+    monkeypatch.setattr(cli_main, "make_controller", lambda: LocalController(home, start_daemon=False))
     return home
 
 

@@ -37,7 +37,7 @@ class Harness:
         self.prober = FakeProber()
         self.lbs = FakeLoadBalancerRunner()
         self.settings = ControllerSettings(probe_failure_grace_seconds=180, provision_timeout_seconds=600,
-                                           failure_limit=3)
+                                           failure_limit=3, drain_seconds=5)
         self.reconciler = Reconciler(self.store, {"local": self.provider}, self.prober, self.lbs, self.clock,
                                      self.settings)
 

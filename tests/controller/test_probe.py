@@ -26,6 +26,8 @@ async def handler(request: web.Request) -> web.Response:
     if request.path == "/post-only":
         ok = request.method == "POST" and json.loads(body or "null") == {"prompt": "hi"}
         return web.Response(status=200 if ok else 405)
+    if request.path == "/content-type":
+        return web.Response(status=200 if request.headers.get("Content-Type") == "text/x-probe" else 415)
     if request.path == "/auth":
         return web.Response(status=200 if request.headers.get("Authorization") == "Bearer t" else 401)
     status = {"/ok": 200, "/unavailable": 503, "/redirect": 302, "/created": 201}.get(request.path, 404)
@@ -64,6 +66,8 @@ def probe(url: str, **fields: object) -> tuple[bool, str]:
         pytest.param({"path": "/post-only", "post_data": '{"prompt":"hi"}'}, (True, "HTTP 200"),
                      id="post-data-sent-as-json"),
         pytest.param({"path": "/post-only"}, (False, "HTTP 405"), id="get-without-post-data"),
+        pytest.param({"path": "/content-type", "post_data": "{}", "headers": (("content-type", "text/x-probe"),)},
+                     (True, "HTTP 200"), id="own-content-type-kept-whatever-its-case"),
         pytest.param({"path": "/auth", "headers": (("Authorization", "Bearer t"),)}, (True, "HTTP 200"),
                      id="headers-sent"),
         pytest.param({"path": "/slow", "timeout_seconds": 0.3}, (False, "timed out after 0.3s"),

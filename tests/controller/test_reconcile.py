@@ -86,7 +86,7 @@ def test_repeated_failures_stop_launching_and_fail_the_service(harness: Harness)
     assert harness.statuses() == {1: "FAILED", 2: "FAILED", 3: "FAILED"}
     service = harness.service()
     assert service.status is ServiceStatus.FAILED
-    assert "3 replicas failed before becoming ready" in (service.status_reason or "")
+    assert "3 replicas of version 1 failed before becoming ready" in (service.status_reason or "")
     launches = len(harness.provider.calls_to("launch"))
     harness.tick()
     assert len(harness.provider.calls_to("launch")) == launches
@@ -105,6 +105,12 @@ def test_surplus_replicas_are_terminated_in_scale_down_order(harness: Harness) -
     harness.tick()
     # Not-ready first, then the newest of the ready ones.
     assert harness.statuses() == {1: "SHUTTING_DOWN", 2: "READY", 3: "SHUTTING_DOWN"}
+    # Out of traffic at once (the load balancer sees only replica 2), terminated after the drain.
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and view.ready_urls == (harness.replicas()[1].url,)
+    harness.tick(4)
+    assert harness.provider.calls_to("terminate") == []
+    harness.tick(1)
     ids = tuple(sorted(harness.provider.instance_for("svc", i).instance_id for i in (1, 3)))
     assert harness.provider.calls_to("terminate") == [Call("terminate", ids)]
     harness.tick()

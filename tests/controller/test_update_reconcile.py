@@ -8,10 +8,11 @@ import threading
 import pytest
 
 from skyserve_lite.errors import StateConflictError
+from skyserve_lite.providers.base import InstanceState
 from skyserve_lite.providers.fake import Call
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
-from skyserve_lite.state.models import ReplicaStatus
+from skyserve_lite.state.models import ReplicaStatus, ServiceStatus
 
 from .conftest import TASK, Harness
 
@@ -47,6 +48,7 @@ def test_scale_down_reuses_then_terminates_the_newest_and_launches_nothing(harne
     harness.update(TASK.format(replicas=1))
     harness.tick()
     assert harness.statuses() == {1: "READY", 2: "SHUTTING_DOWN"}
+    harness.tick(5)  # drained
     assert harness.provider.calls_to("terminate") == [Call("terminate", (before[2],))]
     assert len(harness.provider.calls_to("launch")) == 1
     harness.tick()
@@ -57,8 +59,8 @@ def test_rolling_update_never_drops_ready_capacity_below_the_target(harness: Har
     start(harness, 3)
     harness.update(TASK.format(replicas=3).replace("http.server", "http.server --bind 127.0.0.1"))
     serving = []
-    for _ in range(6):
-        harness.tick()
+    for _ in range(10):
+        harness.tick(2)
         serving.append(ready_serving(harness))
     assert min(serving) >= 3
     rows = harness.replicas()
@@ -164,3 +166,33 @@ def test_concurrent_updates_are_serialized(harness: Harness, tmp_path: object) -
     for writer in (2, 3):
         order = [int(v.text.rsplit(" ", 1)[1]) for v in versions if f"writer {writer}" in v.text]
         assert order == [0, 1, 2, 3, 4]
+
+
+def test_update_to_a_broken_version_stops_launching_while_old_replicas_serve(harness: Harness) -> None:
+    start(harness, 2)
+    harness.update(TASK.format(replicas=2).replace("python -m http.server $PORT", "exit 1"))
+    for _ in range(6):
+        harness.tick()
+        for row in harness.replicas():
+            if row.version == 2 and row.status.is_live and row.instance_id:
+                harness.provider.set_state(row.instance_id, InstanceState.EXITED, "run exited with code 1")
+    launched = [r.replica_id for r in harness.replicas() if r.version == 2]
+    assert len(launched) == 4  # two per pass until three had failed, then no more
+    calls = len(harness.provider.calls_to("launch"))
+    harness.tick()
+    assert len(harness.provider.calls_to("launch")) == calls
+    assert harness.statuses()[1] == "READY" and harness.statuses()[2] == "READY"
+    service = harness.service()
+    assert service.status is ServiceStatus.READY
+    assert (service.status_reason or "").startswith("4 replicas of version 2 failed before becoming ready")
+
+
+def test_down_does_not_wait_for_the_drain(harness: Harness) -> None:
+    start(harness, 2)
+    harness.update(TASK.format(replicas=1))
+    harness.tick()
+    assert harness.statuses() == {1: "READY", 2: "SHUTTING_DOWN"}
+    harness.store.mark_deleting(["svc"])
+    harness.tick()
+    assert len(harness.provider.calls_to("terminate")) == 1
+    assert harness.provider.list_instances() == []

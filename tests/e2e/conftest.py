@@ -22,6 +22,7 @@ class SkyLite:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.env = dict(os.environ, SKY_LITE_HOME=str(home), SKY_LITE_CONTROLLER_INTERVAL_SECONDS="0.5",
+                        SKY_LITE_DRAIN_SECONDS="1.5",
                         PYTHONUNBUFFERED="1")
 
     def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
