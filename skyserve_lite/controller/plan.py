@@ -19,8 +19,8 @@ from skyserve_lite.plan.scaling import (
     find_scale_down_order,
     is_launch_blocked,
 )
-from skyserve_lite.plan.update import ReplicaAction, find_replica_decision
 from skyserve_lite.providers.base import Instance, InstanceState
+from skyserve_lite.spec.config import is_same_replica_config
 from skyserve_lite.spec.model import ReadinessProbe, TaskSpec
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceRecord, ServiceStatus
 
@@ -264,14 +264,15 @@ def _reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[ReplicaS
     """Bump live replicas of older versions whose replica config equals the current one (an update that
     changed only the `service` section, or a rollback to an equal config): same instance, new version."""
     version = snapshot.service.current_version
+    # One comparison per older version, not per replica: the answer depends only on the two versions.
+    reusable = {v for v in snapshot.versions
+                if v != version and is_same_replica_config(snapshot.versions[v], snapshot.spec)}
     result = []
     for step in steps:
         record = step.record
-        if record.status.is_live and not step.remove and record.version != version:
-            decision = find_replica_decision(record, snapshot.versions[record.version], snapshot.spec)
-            if decision.action is ReplicaAction.REUSE:
-                step = dataclasses.replace(step, record=dataclasses.replace(record, version=version),
-                                           event=f"reused for version {version} (same replica config)")
+        if record.status.is_live and not step.remove and record.version in reusable:
+            step = dataclasses.replace(step, record=dataclasses.replace(record, version=version),
+                                       event=f"reused for version {version} (same replica config)")
         result.append(step)
     return result
 

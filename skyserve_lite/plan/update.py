@@ -1,6 +1,7 @@
 """The update plan: per live replica, reuse (same replica config) or replace (and why); then how many to
 launch and which to terminate so that the new version's target is met. Pure; `--dry-run` renders it and
-the controller pass applies the same decisions (``find_replica_decision``, ``find_scale_down_order``).
+the controller pass applies the same decisions: reuse is ``spec.config``'s comparison in both, surplus
+replicas go in ``find_scale_down_order``.
 
 Worked numbers, both cases that must hold exactly:
 - 2 replicas running, ``min_replicas`` raised to 3, nothing else changed: both are reused (2 kept),
@@ -73,9 +74,8 @@ class UpdatePlan:
         }
 
 
-def find_replica_decision(replica: ReplicaRecord, replica_spec: TaskSpec, new_spec: TaskSpec) -> ReplicaDecision:
-    """Reuse when the replica's config equals the new one, else replace with the differing fields."""
-    changes = find_config_changes(replica_spec, new_spec)
+def _decision(replica: ReplicaRecord, changes: tuple[FieldChange, ...]) -> ReplicaDecision:
+    """Reuse when nothing in the replica config differs, else replace, naming the differing fields."""
     action = ReplicaAction.REPLACE if changes else ReplicaAction.REUSE
     return ReplicaDecision(replica.replica_id, replica.version, action, changes)
 
@@ -85,7 +85,10 @@ def plan_update(service: str, from_version: int, to_version: int, mode: UpdateMo
     """The plan of moving ``service`` to ``new_spec``. Terminal and shutting-down replicas are left out:
     they are never reused. ``version_specs`` must hold the spec of every live replica's version."""
     live = [r for r in replicas if r.status.is_live]
-    decisions = {r.replica_id: find_replica_decision(r, version_specs[r.version], new_spec) for r in live}
+    # The comparison depends only on the replica's version: compare each version once, not each replica
+    # (10,000 replicas in 5 versions: 5 comparisons).
+    changes = {v: find_config_changes(version_specs[v], new_spec) for v in {r.version for r in live}}
+    decisions = {r.replica_id: _decision(r, changes[r.version]) for r in live}
     reused = [r for r in live if decisions[r.replica_id].action is ReplicaAction.REUSE]
     target = compute_target_replicas(new_spec.service.replica_policy)
     surplus = find_scale_down_order(reused)[:max(0, len(reused) - target)]
