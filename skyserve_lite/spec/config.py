@@ -122,6 +122,7 @@ def compute_service_settings(spec: TaskSpec) -> dict[str, ConfigValue]:
         "service.replica_policy.min_replicas": policy.min_replicas,
         "service.replica_policy.max_replicas": policy.max_replicas,
         "service.replica_policy.target_qps_per_replica": policy.target_qps_per_replica,
+        "service.replica_policy.target_ongoing_requests_per_replica": policy.target_ongoing_requests_per_replica,
         "service.replica_policy.upscale_delay_seconds": policy.upscale_delay_seconds,
         "service.replica_policy.downscale_delay_seconds": policy.downscale_delay_seconds,
         "service.replica_policy.base_ondemand_fallback_replicas": policy.base_ondemand_fallback_replicas,

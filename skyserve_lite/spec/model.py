@@ -59,6 +59,7 @@ class ReplicaPolicy:
     min_replicas: int = 1
     max_replicas: int = 1
     target_qps_per_replica: float | None = None
+    target_ongoing_requests_per_replica: float | None = None
     upscale_delay_seconds: int = DEFAULT_UPSCALE_DELAY_SECONDS
     downscale_delay_seconds: int = DEFAULT_DOWNSCALE_DELAY_SECONDS
     base_ondemand_fallback_replicas: int = 0
@@ -66,7 +67,7 @@ class ReplicaPolicy:
 
     @property
     def is_autoscaling(self) -> bool:
-        return self.target_qps_per_replica is not None
+        return self.target_qps_per_replica is not None or self.target_ongoing_requests_per_replica is not None
 
     def describe(self) -> str:
         """One line for `serve status`.
@@ -76,10 +77,11 @@ class ReplicaPolicy:
         if not self.is_autoscaling:
             noun = "replica" if self.min_replicas == 1 else "replicas"
             return f"Fixed {self.min_replicas} {noun}"
-        return (
-            f"Autoscaling {self.min_replicas}-{self.max_replicas} replicas "
-            f"({self.target_qps_per_replica:g} qps/replica)"
-        )
+        if self.target_qps_per_replica is not None:
+            per_replica = f"{self.target_qps_per_replica:g} qps/replica"
+        else:
+            per_replica = f"{self.target_ongoing_requests_per_replica:g} in-flight requests/replica"
+        return f"Autoscaling {self.min_replicas}-{self.max_replicas} replicas ({per_replica})"
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ _RESOURCE_KEYS = (
 _SERVICE_KEYS = ("readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy")
 _PROBE_KEYS = ("path", "post_data", "initial_delay_seconds", "timeout_seconds", "headers")
 _POLICY_KEYS = (
-    "min_replicas", "max_replicas", "target_qps_per_replica", "upscale_delay_seconds",
+    "min_replicas", "max_replicas", "target_qps_per_replica", "target_ongoing_requests_per_replica",
+    "upscale_delay_seconds",
     "downscale_delay_seconds", "base_ondemand_fallback_replicas", "dynamic_ondemand_fallback",
 )
 
@@ -319,21 +320,29 @@ class _Parser:
             return self.optional(doc, key, path, lambda v, p: self.integer(v, p, minimum), default)
 
         min_replicas = count("min_replicas", 0, 1)
-        target = self.optional(doc, "target_qps_per_replica", path,
-                               lambda v, p: self.number(v, p, positive=True), None)
+        targets = {
+            key: self.optional(doc, key, path, lambda v, p: self.number(v, p, positive=True), None)
+            for key in ("target_qps_per_replica", "target_ongoing_requests_per_replica")
+        }
+        given = [key for key, value in targets.items() if value is not None]
+        if len(given) > 1:
+            raise self.fail(_join(path, given[1]), f"give one target kind per policy, not both {given[0]} and "
+                                                   f"{given[1]}")
+        target_key = given[0] if given else None
         max_given = doc.get("max_replicas") is not None
         max_replicas = count("max_replicas", 1, max(min_replicas, 1))
         if max_replicas < min_replicas:
             raise self.fail(_join(path, "max_replicas"),
                             f"must be at least min_replicas ({min_replicas}), got {max_replicas}")
-        if target is not None and not max_given:
-            raise self.fail(_join(path, "max_replicas"), "required when target_qps_per_replica is set")
+        if target_key is not None and not max_given:
+            raise self.fail(_join(path, "max_replicas"), f"required when {target_key} is set")
         # Checked before the min/max rule below: `min_replicas: 0` alone defaults max to 1, and "0 and 1
         # differ" would blame a max_replicas the user never wrote.
-        if target is None and min_replicas == 0:
+        if target_key is None and min_replicas == 0:
             raise self.fail(_join(path, "min_replicas"),
-                            "0 needs target_qps_per_replica, or the service would never start a replica")
-        if target is None and max_replicas != min_replicas:
+                            "0 needs target_qps_per_replica (or target_ongoing_requests_per_replica), "
+                            "or the service would never start a replica")
+        if target_key is None and max_replicas != min_replicas:
             raise self.fail(_join(path, "target_qps_per_replica"),
                             f"required when min_replicas ({min_replicas}) and max_replicas ({max_replicas}) "
                             "differ: it is what decides between them")
@@ -342,7 +351,8 @@ class _Parser:
         return ReplicaPolicy(
             min_replicas=min_replicas,
             max_replicas=max_replicas,
-            target_qps_per_replica=target,
+            target_qps_per_replica=targets["target_qps_per_replica"],
+            target_ongoing_requests_per_replica=targets["target_ongoing_requests_per_replica"],
             upscale_delay_seconds=count("upscale_delay_seconds", 0, DEFAULT_UPSCALE_DELAY_SECONDS),
             downscale_delay_seconds=count("downscale_delay_seconds", 0, DEFAULT_DOWNSCALE_DELAY_SECONDS),
             base_ondemand_fallback_replicas=base_fallback,
