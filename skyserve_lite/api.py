@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skyserve_lite import procs
+from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
 from skyserve_lite.controller.lb_runner import lb_log_path
@@ -33,7 +34,14 @@ from skyserve_lite.providers import AVAILABLE_CLOUDS
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import is_valid_service_name
-from skyserve_lite.state.models import EventRecord, ReplicaRecord, ServiceRecord, ServiceStatus, VersionRecord
+from skyserve_lite.state.models import (
+    AutoscalerObservation,
+    EventRecord,
+    ReplicaRecord,
+    ServiceRecord,
+    ServiceStatus,
+    VersionRecord,
+)
 from skyserve_lite.state.store import Store
 
 LB_PORT_START = 30001
@@ -49,6 +57,15 @@ class ServiceView:
     load_balancing_policy: str
     replicas: tuple[ReplicaRecord, ...]
     events: tuple[EventRecord, ...]
+    autoscaler: tuple[AutoscalerState, AutoscalerObservation] | None = None
+
+    def autoscaler_json(self) -> dict[str, Any] | None:
+        if self.autoscaler is None:
+            return None
+        state, observed = self.autoscaler
+        return {"policy": observed.policy, "target_replicas": state.target, "raw_target": observed.raw_target,
+                "qps": observed.qps, "average_ongoing_requests": observed.average_ongoing,
+                "held_back": observed.held_back, "decided_at": format_timestamp(state.last_decision_at)}
 
     @property
     def active_versions(self) -> list[int]:
@@ -67,6 +84,7 @@ class ServiceView:
             "endpoint": self.service.endpoint,
             "policy": self.policy,
             "load_balancing_policy": self.load_balancing_policy,
+            "autoscaler": self.autoscaler_json(),
             "replicas": [
                 {
                     "replica_id": r.replica_id, "version": r.version, "status": r.status.value,
@@ -90,6 +108,7 @@ class RolloutState:
     service: ServiceRecord
     versions: tuple[VersionRecord, ...]
     replicas: tuple[ReplicaRecord, ...]
+    autoscaler: AutoscalerState | None = None
 
     def version(self, number: int) -> VersionRecord:
         for record in self.versions:
@@ -186,6 +205,7 @@ class LocalController:
                     load_balancing_policy=spec.service.load_balancing_policy.value,
                     replicas=tuple(store.list_replicas(service.name)),
                     events=tuple(store.list_events(service.name, limit=10)),
+                    autoscaler=store.get_autoscaler_state(service.name),
                 ))
         finally:
             store.close()
@@ -198,8 +218,9 @@ class LocalController:
         store = self._open()
         try:
             service = store.get_service(name)
+            stored = store.get_autoscaler_state(name)
             return RolloutState(service=service, versions=tuple(store.list_versions(name)),
-                                replicas=tuple(store.list_replicas(name)))
+                                replicas=tuple(store.list_replicas(name)), autoscaler=stored[0] if stored else None)
         finally:
             store.close()
 
@@ -279,7 +300,8 @@ def plan_update_of(state: RolloutState, task: SubmittedTask, mode: UpdateMode) -
     live_versions = {r.version for r in state.replicas if r.status.is_live}
     specs = {v: state.version(v).spec for v in live_versions}
     current = state.service.current_version
-    return plan_update(state.service.name, current, current + 1, mode, task.spec, specs, state.replicas)
+    return plan_update(state.service.name, current, current + 1, mode, task.spec, specs, state.replicas,
+                       state.autoscaler)
 
 
 def rollback_task(state: RolloutState, to_version: int | None) -> tuple[SubmittedTask, int]:

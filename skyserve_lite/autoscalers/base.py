@@ -34,6 +34,9 @@ class Metrics:
     window_seconds: float = 60.0
     ongoing_requests: tuple[float, ...] = ()  # in-flight requests of each replica that reports
     waiting_requests: int = 0  # requests the load balancer holds because no replica is READY
+    # As the load balancer reports them, by replica url; the controller turns these into
+    # ``ongoing_requests`` for the replicas READY now.
+    ongoing_requests_by_url: tuple[tuple[str, int], ...] = ()
 
     @property
     def qps(self) -> float:

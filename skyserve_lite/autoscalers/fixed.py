@@ -17,5 +17,6 @@ class FixedAutoscaler:
         return AutoscalerState(version=version, target=self.replicas)
 
     def decide(self, state: AutoscalerState, metrics: Metrics) -> Decision:
-        new = AutoscalerState(version=state.version, target=self.replicas, last_decision_at=metrics.now)
+        # No decision time is kept: nothing here changes with time, so a steady service writes nothing.
+        new = AutoscalerState(version=state.version, target=self.replicas)
         return Decision(new, raw_target=self.replicas, decided=True)

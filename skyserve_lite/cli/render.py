@@ -41,7 +41,7 @@ def format_age(since: float, now: float) -> str:
 
 def services_table(views: Sequence[ServiceView]) -> Table:
     table = Table(title="Services", title_justify="left", box=None, header_style="bold")
-    for column in ("NAME", "STATUS", "VERSION", "ENDPOINT", "POLICY", "LB POLICY", "REPLICAS"):
+    for column in ("NAME", "STATUS", "VERSION", "ENDPOINT", "POLICY", "LB POLICY", "REPLICAS", "AUTOSCALER"):
         table.add_column(column)
     for view in views:
         ready = sum(1 for r in view.replicas if r.status.value == "READY")
@@ -50,8 +50,23 @@ def services_table(views: Sequence[ServiceView]) -> Table:
         if view.service.status_reason:
             status.append(f" ({view.service.status_reason})", style="dim")
         table.add_row(view.service.name, status, str(view.service.current_version), view.service.endpoint,
-                      view.policy, view.load_balancing_policy, f"{ready}/{live} ready")
+                      view.policy, view.load_balancing_policy, f"{ready}/{live} ready", describe_autoscaler(view))
     return table
+
+
+def describe_autoscaler(view: ServiceView) -> str:
+    """``qps 5.2 -> raw 3, target 1 (upscale delay 4/15)``: inputs, what they ask for, what is applied."""
+    if view.autoscaler is None or view.autoscaler[1].policy == "fixed":
+        return "-"
+    state, observed = view.autoscaler
+    if observed.qps is not None:
+        inputs = f"qps {observed.qps:.2f}"
+    elif observed.average_ongoing is not None:
+        inputs = f"in-flight {observed.average_ongoing:.1f}/replica"
+    else:
+        inputs = "no load reported"
+    held = f" ({observed.held_back})" if observed.held_back else ""
+    return f"{inputs} -> raw {observed.raw_target}, target {state.target}{held}"
 
 
 def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Table:

@@ -51,6 +51,7 @@ class Executor:
         self._apply_load_balancers(plan)
         for name, status, reason in plan.status_changes:
             self._store.set_service_status(name, status, reason)
+        self._store.put_autoscaler_states([u for u in plan.autoscaler_updates if u[0] not in plan.deletions])
         for name in plan.deletions:
             for provider in self._providers.values():
                 provider.release_service(name)

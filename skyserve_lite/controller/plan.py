@@ -10,11 +10,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from skyserve_lite.autoscalers.base import AutoscalerState, Decision, Metrics
+from skyserve_lite.autoscalers.dispatch import carry_over, compute_target_replicas, make_autoscaler
+from skyserve_lite.autoscalers.fallback import MarketTargets, plan_market_targets
 from skyserve_lite.controller.replica_rules import ProbeResult, ReplicaStep, plan_replica
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.plan.rollout import UpdateMode, plan_rollout_step
 from skyserve_lite.plan.scaling import (
-    compute_target_replicas,
     find_recent_failures,
     find_scale_down_order,
     is_launch_blocked,
@@ -22,7 +24,13 @@ from skyserve_lite.plan.scaling import (
 from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.spec.config import is_same_replica_config
 from skyserve_lite.spec.model import ReadinessProbe, TaskSpec
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceRecord, ServiceStatus
+from skyserve_lite.state.models import (
+    AutoscalerObservation,
+    ReplicaRecord,
+    ReplicaStatus,
+    ServiceRecord,
+    ServiceStatus,
+)
 
 ReplicaKey = tuple[str, int]  # (service, replica_id)
 
@@ -36,6 +44,9 @@ class ServiceSnapshot:
     replicas: tuple[ReplicaRecord, ...]
     lb_alive: bool
     mode: UpdateMode = UpdateMode.ROLLING  # how the current version rolls out
+    autoscaler: AutoscalerState | None = None  # None before the first decision
+    observed: AutoscalerObservation | None = None
+    metrics: Metrics | None = None  # what the load balancer reported; None: nothing yet
 
     @property
     def spec(self) -> TaskSpec:
@@ -96,6 +107,7 @@ class PassPlan:
     deletions: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
     active_version_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    autoscaler_updates: tuple[tuple[str, AutoscalerState, AutoscalerObservation], ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -149,6 +161,7 @@ def plan_pass(snapshots: Sequence[ServiceSnapshot], observation: Observation, no
         status_changes=tuple(c for p in parts for c in p.status_changes),
         deletions=tuple(d for p in parts for d in p.deletions),
         active_version_changes=tuple(c for p in parts for c in p.active_version_changes),
+        autoscaler_updates=tuple(u for p in parts for u in p.autoscaler_updates),
         events=tuple(e for p in parts for e in p.events)
         + tuple(Event(i.service, i.replica_id, "orphan", f"terminating {cloud} instance {i.instance_id} "
                       "that no replica claims") for cloud, i in observation.instances
@@ -183,18 +196,24 @@ def _plan_service(snapshot: ServiceSnapshot, index: _InstanceIndex,
                                   readiness, now, settings))
 
     active_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    autoscaler_updates: tuple[tuple[str, AutoscalerState, AutoscalerObservation], ...] = ()
+    target = 0
     if service.deleting:
         steps = [_shut_down(step, now) for step in steps]
     else:
         steps = _reuse(snapshot, steps)
-        steps = _scale(snapshot, steps, now)
-        steps, active = _roll_out(snapshot, steps, now)
+        decision, observed = plan_autoscale(snapshot, steps, now, settings)
+        target = compute_target_replicas(snapshot.spec.service.replica_policy, decision.state)
+        if (decision.state, observed) != (snapshot.autoscaler, snapshot.observed):
+            autoscaler_updates = ((service.name, decision.state, observed),)
+        steps = _scale(snapshot, steps, now, target)
+        steps, active = _roll_out(snapshot, steps, now, target)
         steps = _prune_terminal(steps, settings.keep_terminal_replicas)
         if active != service.active_versions:
             active_changes = ((service.name, active),)
 
     events = [Event(service.name, s.record.replica_id, "replica", s.event) for s in steps if s.event]
-    launches = [] if service.deleting else _plan_launches(snapshot, steps, settings)
+    launches = [] if service.deleting else _plan_launches(snapshot, steps, settings, target)
     updates = tuple(s.record for s, old in zip(steps, _originals(steps, snapshot), strict=True)
                     if s.record != old and not s.remove)
     terminations = tuple((s.record.cloud, s.record.instance_id) for s in steps
@@ -219,7 +238,7 @@ def _plan_service(snapshot: ServiceSnapshot, index: _InstanceIndex,
         if wanted_policy != service.lb_policy:
             policy_changes = ((service.name, wanted_policy),)
 
-    status, reason = plan_service_status(snapshot, [s.record for s in steps if not s.remove], settings)
+    status, reason = plan_service_status(snapshot, [s.record for s in steps if not s.remove], settings, target)
     status_changes: tuple[tuple[str, ServiceStatus, str | None], ...] = ()
     if not deletions and (status, reason) != (service.status, service.status_reason):
         status_changes = ((service.name, status, reason),)
@@ -230,7 +249,7 @@ def _plan_service(snapshot: ServiceSnapshot, index: _InstanceIndex,
         replica_updates=updates, removals=removals, terminations=terminations, launches=tuple(launches),
         start_lbs=start_lbs, stop_lbs=stop_lbs, lb_policy_changes=policy_changes,
         status_changes=status_changes, deletions=deletions, events=tuple(events),
-        active_version_changes=active_changes,
+        active_version_changes=active_changes, autoscaler_updates=autoscaler_updates,
     )
 
 
@@ -284,26 +303,53 @@ def _shut_down_step(step: ReplicaStep, now: float, reason: str) -> ReplicaStep:
     return ReplicaStep(down, event=f"draining: {reason}")
 
 
-def _scale(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float) -> list[ReplicaStep]:
-    """Terminate the surplus when more current-version replicas are live than the target wants."""
-    target = compute_target_replicas(snapshot.spec.service.replica_policy)
+def _scale(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float, target: int) -> list[ReplicaStep]:
+    """Terminate the surplus of each market (spot, on demand) among current-version replicas."""
     live = _live_of_version(steps, snapshot.service.current_version)
-    surplus = len(live) - target
-    if surplus <= 0:
-        return steps
-    victims = {r.replica_id for r in find_scale_down_order(live)[:surplus]}
+    markets = _market_targets(snapshot, live, target)
+    victims: set[int] = set()
+    for is_spot in (False, True):
+        in_market = [r for r in live if r.is_spot == is_spot]
+        surplus = len(in_market) - markets.for_market(is_spot)
+        victims.update(r.replica_id for r in find_scale_down_order(in_market)[:max(0, surplus)])
     return [_shut_down_step(s, now, f"scaling down to {target} replicas") if s.record.replica_id in victims
             else s for s in steps]
 
 
-def _roll_out(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float
+def _market_targets(snapshot: ServiceSnapshot, live: Sequence[ReplicaRecord], target: int) -> MarketTargets:
+    ready_spot = sum(1 for r in live if r.is_spot and r.status is ReplicaStatus.READY)
+    return plan_market_targets(snapshot.spec.resources.use_spot, snapshot.spec.service.replica_policy, target,
+                               ready_spot)
+
+
+def plan_autoscale(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], now: float,
+                   settings: ControllerSettings) -> tuple[Decision, AutoscalerObservation]:
+    """The autoscaler's decision for this pass. In-flight counts come from the load balancer's report, for
+    the replicas READY now (one that does not report counts as idle)."""
+    policy = snapshot.spec.service.replica_policy
+    autoscaler = make_autoscaler(policy, settings.autoscaler_period_seconds)
+    state = carry_over(snapshot.autoscaler, policy, snapshot.service.current_version)
+    metrics = snapshot.metrics or Metrics(now=now)
+    ready_urls = [s.record.url for s in steps if s.record.status is ReplicaStatus.READY and not s.remove]
+    in_flight = dict(metrics.ongoing_requests_by_url)
+    metrics = dataclasses.replace(metrics, now=now,
+                                  ongoing_requests=tuple(float(in_flight.get(url or "", 0)) for url in ready_urls))
+    decision = autoscaler.decide(state, metrics)
+    if not decision.decided and snapshot.observed is not None and snapshot.autoscaler == decision.state:
+        return decision, snapshot.observed  # between decisions: nothing new to record
+    observed = AutoscalerObservation(policy=autoscaler.name, raw_target=decision.raw_target, qps=decision.qps,
+                                     average_ongoing=decision.average_ongoing, held_back=decision.held_back)
+    return decision, observed
+
+
+def _roll_out(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float, target: int
               ) -> tuple[list[ReplicaStep], tuple[int, ...]]:
     """One step of the current version's rollout: which outdated replicas go, which versions serve."""
     version = snapshot.service.current_version
     policy = snapshot.spec.service.replica_policy
     outdated = [s.record for s in steps if s.record.status.is_live and not s.remove and s.record.version != version]
     rollout = plan_rollout_step(snapshot.mode, version, _live_of_version(steps, version), outdated,
-                                compute_target_replicas(policy), policy.min_replicas)
+                                target, policy.min_replicas)
     victims = set(rollout.terminate)
     steps = [_shut_down_step(s, now, f"replaced by version {version}") if s.record.replica_id in victims
              else s for s in steps]
@@ -318,24 +364,28 @@ def _prune_terminal(steps: list[ReplicaStep], keep: int) -> list[ReplicaStep]:
     return [dataclasses.replace(s, remove=True) if s.record.replica_id in stale else s for s in steps]
 
 
-def _plan_launches(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep],
-                   settings: ControllerSettings) -> list[LaunchBatch]:
+def _plan_launches(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], settings: ControllerSettings,
+                   target: int) -> list[LaunchBatch]:
+    """One batch per market that is short of its target; unconfirmed launches are re-sent with it."""
     service = snapshot.service
     records = [s.record for s in steps if not s.remove]
-    retry = tuple(s.record for s in steps if s.relaunch)
     if is_launch_blocked(records, service.current_version, settings.failure_limit):
         return []
-    live = sum(1 for r in records if r.status.is_live and r.version == service.current_version)
-    missing = max(0, compute_target_replicas(snapshot.spec.service.replica_policy) - live)
-    if not missing and not retry:
-        return []
-    resources = snapshot.spec.resources
-    return [LaunchBatch(service=service.name, version=service.current_version,
-                        cloud=resources.cloud.value, is_spot=resources.use_spot, count=missing, retry=retry)]
+    live = [r for r in records if r.status.is_live and r.version == service.current_version]
+    markets = _market_targets(snapshot, live, target)
+    batches = []
+    for is_spot in (False, True):
+        retry = tuple(s.record for s in steps if s.relaunch and s.record.is_spot == is_spot)
+        missing = max(0, markets.for_market(is_spot) - sum(1 for r in live if r.is_spot == is_spot))
+        if missing or retry:
+            batches.append(LaunchBatch(service=service.name, version=service.current_version,
+                                       cloud=snapshot.spec.resources.cloud.value, is_spot=is_spot, count=missing,
+                                       retry=retry))
+    return batches
 
 
 def plan_service_status(snapshot: ServiceSnapshot, replicas: Sequence[ReplicaRecord],
-                        settings: ControllerSettings) -> tuple[ServiceStatus, str | None]:
+                        settings: ControllerSettings, target: int) -> tuple[ServiceStatus, str | None]:
     """The service status that follows from its replicas (after this pass's decisions), with a reason."""
     service = snapshot.service
     if service.deleting:
@@ -351,7 +401,6 @@ def plan_service_status(snapshot: ServiceSnapshot, replicas: Sequence[ReplicaRec
         return ServiceStatus.READY, blocked
     if blocked:
         return ServiceStatus.FAILED, blocked
-    if compute_target_replicas(snapshot.spec.service.replica_policy) == 0 and not any(
-            r.status.is_live for r in replicas):
+    if target == 0 and not any(r.status.is_live for r in replicas):
         return ServiceStatus.NO_REPLICA, None
     return ServiceStatus.REPLICA_INIT, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from skyserve_lite.autoscalers.base import Metrics
 from skyserve_lite.clock import Clock
 from skyserve_lite.controller.executor import Executor
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner
@@ -24,6 +25,8 @@ from skyserve_lite.state.models import ReplicaRecord, VersionRecord
 from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
+
+_REPORT_STALE_SECONDS = 10.0
 
 
 class Reconciler:
@@ -61,9 +64,24 @@ class Reconciler:
                         for v in {service.current_version, *(r.version for r in replicas)}}
             lb_alive = service.lb_pid is not None and self._lb_runner.is_alive(service.lb_pid)
             mode = UpdateMode.of_version(versions[service.current_version].mode)
-            snapshots.append(ServiceSnapshot(service, {v: record.spec for v, record in versions.items()},
-                                             replicas, lb_alive, mode))
+            stored = self._store.get_autoscaler_state(service.name)
+            snapshots.append(ServiceSnapshot(
+                service, {v: record.spec for v, record in versions.items()}, replicas, lb_alive, mode,
+                autoscaler=stored[0] if stored else None, observed=stored[1] if stored else None,
+                metrics=self._metrics(service.name)))
         return snapshots
+
+    def _metrics(self, service: str) -> Metrics:
+        """Requests of the last minute, and the load balancer's report if it is fresh (a report older than
+        10 s belongs to a load balancer that is gone, and its in-flight counts mean nothing now)."""
+        now = self._clock.now()
+        window = Metrics(now=now).window_seconds
+        requests = self._store.count_requests(service, since_second=int(now - window))
+        report = self._store.get_lb_report(service)
+        if report is None or now - report.reported_at > _REPORT_STALE_SECONDS:
+            return Metrics(now=now, requests_in_window=requests)
+        return Metrics(now=now, requests_in_window=requests, waiting_requests=report.waiting,
+                       ongoing_requests_by_url=report.in_flight)
 
     def _version(self, service: str, version: int, created_at: float) -> VersionRecord:
         # created_at tells a re-created service of the same name apart from the one it replaced.

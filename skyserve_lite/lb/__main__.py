@@ -101,8 +101,7 @@ async def _run(home: Path, service: str, host: str, port: int) -> int:
             await serve(lb, host, port, stop)
         except OSError as exc:  # serve raises OSError only when the port cannot be bound
             print(
-                f"sky-lite load balancer for service {service}: cannot listen on {host}:{port}: "
-                f"{exc.strerror or exc}",
+                f"sky-lite load balancer for service {service}: cannot listen on {host}:{port}: {exc.strerror or exc}",
                 file=sys.stderr,
             )
             return 1
@@ -115,9 +114,7 @@ async def _run(home: Path, service: str, host: str, port: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the load balancer; returns the exit status (0 stopped normally, 1 could not start)."""
     args = _parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return _run_until_complete(_run(Path(args.home), args.service, args.host, args.port))
     except SkyLiteError as exc:  # e.g. the store cannot be opened

@@ -14,7 +14,7 @@ ones are streamed, so memory per request stays bounded whatever the body size.
 
 Everything outside the request path comes in through the constructor: a ``TargetSource`` says which
 replicas are READY and which policy to use, a ``MetricsSink`` takes the per-second request counts, a
-``Clock`` tells the time. A background task started with the app reads the source every
+``Clock`` tells the time. A background task (``start`` to ``close``) reads the source every
 ``refresh_seconds`` and flushes the counts of completed seconds to the sink.
 """
 
@@ -93,7 +93,9 @@ _X_FORWARDED_HOST = istr("X-Forwarded-Host")
 _X_FORWARDED_PROTO = istr("X-Forwarded-Proto")
 # aiohttp's client adds these when absent; a proxy must not: an added "Accept-Encoding: gzip" would make the
 # replica compress a body for a client that never asked for it (and nothing here decompresses).
-_NO_AUTO_HEADERS: Final = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+_NO_AUTO_HEADERS: Final = CIMultiDict(
+    (istr(name), None) for name in ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
+)
 # Responses that never have a body (RFC 9110 6.4.1); they take the buffered path whatever their headers say.
 _BODYLESS_STATUSES: Final = frozenset({204, 304})
 
@@ -102,6 +104,21 @@ _BODYLESS_STATUSES: Final = frozenset({204, 304})
 _CONNECT_ERRORS: Final = (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError)
 # The connection broke before a response: the replica may have seen a part of the request.
 _RESET_ERRORS: Final = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+class _ProxyClientRequest(aiohttp.ClientRequest):
+    """A client request that adds none of aiohttp's default headers.
+
+    Same effect as ``skip_auto_headers=_NO_AUTO_HEADERS`` on the session, which rebuilds that set and copies
+    the headers on every request: 12 us against 5 us per request here, about 3% of the proxy's CPU.
+    """
+
+    def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
+        # aiohttp reads the set again later, to skip the default Content-Type of a body: up to 3.11 as the
+        # attribute ``skip_auto_headers``, since then as ``_skip_auto_headers`` behind a read-only property of
+        # the old name (where the instance-dict entry below is simply never looked at).
+        self._skip_auto_headers = _NO_AUTO_HEADERS
+        vars(self)["skip_auto_headers"] = _NO_AUTO_HEADERS
 
 
 @dataclass(frozen=True)
@@ -173,9 +190,7 @@ def compute_upstream_headers(
     return out
 
 
-def split_completed_seconds(
-    counts: Mapping[int, int], now_second: int
-) -> tuple[dict[int, int], dict[int, int]]:
+def split_completed_seconds(counts: Mapping[int, int], now_second: int) -> tuple[dict[int, int], dict[int, int]]:
     """``(completed, current)``: seconds before ``now_second`` and the rest.
 
     At 12:00:05.3 (``now_second`` 12:00:05) the counts of 12:00:04 are final and go to the sink, the
@@ -215,10 +230,11 @@ def _describe(exc: BaseException) -> str:
 class LoadBalancer:
     """Proxies requests for one service to its READY replicas.
 
-    The constructor only stores its arguments. ``make_app`` builds the aiohttp application; its startup
-    creates the HTTP client session, reads the source once (so the first request already has targets) and
-    starts the refresh task; its cleanup stops the task, flushes completed seconds and closes the session.
-    One ``LoadBalancer`` serves one application at a time.
+    The constructor only stores its arguments; nothing runs before ``start``, which creates the HTTP client
+    session, reads the source once (so the first request already has targets) and starts the refresh task.
+    ``close`` stops the task, flushes the completed seconds and closes the session. ``handle`` is the request
+    handler in between. ``serve`` runs all three on aiohttp's low-level server; ``make_app`` wraps them in an
+    ``aiohttp.web.Application`` for embedding and tests. One ``LoadBalancer`` runs once at a time.
     """
 
     def __init__(
@@ -245,17 +261,20 @@ class LoadBalancer:
         self._stopping: asyncio.Event | None = None
         self._no_replica_text = no_replica_message(service)
 
-    # -- lifecycle -------------------------------------------------------------------------------------
-
     def make_app(self) -> web.Application:
-        """The aiohttp application: one catch-all route for every method and path."""
+        """The aiohttp application: one catch-all route for every method and path.
+
+        Its startup runs ``start`` and its cleanup runs ``close``. ``serve`` does not use it: it runs
+        ``handle`` on aiohttp's low-level server, which skips the router (about 5% of the CPU per request).
+        """
         app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        app.on_startup.append(self._on_startup)
-        app.on_cleanup.append(self._on_cleanup)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_startup.append(lambda app: self.start())
+        app.on_cleanup.append(lambda app: self.close())
         return app
 
-    async def _on_startup(self, app: web.Application) -> None:
+    async def start(self) -> None:
+        """Create the client session, read the source once, start the refresh task."""
         self._source_gone = asyncio.Event()
         self._stopping = asyncio.Event()
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=POOL_KEEPALIVE_SECONDS)
@@ -263,14 +282,15 @@ class LoadBalancer:
             connector=connector,
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=_NO_AUTO_HEADERS,
+            request_class=_ProxyClientRequest,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS),
         )
         # One pass before the site starts listening, so that the first request already has targets.
         await self._refresh_pass()
         self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"lb-refresh-{self.service}")
 
-    async def _on_cleanup(self, app: web.Application) -> None:
+    async def close(self) -> None:
+        """Stop the refresh task, flush the completed seconds, close the client session. Idempotent."""
         if self._refresh_task is not None:
             # Ask the loop to stop instead of cancelling it: a cancelled flush cannot tell whether its worker
             # thread wrote the counts, and guessing wrong would lose or double them.
@@ -287,11 +307,9 @@ class LoadBalancer:
             self._session = None
 
     async def wait_source_gone(self) -> None:
-        """Return once the source said the service no longer exists. Only valid while the app runs."""
-        assert self._source_gone is not None, "the application has not started"
+        """Return once the source said the service no longer exists. Only valid after ``start``."""
+        assert self._source_gone is not None, "the load balancer has not started"
         await self._source_gone.wait()
-
-    # -- background refresh ----------------------------------------------------------------------------
 
     async def _refresh_loop(self) -> None:
         stopping, gone = self._stopping, self._source_gone
@@ -359,8 +377,6 @@ class LoadBalancer:
             self._counts = merge_counts(self._counts, completed, now_second - MAX_UNFLUSHED_SECONDS)
             raise
 
-    # -- request path ----------------------------------------------------------------------------------
-
     def _count_request(self) -> None:
         # Every request counts, including those answered 503: a service scaled to zero replicas must
         # still show demand to the autoscaler, or it would never scale up again.
@@ -368,7 +384,8 @@ class LoadBalancer:
         counts = self._counts
         counts[second] = counts.get(second, 0) + 1
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Proxy one request; the aiohttp handler for every method and path. Valid between start and close."""
         self._count_request()
         policy = self._policy
         url = policy.select()
@@ -386,8 +403,9 @@ class LoadBalancer:
             path = request.rel_url.raw_path_qs
         method = request.method
 
-        tried: list[str] = []
-        refused: list[str] = []
+        # Tuples: the common case (the first attempt works) allocates nothing for them.
+        tried: tuple[str, ...] = ()
+        refused: tuple[str, ...] = ()
         last_error = ""
         attempt = 0
         while url is not None:
@@ -403,7 +421,7 @@ class LoadBalancer:
                         allow_redirects=False,
                     )
                 except _CONNECT_ERRORS as exc:
-                    refused.append(url)
+                    refused += (url,)
                     last_error = _describe(exc)
                     log.warning("service %s: cannot connect to %s: %s", self.service, url, last_error)
                 except _RESET_ERRORS as exc:
@@ -419,13 +437,11 @@ class LoadBalancer:
                     return await self._relay(request, upstream, url)
             finally:
                 policy.on_end(url)
-            tried.append(url)
+            tried += (url,)
             url = _select_retry(policy, tried, refused) if attempt < MAX_ATTEMPTS else None
         return web.Response(status=502, text=_bad_gateway_message(self.service, attempt, last_error))
 
-    async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, url: str
-    ) -> web.StreamResponse:
+    async def _relay(self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, url: str) -> web.StreamResponse:
         """Send ``upstream`` to the client; always releases ``upstream``."""
         try:
             length = upstream.content_length
@@ -438,9 +454,7 @@ class LoadBalancer:
                     data = await upstream.read()
                 except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
                     last_error = _describe(exc)
-                    log.warning(
-                        "service %s: reading the response of %s failed: %s", self.service, url, last_error
-                    )
+                    log.warning("service %s: reading the response of %s failed: %s", self.service, url, last_error)
                     return web.Response(status=502, text=_bad_gateway_message(self.service, 1, last_error))
                 response = web.Response(
                     body=data, status=upstream.status, reason=upstream.reason, headers=upstream.headers
@@ -453,12 +467,8 @@ class LoadBalancer:
         finally:
             upstream.release()
 
-    async def _stream(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, url: str
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=upstream.status, reason=upstream.reason, headers=upstream.headers
-        )
+    async def _stream(self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, url: str) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=upstream.headers)
         strip_hop_by_hop(response.headers)
         try:
             await response.prepare(request)
@@ -471,9 +481,7 @@ class LoadBalancer:
             except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
                 # The status line is out: the only honest signal left is to cut the client's connection, so
                 # that it sees a truncated body rather than a complete-looking short one.
-                log.warning(
-                    "service %s: the response body from %s broke off: %s", self.service, url, _describe(exc)
-                )
+                log.warning("service %s: the response body from %s broke off: %s", self.service, url, _describe(exc))
                 if request.transport is not None:
                     request.transport.abort()
                 return response
@@ -485,7 +493,7 @@ class LoadBalancer:
                 return response
 
 
-async def _read_body(request: web.Request) -> bytes | aiohttp.StreamReader | None:
+async def _read_body(request: web.BaseRequest) -> bytes | aiohttp.StreamReader | None:
     """None without a body, the whole body when it is small and of known length, else the stream."""
     if not request.body_exists:
         return None
@@ -495,7 +503,7 @@ async def _read_body(request: web.Request) -> bytes | aiohttp.StreamReader | Non
     return request.content
 
 
-def _select_retry(policy: Policy, tried: Collection[str], refused: Iterable[str]) -> str | None:
+def _select_retry(policy: Policy, tried: Collection[str], refused: Collection[str]) -> str | None:
     """The replica for the next attempt: one not tried yet; else one that did accept a connection.
 
     With one replica whose pooled connection was reset, a second try on a fresh connection can work; with
@@ -503,7 +511,7 @@ def _select_retry(policy: Policy, tried: Collection[str], refused: Iterable[str]
     """
     url = policy.select(tried)
     if url is None:
-        url = policy.select(frozenset(refused))
+        url = policy.select(refused)
     return url
 
 
@@ -513,8 +521,9 @@ async def serve(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event) -> 
     Raises OSError when the port cannot be bound. On return the listening socket is closed, the counts of
     completed seconds are flushed and the client session is closed.
     """
-    runner = web.AppRunner(lb.make_app(), access_log=None, handle_signals=False)
+    runner = web.ServerRunner(web.Server(lb.handle, access_log=None), handle_signals=False)
     await runner.setup()
+    await lb.start()
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -527,4 +536,6 @@ async def serve(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event) -> 
             for task in waits:
                 task.cancel()
     finally:
+        # Stop accepting and finish the requests in flight first, then close the client session they use.
         await runner.cleanup()
+        await lb.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from skyserve_lite.spec.model import ReplicaPolicy
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 
 # Failures that say the workload itself is broken (not the cloud taking a spot instance back).
@@ -14,11 +13,6 @@ _APP_FAILURES = frozenset({
     ReplicaStatus.FAILED_PROBING,
     ReplicaStatus.FAILED_PROVISION,
 })
-
-
-def compute_target_replicas(policy: ReplicaPolicy) -> int:
-    """The replica count the controller steers to: ``min_replicas`` until an autoscaler says more."""
-    return policy.min_replicas
 
 
 def find_scale_down_order(replicas: Sequence[ReplicaRecord]) -> list[ReplicaRecord]:

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from skyserve_lite.autoscalers.base import AutoscalerState
+from skyserve_lite.autoscalers.dispatch import carry_over, compute_target_replicas
 from skyserve_lite.plan.rollout import UpdateMode
-from skyserve_lite.plan.scaling import compute_target_replicas, find_scale_down_order
+from skyserve_lite.plan.scaling import find_scale_down_order
 from skyserve_lite.spec.config import FieldChange, find_config_changes
 from skyserve_lite.spec.model import TaskSpec
 from skyserve_lite.state.models import ReplicaRecord
@@ -81,16 +83,20 @@ def _decision(replica: ReplicaRecord, changes: tuple[FieldChange, ...]) -> Repli
 
 
 def plan_update(service: str, from_version: int, to_version: int, mode: UpdateMode, new_spec: TaskSpec,
-                version_specs: Mapping[int, TaskSpec], replicas: Sequence[ReplicaRecord]) -> UpdatePlan:
+                version_specs: Mapping[int, TaskSpec], replicas: Sequence[ReplicaRecord],
+                autoscaler: AutoscalerState | None = None) -> UpdatePlan:
     """The plan of moving ``service`` to ``new_spec``. Terminal and shutting-down replicas are left out:
-    they are never reused. ``version_specs`` must hold the spec of every live replica's version."""
+    they are never reused. ``version_specs`` must hold the spec of every live replica's version.
+    ``autoscaler`` is the current autoscaling state: its target, re-clipped to the new bounds, is the
+    target (``min_replicas`` without one)."""
     live = [r for r in replicas if r.status.is_live]
     # The comparison depends only on the replica's version: compare each version once, not each replica
     # (10,000 replicas in 5 versions: 5 comparisons).
     changes = {v: find_config_changes(version_specs[v], new_spec) for v in {r.version for r in live}}
     decisions = {r.replica_id: _decision(r, changes[r.version]) for r in live}
     reused = [r for r in live if decisions[r.replica_id].action is ReplicaAction.REUSE]
-    target = compute_target_replicas(new_spec.service.replica_policy)
+    policy = new_spec.service.replica_policy
+    target = compute_target_replicas(policy, carry_over(autoscaler, policy, to_version) if autoscaler else None)
     surplus = find_scale_down_order(reused)[:max(0, len(reused) - target)]
     for replica in surplus:
         decisions[replica.replica_id] = ReplicaDecision(

@@ -130,3 +130,24 @@ class LbView:
 
     ready_urls: tuple[str, ...]
     policy: str
+
+
+@dataclass(frozen=True)
+class LbReport:
+    """A load balancer's latest report: in-flight requests per replica url, and requests held waiting for
+    a READY replica (scale from zero)."""
+
+    reported_at: float
+    in_flight: tuple[tuple[str, int], ...] = ()
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class AutoscalerObservation:
+    """What the autoscaler last saw and decided, for `serve status`."""
+
+    policy: str
+    raw_target: int
+    qps: float | None = None
+    average_ongoing: float | None = None
+    held_back: str | None = None

@@ -75,4 +75,23 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE services ADD COLUMN active_versions TEXT;
     ALTER TABLE versions ADD COLUMN note TEXT;
     """,
+    # 3: autoscaling. The policy's state (target and hysteresis counters) with what it last observed, and
+    #    each load balancer's latest report: in-flight requests per replica url, requests held waiting.
+    """
+    CREATE TABLE autoscaler_state (
+        service TEXT PRIMARY KEY REFERENCES services(name) ON DELETE CASCADE,
+        version INTEGER NOT NULL,
+        target INTEGER NOT NULL,
+        upscale_count INTEGER NOT NULL,
+        downscale_count INTEGER NOT NULL,
+        last_decision_at REAL,
+        observed_json TEXT NOT NULL
+    );
+    CREATE TABLE lb_reports (
+        service TEXT PRIMARY KEY,
+        reported_at REAL NOT NULL,
+        waiting INTEGER NOT NULL,
+        in_flight_json TEXT NOT NULL
+    );
+    """,
 )

@@ -22,10 +22,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.errors import NotFoundError, StateConflictError
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state.models import (
+    AutoscalerObservation,
     EventRecord,
+    LbReport,
     LbView,
     ReplicaRecord,
     ReplicaStatus,
@@ -205,6 +208,7 @@ class Store:
         """Forget a service: its versions, replicas, request counts and events."""
         with self._write() as db:
             db.execute("DELETE FROM request_counts WHERE service = ?", (name,))
+            db.execute("DELETE FROM lb_reports WHERE service = ?", (name,))
             db.execute("DELETE FROM events WHERE service = ?", (name,))
             db.execute("DELETE FROM services WHERE name = ?", (name,))
 
@@ -291,6 +295,39 @@ class Store:
                 [(service, second, count) for second, count in counts.items()])
             db.execute("DELETE FROM request_counts WHERE service = ? AND second < ?",
                        (service, max(counts) - keep_seconds))
+
+    def record_lb_report(self, service: str, report: LbReport) -> None:
+        """Replace the service's load balancer report (one row per service)."""
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO lb_reports (service, reported_at, waiting, in_flight_json) VALUES (?, ?, ?, ?)",
+                (service, report.reported_at, report.waiting, json.dumps(dict(report.in_flight), sort_keys=True)))
+
+    def get_lb_report(self, service: str) -> LbReport | None:
+        row = self._db.execute("SELECT reported_at, waiting, in_flight_json FROM lb_reports WHERE service = ?",
+                               (service,)).fetchone()
+        if row is None:
+            return None
+        return LbReport(reported_at=row[0], waiting=row[1], in_flight=tuple(sorted(json.loads(row[2]).items())))
+
+    def get_autoscaler_state(self, service: str) -> tuple[AutoscalerState, AutoscalerObservation] | None:
+        row = self._db.execute(
+            "SELECT version, target, upscale_count, downscale_count, last_decision_at, observed_json"
+            " FROM autoscaler_state WHERE service = ?", (service,)).fetchone()
+        if row is None:
+            return None
+        return AutoscalerState(*row[:5]), AutoscalerObservation(**json.loads(row[5]))
+
+    def put_autoscaler_states(self, states: Sequence[tuple[str, AutoscalerState, AutoscalerObservation]]) -> None:
+        if not states:
+            return
+        with self._write() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO autoscaler_state (service, version, target, upscale_count, downscale_count,"
+                " last_decision_at, observed_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(name, state.version, state.target, state.upscale_count, state.downscale_count,
+                  state.last_decision_at, json.dumps(dataclasses.asdict(observed), sort_keys=True))
+                 for name, state, observed in states])
 
     def count_requests(self, service: str, since_second: int) -> int:
         row = self._db.execute(
