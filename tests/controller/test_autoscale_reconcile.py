@@ -111,7 +111,8 @@ def test_in_flight_policy_reads_the_load_balancer_report(harness: Harness) -> No
     harness.tick()
     harness.tick()
     (replica,) = harness.replicas()
-    harness.store.record_lb_report("svc", LbReport(reported_at=harness.clock.now(), in_flight=((replica.url or "", 4),)))
+    report = LbReport(reported_at=harness.clock.now(), in_flight=((replica.url or "", 4),))
+    harness.store.record_lb_report("svc", report)
     harness.tick(10)
     assert live(harness) == 4
     observed = harness.store.get_autoscaler_state("svc")

@@ -1,0 +1,388 @@
+"""Load balancer benchmark: sky-lite's LoadBalancer next to nginx, on one machine, loaded by wrk.
+
+    python benchmarks/lb_bench.py [--duration 10] [--connections 32] [--rounds 3] [--write-docs]
+
+Everything runs on 127.0.0.1: two replicas of a small aiohttp app answering 1 KiB, then wrk against
+(a) one replica directly, (b) nginx as a reverse proxy to both replicas (upstream keep-alive, access log
+off, one worker), (c) the sky-lite load balancer (round robin) to both replicas. Each round measures the
+three in turn; the figures reported are the medians over the rounds. The result is a markdown table;
+``--write-docs`` also replaces the figures in docs/benchmarks.md between the marker comments.
+
+Nothing is installed by this script: wrk and nginx must be on the machine already (on Debian:
+``apt-get install wrk nginx-light``).
+
+Internal modes, used by the script itself to start its subprocesses:
+
+    python benchmarks/lb_bench.py --serve-replica PORT
+    python benchmarks/lb_bench.py --serve-lb PORT URL [URL ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs" / "benchmarks.md"
+BEGIN = "<!-- lb-bench:begin -->"
+END = "<!-- lb-bench:end -->"
+REPLICA_BODY = b"x" * 1024
+# The target the load balancer is held to, relative to nginx on the same machine and load.
+TARGET_RPS_RATIO = 0.5
+TARGET_P99_RATIO = 2.0
+
+
+# -- subprocess modes ---------------------------------------------------------------------------------------
+
+
+def serve_replica(port: int) -> None:
+    """A replica: answers every GET with 1 KiB of text."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(body=REPLICA_BODY, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def serve_lb(port: int, urls: Sequence[str]) -> None:
+    """The sky-lite load balancer over a fixed set of targets, through the same ``serve`` as the real one."""
+    sys.path.insert(0, str(REPO))
+    from skyserve_lite.clock import SystemClock
+    from skyserve_lite.lb.server import LbView, LoadBalancer, serve
+
+    view = LbView(ready_urls=tuple(urls), policy="round_robin")
+
+    class StaticSource:
+        def read(self) -> LbView:
+            return view
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(LoadBalancer("bench", StaticSource(), None, SystemClock()), "127.0.0.1", port, stop)
+
+    try:
+        import uvloop  # type: ignore[import-not-found]  # optional, as in the real entry point
+    except ImportError:
+        asyncio.run(run())
+    else:
+        uvloop.run(run())
+
+
+# -- measuring ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int  # socket errors plus non-2xx/3xx answers
+
+
+_UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+def parse_wrk(output: str) -> WrkResult:
+    """Requests/s, p50 and p99 (ms) and the error count from ``wrk --latency`` output."""
+
+    def latency(percent: str) -> float:
+        match = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s|m)\s*$", output, re.MULTILINE)
+        if match is None:
+            raise ValueError(f"no {percent}% latency in wrk output:\n{output}")
+        return float(match.group(1)) * _UNITS_MS[match.group(2)]
+
+    rps = re.search(r"^Requests/sec:\s+([\d.]+)", output, re.MULTILINE)
+    if rps is None:
+        raise ValueError(f"no Requests/sec in wrk output:\n{output}")
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", output))
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    if non_2xx is not None:
+        errors += int(non_2xx.group(1))
+    return WrkResult(rps=float(rps.group(1)), p50_ms=latency("50"), p99_ms=latency("99"), errors=errors)
+
+
+def run_wrk(url: str, connections: int, duration: int) -> WrkResult:
+    command = ["wrk", "--latency", "-t1", f"-c{connections}", f"-d{duration}s", url]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return parse_wrk(output)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until_answering(url: str, process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise SystemExit(f"{process.args!r} exited with {process.returncode} before answering on {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"nothing answered on {url} within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def started(command: Sequence[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until_answering(url, process)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def nginx_conf(tmp: Path, port: int, replica_ports: Sequence[int]) -> str:
+    servers = "\n".join(f"        server 127.0.0.1:{p};" for p in replica_ports)
+    temp_paths = "\n".join(
+        f"    {name}_temp_path {tmp / name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    return f"""worker_processes 1;
+daemon off;
+pid {tmp / "nginx.pid"};
+error_log {tmp / "error.log"} warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+{temp_paths}
+    upstream replicas {{
+{servers}
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://replicas;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Host $host;
+            proxy_set_header X-Forwarded-Proto $scheme;
+        }}
+    }}
+}}
+"""
+
+
+def find_tool(name: str) -> str | None:
+    # nginx lives in /usr/sbin, which is not on every user's PATH.
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/sbin")
+
+
+# -- reporting ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    result: WrkResult
+
+
+def median_result(results: Sequence[WrkResult]) -> WrkResult:
+    return WrkResult(
+        rps=statistics.median(r.rps for r in results),
+        p50_ms=statistics.median(r.p50_ms for r in results),
+        p99_ms=statistics.median(r.p99_ms for r in results),
+        errors=sum(r.errors for r in results),
+    )
+
+
+def render_table(rows: Sequence[Row], nginx: WrkResult) -> str:
+    lines = [
+        "| path | requests/s | p50 latency | p99 latency | rps vs nginx | p99 vs nginx | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        r = row.result
+        lines.append(
+            f"| {row.name} | {r.rps:,.0f} | {r.p50_ms:.2f} ms | {r.p99_ms:.2f} ms | "
+            f"{r.rps / nginx.rps:.2f}x | {r.p99_ms / nginx.p99_ms:.2f}x | {r.errors} |"
+        )
+    return "\n".join(lines)
+
+
+def render_verdict(lb: WrkResult, nginx: WrkResult) -> str:
+    rps_ratio = lb.rps / nginx.rps
+    p99_ratio = lb.p99_ms / nginx.p99_ms
+    rps_ok = rps_ratio >= TARGET_RPS_RATIO
+    p99_ok = p99_ratio <= TARGET_P99_RATIO
+    met = "met" if rps_ok and p99_ok else "NOT met"
+    return (
+        f"Target (requests/s >= {TARGET_RPS_RATIO}x nginx, p99 <= {TARGET_P99_RATIO}x nginx): **{met}** "
+        f"(requests/s {rps_ratio:.2f}x: {'ok' if rps_ok else 'short'}; "
+        f"p99 {p99_ratio:.2f}x: {'ok' if p99_ok else 'over'})."
+    )
+
+
+def measure_busy_cpu(seconds: float = 2.0) -> float | None:
+    """Percent of all cores busy over ``seconds`` (from /proc/stat), None where that file does not exist.
+
+    Taken before the run: other work on the machine shows up here and skews every figure below.
+    """
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields), idle
+
+    try:
+        total_a, idle_a = sample()
+        time.sleep(seconds)
+        total_b, idle_b = sample()
+    except OSError:
+        return None
+    total = total_b - total_a
+    return 100.0 * (total - (idle_b - idle_a)) / total if total else None
+
+
+def render_machine(args: argparse.Namespace, busy_before: float | None) -> str:
+    cpu = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    nginx_version = subprocess.run([find_tool("nginx") or "nginx", "-v"], capture_output=True, text=True).stderr.strip()
+    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.splitlines()[0]
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        loop = "asyncio default loop (uvloop not installed)"
+    else:
+        loop = "uvloop"
+    return (
+        f"Measured {datetime.date.today().isoformat()} on {os.cpu_count()} cores ({cpu}), "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
+        f"aiohttp {metadata.version('aiohttp')}, {loop}; {nginx_version}; {wrk_version.split(' [')[0]}. "
+        f"Load: `wrk --latency -t1 -c{args.connections} -d{args.duration}s`, "
+        f"medians of {args.rounds} round(s); replicas answer 1 KiB. "
+        "wrk, nginx or the load balancer, and both replicas share the same cores. "
+        + (f"CPU busy before the run (other work): {busy_before:.0f}%." if busy_before is not None else "")
+    )
+
+
+def write_docs(block: str) -> None:
+    text = DOCS.read_text() if DOCS.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        DOCS.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+    else:
+        DOCS.write_text(f"{text.rstrip()}\n\n## Load balancer\n\n{BEGIN}\n{block}\n{END}\n".lstrip())
+    print(f"updated {DOCS.relative_to(REPO)}")
+
+
+# -- main ---------------------------------------------------------------------------------------------------
+
+
+def bench(args: argparse.Namespace) -> int:
+    missing = [tool for tool in ("wrk", "nginx") if find_tool(tool) is None]
+    if missing:
+        print(
+            f"lb_bench: {' and '.join(missing)} not found; install them first "
+            "(Debian: apt-get install wrk nginx-light). Nothing was run.",
+            file=sys.stderr,
+        )
+        return 2
+    busy_before = measure_busy_cpu()
+    me = [sys.executable, str(Path(__file__).resolve())]
+    replica_ports = [free_port(), free_port()]
+    replica_urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
+    nginx_port, lb_port = free_port(), free_port()
+    with contextlib.ExitStack() as stack:
+        for port, url in zip(replica_ports, replica_urls, strict=True):
+            stack.enter_context(started([*me, "--serve-replica", str(port)], url + "/"))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lb-bench-")))
+        (tmp / "nginx.conf").write_text(nginx_conf(tmp, nginx_port, replica_ports))
+        nginx = [find_tool("nginx") or "nginx", "-e", str(tmp / "error.log"), "-p", str(tmp)]
+        nginx += ["-c", str(tmp / "nginx.conf")]
+        stack.enter_context(started(nginx, f"http://127.0.0.1:{nginx_port}/"))
+        stack.enter_context(started([*me, "--serve-lb", str(lb_port), *replica_urls], f"http://127.0.0.1:{lb_port}/"))
+
+        targets = {
+            "direct to one replica": f"http://127.0.0.1:{replica_ports[0]}/",
+            "nginx -> 2 replicas": f"http://127.0.0.1:{nginx_port}/",
+            "sky-lite LB -> 2 replicas": f"http://127.0.0.1:{lb_port}/",
+        }
+        results: dict[str, list[WrkResult]] = {name: [] for name in targets}
+        for url in targets.values():  # warm up: connection pools, caches, the JIT-less interpreter's allocator
+            run_wrk(url, args.connections, 2)
+        for round_index in range(args.rounds):
+            for name, url in targets.items():
+                result = run_wrk(url, args.connections, args.duration)
+                results[name].append(result)
+                print(
+                    f"round {round_index + 1}/{args.rounds} {name}: {result.rps:,.0f} req/s, "
+                    f"p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, errors {result.errors}",
+                    file=sys.stderr,
+                )
+
+    rows = [Row(name, median_result(rs)) for name, rs in results.items()]
+    nginx_result, lb_result = rows[1].result, rows[2].result
+    block = "\n\n".join(
+        [render_machine(args, busy_before), render_table(rows, nginx_result), render_verdict(lb_result, nginx_result)]
+    )
+    print(block)
+    if args.write_docs:
+        write_docs(block)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the three paths (default 3)")
+    parser.add_argument("--write-docs", action="store_true", help="update the figures in docs/benchmarks.md")
+    parser.add_argument("--serve-replica", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-lb", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_replica is not None:
+        serve_replica(args.serve_replica)
+        return 0
+    if args.serve_lb is not None:
+        serve_lb(int(args.serve_lb[0]), args.serve_lb[1:])
+        return 0
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
