@@ -39,7 +39,8 @@ class SimulatedDecision:
     held_back: str | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"time_s": self.time_s, "qps": round(self.qps, 6), "target_replicas": self.target_replicas,
+        time_s = int(self.time_s) if float(self.time_s).is_integer() else self.time_s
+        return {"time_s": time_s, "qps": round(self.qps, 6), "target_replicas": self.target_replicas,
                 "raw_target": self.raw_target, "held_back": self.held_back}
 
 

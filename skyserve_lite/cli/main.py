@@ -17,8 +17,14 @@ from rich.console import Console
 from rich.live import Live
 
 from skyserve_lite import __version__, api
-from skyserve_lite.cli.render import history_table, plan_renderable, status_json, status_renderable
-from skyserve_lite.errors import SkyLiteError, StateConflictError
+from skyserve_lite.cli.render import (
+    history_table,
+    plan_renderable,
+    simulation_table,
+    status_json,
+    status_renderable,
+)
+from skyserve_lite.errors import SkyLiteError, StateConflictError, UsageError
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import load_task_file
@@ -175,6 +181,30 @@ def serve_history(name: str, output: str) -> None:
                                    "versions": [e.to_json() for e in entries]}, indent=2))
         else:
             _stdout().print(history_table(name, entries))
+
+
+@serve.command("simulate")
+@click.argument("task_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--trace", "trace_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="CSV with a header: time_s,qps[,ongoing_requests]; each row holds until the next.")
+@click.option("--period", type=click.FloatRange(min=0.1), default=None,
+              help="Decision period in seconds (default: the policy's own, 20 s for request rate).")
+@_output_option
+def serve_simulate(task_file: Path, trace_file: Path, period: float | None, output: str) -> None:
+    """Run TASK_FILE's autoscaling policy against a load trace offline and print the target over time."""
+    from skyserve_lite.autoscalers.simulator import parse_trace, simulate
+
+    with _errors():
+        task = load_task_file(task_file.resolve())
+        try:
+            text = trace_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--trace: cannot read {trace_file}: {exc}") from exc
+        decisions = simulate(task.spec.service.replica_policy, parse_trace(text, str(trace_file)), period)
+        if output == "json":
+            click.echo(json.dumps({"decisions": [d.to_json() for d in decisions]}, indent=2))
+        else:
+            _stdout().print(simulation_table(task.spec.service.replica_policy.describe(), decisions))
 
 
 @serve.command("status")

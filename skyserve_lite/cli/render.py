@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from skyserve_lite.api import HistoryEntry, ServiceView
+from skyserve_lite.autoscalers.simulator import SimulatedDecision
 from skyserve_lite.clock import format_timestamp
 from skyserve_lite.plan.update import ReplicaAction, UpdatePlan
 
@@ -19,6 +20,18 @@ _STATUS_STYLE = {
     "PROVISIONING": "yellow", "PENDING": "yellow", "NOT_READY": "red", "SHUTTING_DOWN": "magenta",
     "NO_REPLICA": "dim",
 }
+
+
+def _table(*columns: str) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in columns:
+        table.add_column(column)
+    return table
+
+
+def _titled(title: str, table: Table) -> Group:
+    """A title on its own line: a table's own title wraps to the table's width."""
+    return Group(Text(title, style="bold"), table)
 
 
 def status_json(views: Sequence[ServiceView]) -> dict[str, Any]:
@@ -39,10 +52,8 @@ def format_age(since: float, now: float) -> str:
     return f"{seconds}s"
 
 
-def services_table(views: Sequence[ServiceView]) -> Table:
-    table = Table(title="Services", title_justify="left", box=None, header_style="bold")
-    for column in ("NAME", "STATUS", "VERSION", "ENDPOINT", "POLICY", "LB POLICY", "REPLICAS", "AUTOSCALER"):
-        table.add_column(column)
+def services_table(views: Sequence[ServiceView]) -> Group:
+    table = _table("NAME", "STATUS", "VERSION", "ENDPOINT", "POLICY", "LB POLICY", "REPLICAS", "AUTOSCALER")
     for view in views:
         ready = sum(1 for r in view.replicas if r.status.value == "READY")
         live = sum(1 for r in view.replicas if r.status.is_live)
@@ -51,7 +62,7 @@ def services_table(views: Sequence[ServiceView]) -> Table:
             status.append(f" ({view.service.status_reason})", style="dim")
         table.add_row(view.service.name, status, str(view.service.current_version), view.service.endpoint,
                       view.policy, view.load_balancing_policy, f"{ready}/{live} ready", describe_autoscaler(view))
-    return table
+    return _titled("Services", table)
 
 
 def describe_autoscaler(view: ServiceView) -> str:
@@ -69,36 +80,31 @@ def describe_autoscaler(view: ServiceView) -> str:
     return f"{inputs} -> raw {observed.raw_target}, target {state.target}{held}"
 
 
-def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Table:
+def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Group:
     now = time.time() if now is None else now
-    table = Table(title="Replicas", title_justify="left", box=None, header_style="bold")
-    for column in ("SERVICE", "ID", "VERSION", "STATUS", "CLOUD/REGION", "INSTANCE", "URL", "AGE", "REASON"):
-        table.add_column(column)
+    table = _table("SERVICE", "ID", "VERSION", "STATUS", "CLOUD/REGION", "INSTANCE", "URL", "AGE", "REASON")
     for view in views:
         for r in view.replicas:
             where = r.cloud + (f"/{r.region}" if r.region else "")
             table.add_row(view.service.name, str(r.replica_id), str(r.version), styled_status(r.status.value),
                           where, r.instance_id or "-", r.url or "-", format_age(r.launched_at, now),
                           r.status_reason or "")
-    return table
+    return _titled("Replicas", table)
 
 
-def events_table(view: ServiceView) -> Table:
-    table = Table(title=f"Recent events of {view.service.name}", title_justify="left", box=None,
-                  header_style="bold")
-    for column in ("TIME", "REPLICA", "EVENT"):
-        table.add_column(column)
+def events_table(view: ServiceView) -> Group:
+    table = _table("TIME", "REPLICA", "EVENT")
     for event in view.events:
         table.add_row(format_timestamp(event.time) or "", "-" if event.replica_id is None else str(event.replica_id),
                       event.message)
-    return table
+    return _titled(f"Recent events of {view.service.name}", table)
 
 
 def status_renderable(views: Sequence[ServiceView], now: float | None = None, *, events: bool = False) -> Group:
     """Services and replicas; with ``events`` (one service asked for by name) its recent events too."""
     if not views:
         return Group(Text("No service is running. Start one with `sky-lite serve up TASK.yaml`."))
-    parts: list[Table | Text] = [services_table(views), Text(""), replicas_table(views, now)]
+    parts: list[Group | Text] = [services_table(views), Text(""), replicas_table(views, now)]
     if events:
         parts.extend(item for view in views if view.events for item in (Text(""), events_table(view)))
     return Group(*parts)
@@ -111,9 +117,7 @@ def plan_renderable(plan: UpdatePlan) -> Group:
     """The update plan: one row per live replica with its action and reasons, then the summary line."""
     title = (f"Update {plan.service}: version {plan.from_version} -> {plan.to_version} ({plan.mode.value}), "
              f"target {plan.target_replicas} replicas")
-    table = Table(title=title, title_justify="left", box=None, header_style="bold")
-    for column in ("REPLICA", "VERSION", "ACTION", "REASONS"):
-        table.add_column(column)
+    table = _table("REPLICA", "VERSION", "ACTION", "REASONS")
     for decision in plan.replicas:
         reasons = "\n".join(change.describe() for change in decision.reasons) or (
             "same replica config" if decision.action is ReplicaAction.REUSE else "")
@@ -121,14 +125,19 @@ def plan_renderable(plan: UpdatePlan) -> Group:
                       Text(decision.action.value, style=_ACTION_STYLE[decision.action]), reasons)
     if not plan.replicas:
         table.add_row("-", "-", "-", "no live replica")
-    return Group(table, Text(plan.summary(), style="bold"))
+    return Group(Text(title, style="bold"), table, Text(plan.summary(), style="bold"))
 
 
-def history_table(name: str, entries: Sequence[HistoryEntry]) -> Table:
-    table = Table(title=f"History of {name}", title_justify="left", box=None, header_style="bold")
-    for column in ("VERSION", "CREATED", "MODE", "CHANGES"):
-        table.add_column(column)
+def history_table(name: str, entries: Sequence[HistoryEntry]) -> Group:
+    table = _table("VERSION", "CREATED", "MODE", "CHANGES")
     for entry in entries:
         changes = entry.summary + (f" ({entry.note})" if entry.note else "")
         table.add_row(str(entry.version), format_timestamp(entry.created_at) or "", entry.mode, changes)
-    return table
+    return _titled(f"History of {name}", table)
+
+
+def simulation_table(policy: str, decisions: Sequence[SimulatedDecision]) -> Group:
+    table = _table("TIME (s)", "QPS", "RAW TARGET", "TARGET", "HELD BACK BY")
+    for d in decisions:
+        table.add_row(f"{d.time_s:g}", f"{d.qps:.2f}", str(d.raw_target), str(d.target_replicas), d.held_back or "")
+    return _titled(f"Simulated: {policy}", table)
