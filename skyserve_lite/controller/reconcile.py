@@ -75,12 +75,12 @@ class Reconciler:
         """Requests of the last minute, and the load balancer's report if it is fresh (a report older than
         10 s belongs to a load balancer that is gone, and its in-flight counts mean nothing now)."""
         now = self._clock.now()
-        window = Metrics(now=now).window_seconds
+        window = self._settings.autoscaler_window_seconds
         requests = self._store.count_requests(service, since_second=int(now - window))
         report = self._store.get_lb_report(service)
         if report is None or now - report.reported_at > _REPORT_STALE_SECONDS:
-            return Metrics(now=now, requests_in_window=requests)
-        return Metrics(now=now, requests_in_window=requests, waiting_requests=report.waiting,
+            return Metrics(now=now, requests_in_window=requests, window_seconds=window)
+        return Metrics(now=now, requests_in_window=requests, window_seconds=window, waiting_requests=report.waiting,
                        ongoing_requests_by_url=report.in_flight)
 
     def _version(self, service: str, version: int, created_at: float) -> VersionRecord:

@@ -31,6 +31,9 @@ class ControllerSettings:
     # Overrides every autoscaling policy's decision period (20 s for request rate, CONTROL_LOOP_PERIOD_S
     # for in-flight requests); for tests and demos that want to see scaling within seconds.
     autoscaler_period_seconds: float | None = None
+    # The request-rate window: qps = requests in the last this-many seconds / this. SkyServe uses 60 s;
+    # shorter windows only make sense for tests and demos.
+    autoscaler_window_seconds: float = 60.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerSettings:
@@ -61,5 +64,5 @@ _ENV_NAME = {"interval_seconds": "SKY_LITE_CONTROLLER_INTERVAL_SECONDS"}
 _MINIMUM: dict[str, float] = {
     "probe_failure_grace_seconds": 0, "provision_timeout_seconds": 1, "failure_limit": 1,
     "keep_terminal_replicas": 0, "drain_seconds": 0, "interval_seconds": 0.1,
-    "autoscaler_period_seconds": 0.1,
+    "autoscaler_period_seconds": 0.1, "autoscaler_window_seconds": 1,
 }

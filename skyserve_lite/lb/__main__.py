@@ -38,9 +38,7 @@ class StoreTargetSource:
         self._service = service
 
     def read(self) -> LbView | None:
-        view = self._store.get_lb_view(self._service)
-        # The store has its own row type of the same shape; the server takes only its own.
-        return None if view is None else LbView(ready_urls=tuple(view.ready_urls), policy=view.policy)
+        return self._store.get_lb_view(self._service)
 
 
 class StoreMetricsSink:

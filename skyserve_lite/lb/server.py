@@ -13,7 +13,8 @@ Bodies up to ``BUFFER_LIMIT`` with a known length are read whole and sent in one
 ones are streamed, so memory per request stays bounded whatever the body size.
 
 Everything outside the request path comes in through the constructor: a ``TargetSource`` says which
-replicas are READY and which policy to use, a ``MetricsSink`` takes the per-second request counts, a
+replicas are READY and which policy to use (an ``LbView``, the store's own type, re-exported here), a
+``MetricsSink`` takes the per-second request counts, a
 ``Clock`` tells the time. A background task (``start`` to ``close``) reads the source every
 ``refresh_seconds`` and flushes the counts of completed seconds to the sink.
 """
@@ -24,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Final, Protocol
 
 import aiohttp
@@ -34,6 +34,7 @@ from yarl import URL
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.lb.policies import ROUND_ROBIN, Policy, make_policy
+from skyserve_lite.state.models import LbView
 
 __all__ = [
     "BUFFER_LIMIT",
@@ -119,14 +120,6 @@ class _ProxyClientRequest(aiohttp.ClientRequest):
         # the old name (where the instance-dict entry below is simply never looked at).
         self._skip_auto_headers = _NO_AUTO_HEADERS
         vars(self)["skip_auto_headers"] = _NO_AUTO_HEADERS
-
-
-@dataclass(frozen=True)
-class LbView:
-    """What the controller's state says the load balancer should do right now."""
-
-    ready_urls: tuple[str, ...]
-    policy: str  # "round_robin" | "least_load"
 
 
 class TargetSource(Protocol):
