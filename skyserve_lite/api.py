@@ -7,6 +7,7 @@ over SSH is another implementation of the same protocol. The CLI never opens the
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -364,16 +365,28 @@ class WaitOutcome:
     ready: bool
 
 
+def is_endpoint_listening(endpoint: str) -> bool:
+    """Whether something accepts TCP connections at ``http://HOST:PORT``."""
+    host, _, port = endpoint.removeprefix("http://").rstrip("/").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def wait_until_ready(controller: Controller, name: str, timeout_seconds: float,
                      on_progress: Callable[[ServiceView], None] = lambda _view: None,
-                     poll_seconds: float = 0.5) -> ServiceView:
+                     poll_seconds: float = 0.5,
+                     is_listening: Callable[[str], bool] = is_endpoint_listening) -> ServiceView:
     """Poll until the service is READY. Raises ``WaitTimeoutError`` (with what is stuck and why) on
     timeout, and ``WaitTimeoutError`` too when the service became FAILED (waiting longer cannot help)."""
     deadline = time.monotonic() + timeout_seconds
     while True:
         (view,) = controller.get_status([name])
         on_progress(view)
-        if view.service.status is ServiceStatus.READY:
+        # READY in the store, and the load balancer is listening: only then does the endpoint answer.
+        if view.service.status is ServiceStatus.READY and is_listening(view.service.endpoint):
             return view
         if view.service.status is ServiceStatus.FAILED:
             raise WaitTimeoutError(f"service {name} FAILED: {view.service.status_reason}. "
