@@ -96,7 +96,7 @@ class Reconciler:
         for cloud in self._clouds_in_use(snapshots):
             provider = self._providers[cloud]
             try:
-                found = provider.list_instances()
+                found = provider.list_instances(self._regions_in_use(snapshots, cloud))
             except ProviderError as exc:
                 log.warning("inventory of %s unavailable this pass: %s", cloud, exc)
                 continue
@@ -105,6 +105,14 @@ class Reconciler:
         partial = Observation(instances=tuple(instances), known_clouds=frozenset(known))
         probes = self._prober.probe(find_probe_targets(snapshots, partial))
         return Observation(instances=partial.instances, known_clouds=partial.known_clouds, probes=probes)
+
+    @staticmethod
+    def _regions_in_use(snapshots: Sequence[ServiceSnapshot], cloud: str) -> list[str]:
+        regions = {s.spec.resources.region for s in snapshots if s.spec.resources.cloud.value == cloud}
+        regions |= {r.region for s in snapshots for r in s.replicas if r.cloud == cloud}
+        regions |= {spec.resources.region for s in snapshots for spec in s.versions.values()
+                    if spec.resources.cloud.value == cloud}
+        return sorted(region for region in regions if region)
 
     def _clouds_in_use(self, snapshots: Sequence[ServiceSnapshot]) -> list[str]:
         """Every configured cloud that a service or replica uses; local is always listed (it is cheap)

@@ -14,7 +14,7 @@ and terminate one that no replica row claims. Providers hold no replica state of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -91,11 +91,12 @@ class Provider(Protocol):
         """
         ...
 
-    def list_instances(self) -> list[Instance]:
+    def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
         """Every instance of this controller that is not yet terminated and forgotten.
 
-        Raises ``TransientProviderError`` when the inventory cannot be read; the controller then skips
-        decisions that depend on it for this pass.
+        ``regions`` names every region this controller has a replica or a service in (clouds list one page
+        set per region); providers without regions ignore it. Raises ``TransientProviderError`` when the
+        inventory cannot be read; the controller then skips decisions that depend on it for this pass.
         """
         ...
 

@@ -8,7 +8,7 @@ outcomes fail) and ``fail_inventory`` (the next ``list_instances`` raises), then
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from skyserve_lite.errors import TransientProviderError
@@ -83,7 +83,7 @@ class FakeProvider:
             outcomes.append(LaunchOutcome(request.replica_id, instance=instance))
         return outcomes
 
-    def list_instances(self) -> list[Instance]:
+    def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
         self.calls.append(Call("list_instances"))
         if self._inventory_failures:
             self._inventory_failures -= 1

@@ -25,7 +25,7 @@ import shlex
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +100,7 @@ class LocalProvider:
                 outcomes.append(LaunchOutcome(request.replica_id, error=str(exc), permanent=exc.permanent))
         return outcomes
 
-    def list_instances(self) -> list[Instance]:
+    def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
         self._reap()
         if not self._root.is_dir():
             return []
