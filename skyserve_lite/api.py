@@ -24,14 +24,13 @@ from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import (
     ControllerError,
     NotFoundError,
-    SpecError,
     StateConflictError,
     UsageError,
     WaitTimeoutError,
 )
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan, plan_update
-from skyserve_lite.providers import AVAILABLE_CLOUDS
+from skyserve_lite.providers import check_task_for_cloud
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import is_valid_service_name
@@ -290,10 +289,7 @@ class LocalController:
 
 
 def check_cloud_available(task: SubmittedTask) -> None:
-    cloud = task.spec.resources.cloud.value
-    if cloud not in AVAILABLE_CLOUDS:
-        raise SpecError(task.source, "resources.cloud",
-                        f"cloud {cloud!r} is not available in this version; available: " + ", ".join(AVAILABLE_CLOUDS))
+    check_task_for_cloud(task)
 
 
 def plan_update_of(state: RolloutState, task: SubmittedTask, mode: UpdateMode) -> UpdatePlan:

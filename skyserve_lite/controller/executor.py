@@ -53,11 +53,27 @@ class Executor:
             self._store.set_service_status(name, status, reason)
         self._store.put_autoscaler_states([u for u in plan.autoscaler_updates if u[0] not in plan.deletions])
         for name in plan.deletions:
-            for provider in self._providers.values():
-                provider.release_service(name)
-            self._store.delete_service(name)
+            self._delete_service(name)
         now = self._clock.now()
         self._store.add_events([(now, e.service, e.replica_id, e.kind, e.message) for e in events])
+
+    def _delete_service(self, name: str) -> None:
+        """Release what the clouds the service used keep for it (files, buckets), then forget it. When a
+        release fails the service stays, SHUTTING_DOWN with no replica, and the next pass tries again:
+        deleting the row first would leak whatever the release did not remove."""
+        clouds = {version.spec.resources.cloud.value for version in self._store.list_versions(name)}
+        for cloud in sorted(clouds):
+            provider = self._providers.get(cloud)
+            if provider is None:
+                continue
+            try:
+                provider.release_service(name)
+            except ProviderError as exc:
+                log.warning("releasing %s on %s failed, retrying next pass: %s", name, cloud, exc)
+                self._store.add_events([(self._clock.now(), name, None, "provider",
+                                         f"releasing {cloud} resources failed, will retry: {exc}")])
+                return
+        self._store.delete_service(name)
 
     def _terminate(self, plan: PassPlan) -> None:
         by_cloud: dict[str, list[str]] = defaultdict(list)

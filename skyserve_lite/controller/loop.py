@@ -71,7 +71,7 @@ def is_controller_running(home: Path) -> bool:
 
 def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> Reconciler:
     clock = SystemClock()
-    return Reconciler(store, make_providers(home, clock), HttpProber(),
+    return Reconciler(store, make_providers(home, clock, store.controller_id), HttpProber(),
                       ProcessLoadBalancerRunner(home), clock, settings)
 
 

@@ -1,22 +1,80 @@
 """Providers: one interface (``base.Provider``), a fake, and the clouds as its peers.
 
-Cloud SDKs are imported only when their provider is built, so `sky-lite --help` stays fast and works
-without them installed.
+Cloud SDKs are imported only when their provider is built (by the controller), so `sky-lite --help` stays
+fast and works without them installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from skyserve_lite.clock import Clock
+from skyserve_lite.errors import SpecError
 from skyserve_lite.providers.base import Provider
-
-# Clouds a task may name that this build can run; `serve up` rejects the others before storing anything.
-AVAILABLE_CLOUDS = ("local",)
+from skyserve_lite.spec.model import Cloud, SubmittedTask
 
 
-def make_providers(home: Path, clock: Clock) -> dict[str, Provider]:
-    """The providers a controller for ``home`` uses, by cloud name."""
+def available_clouds() -> tuple[str, ...]:
+    """Clouds this installation can run; `serve up` rejects the others before storing anything."""
+    clouds = ["local"]
+    if importlib.util.find_spec("boto3") is not None:
+        clouds.append("aws")
+    return tuple(clouds)
+
+
+def check_task_for_cloud(task: SubmittedTask) -> None:
+    """Cloud-specific rules a task must meet before it is stored. Raises ``SpecError`` naming the field."""
+    spec = task.spec
+    cloud = spec.resources.cloud
+    if cloud.value not in available_clouds():
+        hint = " (install it with `pip install 'skyserve-lite[aws]'`)" if cloud is Cloud.AWS else ""
+        raise SpecError(task.source, "resources.cloud",
+                        f"cloud {cloud.value!r} is not available here{hint}; available: "
+                        + ", ".join(available_clouds()))
+    if cloud is Cloud.AWS:
+        if not spec.resources.image_id:
+            raise SpecError(task.source, "resources.image_id", "required for cloud aws: the AMI replicas boot from")
+        for destination, source in spec.file_mounts:
+            if "://" in source and not source.startswith("s3://"):
+                raise SpecError(task.source, f"file_mounts.{destination}",
+                                f"{source!r}: cloud aws copies local paths and s3:// sources only")
+
+
+def make_providers(home: Path, clock: Clock, controller_id: str,
+                   environ: Mapping[str, str] | None = None) -> dict[str, Provider]:
+    """The providers a controller for ``home`` uses, by cloud name.
+
+    ``SKY_LITE_EMULATE_INSTANCES=1`` wraps cloud providers in instance emulation (see ``emulation``);
+    ``SKY_LITE_AWS_INSTANCE_PROFILE`` names the instance profile AWS replicas read S3 files with.
+    """
     from skyserve_lite.providers.local import LocalProvider
 
-    return {"local": LocalProvider(home, clock)}
+    env = os.environ if environ is None else environ
+    providers: dict[str, Provider] = {"local": LocalProvider(home, clock)}
+    if "aws" in available_clouds():
+        from skyserve_lite.providers.aws import AwsProvider
+
+        aws = AwsProvider(controller_id, clock, instance_profile=env.get("SKY_LITE_AWS_INSTANCE_PROFILE") or None)
+        providers["aws"] = _emulated(aws, home, clock) if env.get("SKY_LITE_EMULATE_INSTANCES") == "1" else aws
+    return providers
+
+
+def _emulated(aws: Provider, home: Path, clock: Clock) -> Provider:
+    from skyserve_lite.providers.aws import AwsProvider
+    from skyserve_lite.providers.aws_userdata import decode_emulation_header
+    from skyserve_lite.providers.base import Instance
+    from skyserve_lite.providers.emulation import BootSpec, EmulatedProvider
+
+    assert isinstance(aws, AwsProvider)
+
+    def boot_spec_of(instance: Instance) -> BootSpec | None:
+        user_data = aws.read_user_data(instance)
+        header = decode_emulation_header(user_data) if user_data else None
+        if header is None:
+            return None
+        return BootSpec(envs=tuple(header.envs), setup=header.setup, run=header.run)
+
+    return EmulatedProvider(aws, home, clock, boot_spec_of)

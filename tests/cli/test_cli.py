@@ -65,8 +65,14 @@ def test_errors_exit_with_a_message_and_no_traceback(home: Path, args: list[str]
         pytest.param("service: [\n", [], "invalid YAML (line 2, column 1)", id="yaml-syntax"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: azure\n", [],
                      "resources.cloud: unknown value 'azure'", id="unknown-cloud"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n", [],
+                     "resources.cloud: cloud 'gcp' is not available here", id="unavailable-cloud"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n", [],
-                     "resources.cloud: cloud 'aws' is not available in this version", id="unavailable-cloud"),
+                     "resources.image_id: required for cloud aws", id="aws-without-image"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n  image_id: ami-1\n"
+                     "file_mounts:\n  /data: gs://bucket/data\n", [],
+                     "file_mounts./data: 'gs://bucket/data': cloud aws copies local paths and s3:// sources only",
+                     id="aws-foreign-mount-scheme"),
         pytest.param(TASK, ["-n", "Bad_Name"], "invalid service name 'Bad_Name'", id="invalid-name"),
     ],
 )

@@ -1,0 +1,765 @@
+"""Replicas as EC2 instances.
+
+Every instance carries these tags (one ``RunInstances`` call gives all of its instances the same tags)::
+
+    sky-lite:controller    the controller id: the inventory lists exactly the instances with this tag
+    sky-lite:service       sky-lite:version       sky-lite:launch-token
+    sky-lite:replica-ids   "3,4,5": the instance with AmiLaunchIndex i is replica ids[i]
+    sky-lite:port          the service port, so the inventory can give each instance its url
+
+A ``launch`` call groups its requests into batches (same service, version, launch token, region, zone and
+market) of at most as many replicas as fit in one 256-character tag value, and sends one ``RunInstances``
+per batch with ``MinCount == MaxCount``. Before that it looks for instances already tagged with the
+requests' launch tokens, one ``DescribeInstances`` per region, so a launch re-sent after a crash returns the
+instances of the first attempt; the ``ClientToken`` (derived from the launch token, the zone, the market
+and the replica ids) makes the same promise on AWS's side for a retry whose first answer was lost.
+
+A batch without a zone tries the region's zones in name order and moves to the next one on a capacity
+error; the instance's ``detail`` says which zones had none.
+
+Files: a local ``workdir`` or ``file_mounts`` source is uploaded once per service version to the bucket
+``sky-lite-<controller>-<service>`` (prefix ``v<version>/``); the instance fetches it, and any ``s3://``
+source, with its own role (the constructor's ``instance_profile``). See ``aws_userdata`` for the boot script.
+
+Errors of botocore are translated in exactly one place, ``translate_error``; ``_call`` retries throttling and
+5xx answers a few times with a short backoff before giving up with a ``TransientProviderError``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    HTTPClientError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+)
+
+from skyserve_lite.clock import Clock
+from skyserve_lite.errors import PermanentProviderError, ProviderError, TransientProviderError
+from skyserve_lite.providers.aws_userdata import (
+    USER_DATA_LIMIT_BYTES,
+    WORKDIR,
+    EmulationSpec,
+    Fetch,
+    find_mount_destination,
+    render_user_data,
+)
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
+from skyserve_lite.spec.model import TaskSpec
+
+log = logging.getLogger(__name__)
+
+TAG_CONTROLLER = "sky-lite:controller"
+TAG_SERVICE = "sky-lite:service"
+TAG_VERSION = "sky-lite:version"
+TAG_LAUNCH_TOKEN = "sky-lite:launch-token"
+TAG_REPLICA_IDS = "sky-lite:replica-ids"
+TAG_PORT = "sky-lite:port"
+
+# 2 vCPUs and 8 GiB, offered in every zone of every commercial region: a task that names no type still launches.
+DEFAULT_INSTANCE_TYPE = "m5.large"
+DEFAULT_PORT = 8080
+# EC2 tag values hold at most 256 characters: with 4-digit replica ids ("1000,1001,...") that is 51 per batch.
+TAG_VALUE_LIMIT = 256
+# DescribeInstances returns at most 1,000 instances a page: 1,000 instances in a region cost one call.
+PAGE_SIZE = 1000
+# Three retries of a throttled or failing call, 1.75 s in all: long enough for a token bucket to refill a few
+# requests, short enough not to hold a reconcile pass up.
+RETRY_DELAYS = (0.25, 0.5, 1.0)
+_OPEN_TO_ALL = "0.0.0.0/0"
+
+_TRANSIENT_CODES = frozenset({
+    "Throttling", "ThrottlingException", "RequestLimitExceeded", "EC2ThrottledException", "SlowDown",
+    "InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout",
+    "PriorRequestNotComplete",
+})
+# Capacity is per zone: another zone of the region may have some (AWS's own advice in these messages).
+_ZONE_CAPACITY_CODES = frozenset({
+    "InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity",
+    "InsufficientCapacity", "UnfulfillableCapacity", "InsufficientFreeAddressesInSubnet", "SpotMaxPriceTooLow",
+    "Unsupported",
+})
+# Quotas are per region: every zone gives the same answer, so these are retried later, not in the next zone.
+_QUOTA_CODES = frozenset({"MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "VcpuLimitExceeded"})
+_CREDENTIAL_CODES = frozenset({
+    "AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch", "ExpiredToken", "UnrecognizedClientException",
+    "InvalidAccessKeyId",
+})
+_CREDENTIAL_CHAIN = ("configure the standard AWS credential chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                     "AWS_PROFILE or ~/.aws/credentials, SSO (aws sso login), or an instance role")
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+class AwsTransientError(TransientProviderError):
+    """A failed AWS call worth retrying later; ``code`` is AWS's error code (or the botocore class name)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class AwsCapacityError(AwsTransientError):
+    """The zone asked for has no capacity for this request; another zone may have some."""
+
+
+class AwsPermanentError(PermanentProviderError):
+    """A failed AWS call that retrying will not fix; the message says what to change."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def translate_error(exc: Exception, operation: str) -> AwsTransientError | AwsPermanentError:
+    """The one translation of botocore's exceptions into sky-lite's ``ProviderError`` tree.
+
+    Throttling, 5xx answers and lost connections are transient; capacity errors are ``AwsCapacityError``;
+    missing credentials, permissions and invalid parameters are permanent with a hint of what to fix;
+    unknown 4xx codes are permanent, unknown 5xx transient.
+    """
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return AwsPermanentError(f"no usable AWS credentials: {_CREDENTIAL_CHAIN}", type(exc).__name__)
+    if isinstance(exc, NoRegionError):
+        return AwsPermanentError("no AWS region: set resources.region in the task or AWS_DEFAULT_REGION",
+                                 "NoRegionError")
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, HTTPClientError)):
+        return AwsTransientError(f"{operation}: cannot reach AWS: {exc}", type(exc).__name__)
+    if not isinstance(exc, ClientError):
+        name = type(exc).__name__
+        if "Token" in name or "Credential" in name or "SSO" in name:
+            return AwsPermanentError(f"AWS credentials unusable ({exc}): {_CREDENTIAL_CHAIN}", name)
+        return AwsPermanentError(f"{operation}: {exc}", name)
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", "Unknown"))
+    message = str(error.get("Message", "")).strip()
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 400))
+    said = f"({code}: {message})" if message else f"({code})"
+    if code in _TRANSIENT_CODES:
+        return AwsTransientError(f"{operation}: AWS is busy {said}", code)
+    if code in _ZONE_CAPACITY_CODES:
+        return AwsCapacityError(f"no capacity {said}", code)
+    if code in _QUOTA_CODES:
+        return AwsTransientError(f"an AWS quota is exhausted {said}: ask for a higher quota in the Service "
+                                 "Quotas console or lower max_replicas", code)
+    if code in _CREDENTIAL_CODES:
+        return AwsPermanentError(f"AWS rejected the credentials {said}: {_CREDENTIAL_CHAIN}", code)
+    if code in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
+        return AwsPermanentError(f"the AWS identity in use may not call {operation} {said}: allow it in IAM "
+                                 "(docs/aws.md lists the actions sky-lite needs)", code)
+    if code.startswith("InvalidAMIID"):
+        return AwsPermanentError(f"resources.image_id: AWS does not accept the image {said}: use an AMI id that "
+                                 "exists in the region the task names", code)
+    if code in ("InvalidAvailabilityZone", "InvalidZone.NotFound"):
+        return AwsPermanentError(f"resources.zone: not a zone of this region {said}", code)
+    if code == "InvalidBlockDeviceMapping":
+        return AwsPermanentError(f"resources.disk_size: AWS refused the root disk {said}", code)
+    if code == "OptInRequired":
+        return AwsPermanentError(f"the AWS account has not enabled this region or service {said}: enable it, "
+                                 "or pick another resources.region", code)
+    if code == "IdempotentParameterMismatch":
+        return AwsPermanentError(f"{operation}: AWS saw this launch token with different parameters {said}", code)
+    if code.startswith(("InvalidParameter", "MissingParameter", "InvalidInstanceType")):
+        return AwsPermanentError(f"AWS rejected a parameter of {operation} {said}: check resources "
+                                 "(instance_type, disk_size, zone, ports)", code)
+    if status >= 500:
+        return AwsTransientError(f"{operation}: AWS failed {said}", code)
+    return AwsPermanentError(f"{operation} failed {said}", code)
+
+
+# --- pure helpers ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchGroup:
+    """Requests that one ``RunInstances`` call can start: same service, version, token, region, zone, market."""
+
+    region: str
+    zone: str | None  # None: any zone of the region
+    is_spot: bool
+    requests: tuple[LaunchRequest, ...]
+
+    @property
+    def first(self) -> LaunchRequest:
+        return self.requests[0]
+
+    @property
+    def replica_ids(self) -> tuple[int, ...]:
+        return tuple(r.replica_id for r in self.requests)
+
+
+def find_region(request: LaunchRequest, default_region: str | None) -> str | None:
+    return request.spec.resources.region or default_region
+
+
+def plan_launch_groups(requests: Sequence[LaunchRequest], default_region: str | None) -> list[LaunchGroup]:
+    """Batches of ``requests`` in first-seen order, each small enough for its replica ids to fit one tag value.
+
+    Requests without a region (none in the task, no default) are left out; the caller reports them.
+    """
+    keyed: dict[tuple[str, int, str, str, str | None, bool], list[LaunchRequest]] = defaultdict(list)
+    for request in requests:
+        region = find_region(request, default_region)
+        if region is not None:
+            keyed[(request.service, request.version, request.launch_token, region, request.spec.resources.zone,
+                   request.is_spot)].append(request)
+    groups = []
+    for (_, _, _, region, zone, is_spot), members in keyed.items():
+        chunk: list[LaunchRequest] = []
+        for request in members:
+            ids = format_replica_ids([*(r.replica_id for r in chunk), request.replica_id])
+            if chunk and len(ids) > TAG_VALUE_LIMIT:
+                groups.append(LaunchGroup(region, zone, is_spot, tuple(chunk)))
+                chunk = []
+            chunk.append(request)
+        groups.append(LaunchGroup(region, zone, is_spot, tuple(chunk)))
+    return groups
+
+
+def compute_client_token(group: LaunchGroup, zone: str) -> str:
+    """The ``ClientToken`` of ``group`` launched in ``zone``: stable across retries, distinct per batch and zone.
+
+    AWS rejects a token reused with other parameters, so everything that differs between batches of one
+    launch token goes into the digest. 24 + 1 + 32 = 57 characters, within AWS's 64.
+    """
+    material = json.dumps([group.first.launch_token, group.region, zone, group.is_spot, group.replica_ids])
+    return f"{group.first.launch_token[:24]}-{hashlib.sha256(material.encode()).hexdigest()[:32]}"
+
+
+def format_replica_ids(replica_ids: Iterable[int]) -> str:
+    return ",".join(str(i) for i in replica_ids)
+
+
+def parse_replica_ids(value: str) -> tuple[int, ...]:
+    """``"3,4,5"`` -> ``(3, 4, 5)``; ValueError when it is not such a list."""
+    return tuple(int(part) for part in value.split(","))
+
+
+def compute_state(raw: Mapping[str, Any]) -> tuple[InstanceState, str | None]:
+    """An EC2 instance's state, as sky-lite reports it, with the detail to show.
+
+    Spot interruptions (``Server.SpotInstanceTermination``, or ``Server.SpotInstanceShutdown`` for spot
+    instances that stop) are PREEMPTED whatever the state name; a stopped instance is EXITED.
+    """
+    name = str(raw.get("State", {}).get("Name", ""))
+    reason = raw.get("StateReason") or {}
+    code = str(reason.get("Code") or "")
+    message = str(reason.get("Message") or code) or None
+    if code.startswith("Server.Spot") and name in ("shutting-down", "terminated", "stopping", "stopped"):
+        return InstanceState.PREEMPTED, message
+    if name == "pending":
+        return InstanceState.PENDING, None
+    if name == "running":
+        return InstanceState.RUNNING, None
+    if name in ("stopping", "stopped"):
+        return InstanceState.EXITED, f"instance stopped: {message}" if message else "instance stopped"
+    return InstanceState.TERMINATED, message
+
+
+def instance_from_ec2(raw: Mapping[str, Any], region: str) -> Instance:
+    """An ``Instance`` from one ``DescribeInstances`` item and its tags.
+
+    An instance whose sky-lite tags cannot be read gets replica id -1: no replica claims it, so the controller
+    terminates it as an orphan.
+    """
+    tags = {str(t["Key"]): str(t["Value"]) for t in raw.get("Tags", [])}
+    service = tags.get(TAG_SERVICE, "")
+    try:
+        version = int(tags.get(TAG_VERSION, ""))
+        replica_id = parse_replica_ids(tags.get(TAG_REPLICA_IDS, ""))[int(raw.get("AmiLaunchIndex", 0))]
+    except (ValueError, IndexError):
+        version, replica_id = 0, -1
+    port = tags.get(TAG_PORT, "")
+    return describe_instance(raw, region, service=service, version=version, replica_id=replica_id,
+                             port=int(port) if port.isdigit() else DEFAULT_PORT)
+
+
+def describe_instance(raw: Mapping[str, Any], region: str, *, service: str, version: int, replica_id: int,
+                      port: int, detail: str | None = None) -> Instance:
+    state, state_detail = compute_state(raw)
+    address = raw.get("PrivateIpAddress")
+    return Instance(
+        instance_id=str(raw["InstanceId"]), service=service, replica_id=replica_id, version=version, state=state,
+        url=f"http://{address}:{port}" if address else None, region=region,
+        zone=raw.get("Placement", {}).get("AvailabilityZone"), is_spot=raw.get("InstanceLifecycle") == "spot",
+        detail=detail or state_detail,
+    )
+
+
+def compute_bucket_name(controller_id: str, service: str) -> str:
+    """The bucket of one service's uploaded files: lowercase, at most 63 characters, unique per controller."""
+    name = re.sub(r"[^a-z0-9-]+", "-", f"sky-lite-{controller_id}-{service}".lower()).strip("-")
+    if len(name) > 63:
+        name = f"{name[:54].rstrip('-')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return name
+
+
+def find_service_port(spec: TaskSpec) -> int:
+    return spec.service.port or DEFAULT_PORT
+
+
+# --- the provider ----------------------------------------------------------------------------------------------
+@dataclass
+class _SecurityGroup:
+    group_id: str
+    vpc_cidr: str
+    rules: set[tuple[int, str]] = field(default_factory=set)  # (tcp port, cidr) already allowed
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """The files of one service version, uploaded: what the boot script fetches."""
+
+    fetches: tuple[Fetch, ...]
+
+
+class AwsProvider:
+    """EC2 instances of one controller. See the module docstring for tags, batching and errors.
+
+    Builds nothing in its constructor: the boto3 session and one client per (service, region) are created on
+    first use, so a provider that is never used costs nothing and needs no credentials.
+    """
+
+    name = "aws"
+
+    def __init__(self, controller_id: str, clock: Clock, *, session: Any = None, default_region: str | None = None,
+                 instance_profile: str | None = None, sleep: Callable[[float], None] = time.sleep,
+                 page_size: int = PAGE_SIZE) -> None:
+        self._controller_id = controller_id
+        self._clock = clock
+        self._session = session
+        self._default_region = default_region
+        self._instance_profile = instance_profile
+        self._sleep = sleep
+        self._page_size = page_size
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._regions_by_instance: dict[str, str] = {}
+        self._gone: set[str] = set()  # terminated or shutting down at the last look: nothing left to stop
+        self._zones: dict[str, tuple[str, ...]] = {}
+        self._groups: dict[str, _SecurityGroup] = {}
+        self._root_devices: dict[tuple[str, str], str] = {}
+        self._staged: dict[tuple[str, int], _Staged] = {}
+        self._bucket_regions: dict[str, str] = {}
+
+    # --- Provider ------------------------------------------------------------------------------------------
+    def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
+        default_region = self._find_default_region()
+        outcomes: dict[tuple[str, int], LaunchOutcome] = {}
+        by_region: dict[str, list[LaunchRequest]] = defaultdict(list)
+        for request in requests:
+            region = find_region(request, default_region)
+            if region is None:
+                outcomes[_key(request)] = LaunchOutcome(
+                    request.replica_id, permanent=True,
+                    error="resources.region: the task names no region and AWS has no default "
+                          "(set AWS_DEFAULT_REGION or a region in ~/.aws/config)")
+            else:
+                by_region[region].append(request)
+        for region, members in by_region.items():
+            try:
+                existing = self._find_launched(region, {r.launch_token for r in members})
+            except ProviderError as exc:
+                outcomes.update((_key(r), _failed(r, exc)) for r in members)
+                continue
+            missing = []
+            for request in members:
+                found = existing.get((request.service, request.replica_id, request.launch_token))
+                if found is not None:
+                    outcomes[_key(request)] = LaunchOutcome(request.replica_id, instance=found)
+                else:
+                    missing.append(request)
+            for group in plan_launch_groups(missing, default_region):
+                outcomes.update(zip(map(_key, group.requests), self._launch_group(group), strict=True))
+        return [outcomes[_key(r)] for r in requests]
+
+    def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
+        """Every instance tagged with this controller id in ``regions`` and the default region, in any state.
+
+        One paginated ``DescribeInstances`` per region. Raises ``TransientProviderError`` or
+        ``PermanentProviderError`` when a region cannot be read: an inventory with a hole is no inventory.
+        """
+        default_region = self._find_default_region()
+        instances = []
+        for region in sorted(set(regions) | ({default_region} if default_region else set())):
+            filters = [{"Name": f"tag:{TAG_CONTROLLER}", "Values": [self._controller_id]}]
+            for raw in self._describe_instances(region, filters):
+                instances.append(self._remember(instance_from_ec2(raw, region), raw))
+        return instances
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        """Terminate these instances: one ``TerminateInstances`` per region.
+
+        Ids this provider has not seen in an inventory or a launch are ignored (the controller always lists
+        before it terminates), and so are ids that were already terminated at the last look.
+        """
+        by_region: dict[str, list[str]] = defaultdict(list)
+        for instance_id in dict.fromkeys(instance_ids):
+            region = self._regions_by_instance.get(instance_id)
+            if region is None:
+                log.debug("not terminating %s: never seen in an inventory", instance_id)
+            elif instance_id not in self._gone:
+                by_region[region].append(instance_id)
+        for region, ids in sorted(by_region.items()):
+            self._terminate_in(region, ids)
+
+    def release_service(self, service: str) -> None:
+        """Delete the service's bucket and every object in it. Idempotent: a missing bucket is fine."""
+        bucket = compute_bucket_name(self._controller_id, service)
+        region = self._bucket_regions.get(service) or self._find_default_region() or "us-east-1"
+        s3 = self._client("s3", region)
+        try:
+            while True:
+                listing = self._call(s3, "list_objects_v2", Bucket=bucket, MaxKeys=1000)
+                keys = [{"Key": item["Key"]} for item in listing.get("Contents", [])]
+                if keys:
+                    self._call(s3, "delete_objects", Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+                if not listing.get("IsTruncated"):
+                    break
+            self._call(s3, "delete_bucket", Bucket=bucket)
+        except AwsPermanentError as exc:
+            if exc.code != "NoSuchBucket":
+                raise
+        self._staged = {key: value for key, value in self._staged.items() if key[0] != service}
+        self._bucket_regions.pop(service, None)
+
+    # --- launching -----------------------------------------------------------------------------------------
+    def _find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:
+        """Instances already started for these launch tokens, by (service, replica id, token); one paginated
+        ``DescribeInstances``. A live instance wins over a terminated one of the same replica."""
+        filters = [{"Name": f"tag:{TAG_CONTROLLER}", "Values": [self._controller_id]},
+                   {"Name": f"tag:{TAG_LAUNCH_TOKEN}", "Values": sorted(tokens)}]
+        found: dict[tuple[str, int, str], Instance] = {}
+        for raw in self._describe_instances(region, filters):
+            token = next((t["Value"] for t in raw.get("Tags", []) if t["Key"] == TAG_LAUNCH_TOKEN), "")
+            instance = self._remember(instance_from_ec2(raw, region), raw)
+            key = (instance.service, instance.replica_id, token)
+            if key not in found or found[key].state is InstanceState.TERMINATED:
+                found[key] = instance
+        return found
+
+    def _launch_group(self, group: LaunchGroup) -> list[LaunchOutcome]:
+        """Start one batch: one ``RunInstances``, or one per zone tried while zones report no capacity."""
+        try:
+            params = self._run_parameters(group)
+            zones = (group.zone,) if group.zone else self._list_zones(group.region)
+        except ProviderError as exc:
+            return [_failed(r, exc) for r in group.requests]
+        ec2 = self._client("ec2", group.region)
+        full: list[str] = []
+        for zone in zones:
+            try:
+                response = self._call(ec2, "run_instances", **params, Placement={"AvailabilityZone": zone},
+                                      ClientToken=compute_client_token(group, zone))
+            except AwsCapacityError as exc:
+                full.append(f"{zone}: {exc.code}")
+                continue
+            except ProviderError as exc:
+                return [_failed(r, exc, tried=full) for r in group.requests]
+            detail = f"launched in {zone}; no capacity in {', '.join(full)}" if full else None
+            return self._outcomes(group, response.get("Instances", []), detail)
+        market = "spot" if group.is_spot else "on-demand"
+        error = (f"no {market} capacity for {params['InstanceType']} in {group.region}: tried "
+                 f"{'; '.join(full)}; will retry")
+        return [LaunchOutcome(r.replica_id, error=error) for r in group.requests]
+
+    def _outcomes(self, group: LaunchGroup, raws: Sequence[Mapping[str, Any]], detail: str | None
+                  ) -> list[LaunchOutcome]:
+        port = find_service_port(group.first.spec)
+        by_replica: dict[int, Instance] = {}
+        for raw in raws:
+            index = int(raw.get("AmiLaunchIndex", 0))
+            if index < len(group.requests):
+                instance = describe_instance(raw, group.region, service=group.first.service,
+                                             version=group.first.version, replica_id=group.replica_ids[index],
+                                             port=port, detail=detail)
+                by_replica[instance.replica_id] = self._remember(instance, raw)
+        return [LaunchOutcome(r.replica_id, instance=by_replica[r.replica_id]) if r.replica_id in by_replica
+                else LaunchOutcome(r.replica_id, error="RunInstances returned no instance for this replica")
+                for r in group.requests]
+
+    def _run_parameters(self, group: LaunchGroup) -> dict[str, Any]:
+        """Everything of ``RunInstances`` but the zone and the client token; creates the security group and
+        uploads files on the way. Raises ``ProviderError``."""
+        first = group.first
+        spec = first.spec
+        resources = spec.resources
+        if not resources.image_id:
+            raise AwsPermanentError(f"resources.image_id: AWS needs an AMI id (ami-...) of {group.region}",
+                                    "MissingImage")
+        port = find_service_port(spec)
+        emulation = EmulationSpec(service=first.service, version=first.version, replica_ids=group.replica_ids,
+                                  envs=spec.envs, setup=spec.setup, run=spec.run, port=port)
+        user_data = render_user_data(emulation, self._stage_files(first, group.region).fetches)
+        if len(user_data.encode()) > USER_DATA_LIMIT_BYTES:
+            raise AwsPermanentError(f"setup, run and envs make {len(user_data.encode())} bytes of EC2 user data, "
+                                    f"over AWS's {USER_DATA_LIMIT_BYTES}: move long scripts into workdir",
+                                    "UserDataTooLong")
+        # The task's labels first, so that a label cannot overwrite a tag the inventory relies on.
+        tag_values = {"Name": f"sky-lite-{first.service}", **dict(resources.labels),
+                      TAG_CONTROLLER: self._controller_id, TAG_SERVICE: first.service,
+                      TAG_VERSION: str(first.version), TAG_LAUNCH_TOKEN: first.launch_token,
+                      TAG_REPLICA_IDS: format_replica_ids(group.replica_ids), TAG_PORT: str(port)}
+        tags = [{"Key": key, "Value": value} for key, value in tag_values.items()]
+        params: dict[str, Any] = {
+            "ImageId": resources.image_id,
+            "InstanceType": resources.instance_type or DEFAULT_INSTANCE_TYPE,
+            "MinCount": len(group.requests),
+            "MaxCount": len(group.requests),
+            "UserData": user_data,
+            "SecurityGroupIds": [self._ensure_security_group(group.region, port, resources.ports)],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
+                                  {"ResourceType": "volume", "Tags": tags}],
+            # IMDSv2 only: the boot script asks for a session token first anyway.
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        }
+        if resources.disk_size:
+            params["BlockDeviceMappings"] = [{
+                "DeviceName": self._root_device(group.region, resources.image_id),
+                "Ebs": {"VolumeSize": resources.disk_size, "VolumeType": "gp3", "DeleteOnTermination": True},
+            }]
+        if group.is_spot:
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        if self._instance_profile:
+            params["IamInstanceProfile"] = {"Name": self._instance_profile}
+        return params
+
+    def _list_zones(self, region: str) -> tuple[str, ...]:
+        if region not in self._zones:
+            response = self._call(self._client("ec2", region), "describe_availability_zones",
+                                  Filters=[{"Name": "state", "Values": ["available"]}])
+            self._zones[region] = tuple(sorted(
+                z["ZoneName"] for z in response.get("AvailabilityZones", [])
+                if z.get("ZoneType", "availability-zone") == "availability-zone"))
+            if not self._zones[region]:
+                raise AwsTransientError(f"no available zone in {region}", "NoZone")
+        return self._zones[region]
+
+    def _root_device(self, region: str, image_id: str) -> str:
+        key = (region, image_id)
+        if key not in self._root_devices:
+            images = self._call(self._client("ec2", region), "describe_images", ImageIds=[image_id]).get("Images", [])
+            if not images or not images[0].get("RootDeviceName"):
+                raise AwsPermanentError(f"resources.image_id: {image_id} is not an AMI visible in {region}",
+                                        "InvalidAMIID.NotFound")
+            self._root_devices[key] = str(images[0]["RootDeviceName"])
+        return self._root_devices[key]
+
+    def _ensure_security_group(self, region: str, service_port: int, open_ports: Sequence[int]) -> str:
+        """The controller's security group in ``region``'s default VPC, allowing ``service_port`` from the VPC
+        and ``open_ports`` from anywhere. Idempotent: found by name, created once, rules added when missing."""
+        group = self._groups.get(region)
+        ec2 = self._client("ec2", region)
+        if group is None:
+            group = self._find_or_create_group(ec2, region)
+            self._groups[region] = group
+        wanted = {(service_port, group.vpc_cidr)} | {(port, _OPEN_TO_ALL) for port in open_ports}
+        missing = sorted(wanted - group.rules)
+        if missing:
+            permissions = [{"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
+                            "IpRanges": [{"CidrIp": cidr, "Description": "sky-lite replicas"}]}
+                           for port, cidr in missing]
+            try:
+                self._call(ec2, "authorize_security_group_ingress", GroupId=group.group_id,
+                           IpPermissions=permissions)
+            except AwsPermanentError as exc:
+                if exc.code != "InvalidPermission.Duplicate":
+                    raise
+            group.rules |= set(missing)
+        return group.group_id
+
+    def _find_or_create_group(self, ec2: Any, region: str) -> _SecurityGroup:
+        vpcs = self._call(ec2, "describe_vpcs", Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
+        if not vpcs:
+            raise AwsPermanentError(f"{region} has no default VPC, which sky-lite launches into: create one "
+                                    "(aws ec2 create-default-vpc) or pick another resources.region", "NoDefaultVpc")
+        vpc_id, cidr = str(vpcs[0]["VpcId"]), str(vpcs[0]["CidrBlock"])
+        name = f"sky-lite-{self._controller_id}"
+        filters = [{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
+        found = self._call(ec2, "describe_security_groups", Filters=filters).get("SecurityGroups", [])
+        if not found:
+            try:
+                created = self._call(ec2, "create_security_group", GroupName=name, VpcId=vpc_id,
+                                     Description=f"sky-lite controller {self._controller_id} replicas",
+                                     TagSpecifications=[{"ResourceType": "security-group", "Tags": [
+                                         {"Key": TAG_CONTROLLER, "Value": self._controller_id}]}])
+                return _SecurityGroup(str(created["GroupId"]), cidr)
+            except AwsPermanentError as exc:
+                if exc.code != "InvalidGroup.Duplicate":  # created meanwhile by another controller process
+                    raise
+            found = self._call(ec2, "describe_security_groups", Filters=filters).get("SecurityGroups", [])
+        rules = {(int(p["FromPort"]), str(r["CidrIp"])) for p in found[0].get("IpPermissions", [])
+                 if p.get("IpProtocol") == "tcp" and p.get("FromPort") == p.get("ToPort")
+                 for r in p.get("IpRanges", [])}
+        return _SecurityGroup(str(found[0]["GroupId"]), cidr, rules)
+
+    def _stage_files(self, request: LaunchRequest, region: str) -> _Staged:
+        """Upload a version's local ``workdir`` and ``file_mounts`` once; return what the instances fetch."""
+        key = (request.service, request.version)
+        if key in self._staged:
+            return self._staged[key]
+        spec = request.spec
+        base = Path(request.source_dir) if request.source_dir else Path.cwd()
+        bucket = compute_bucket_name(self._controller_id, request.service)
+        uploads: list[tuple[Path, str]] = []  # (local path, key prefix or key)
+        fetches: list[Fetch] = []
+        sources = [("workdir", spec.workdir, WORKDIR)] if spec.workdir else []
+        sources += [(f"file_mounts.{destination}", source, find_mount_destination(destination))
+                    for destination, source in spec.file_mounts]
+        for index, (field_path, source, destination) in enumerate(sources):
+            if source.startswith("s3://"):
+                fetches.append(Fetch(source, destination, None))
+                continue
+            if "://" in source:
+                raise AwsPermanentError(f"{field_path}: {source}: AWS replicas fetch local paths and s3:// only",
+                                        "UnsupportedSource")
+            path = Path(source).expanduser()
+            path = path if path.is_absolute() else base / path
+            if not path.exists():
+                raise AwsPermanentError(f"{field_path}: {path} does not exist", "MissingSource")
+            prefix = f"v{request.version}/{index}-{'workdir' if field_path == 'workdir' else 'mount'}"
+            if path.is_dir():
+                uploads.append((path, prefix + "/"))
+                fetches.append(Fetch(f"s3://{bucket}/{prefix}/", destination, True))
+            else:
+                uploads.append((path, f"{prefix}/{path.name}"))
+                fetches.append(Fetch(f"s3://{bucket}/{prefix}/{path.name}", destination, False))
+        if fetches and not self._instance_profile:
+            raise AwsPermanentError("workdir/file_mounts: instances fetch files from S3 with their own role, and "
+                                    "this controller has no instance profile configured (see docs/aws.md)",
+                                    "NoInstanceProfile")
+        if uploads:
+            self._upload(bucket, region, request.service, uploads)
+        self._staged[key] = _Staged(tuple(fetches))
+        return self._staged[key]
+
+    def _upload(self, bucket: str, region: str, service: str, uploads: Sequence[tuple[Path, str]]) -> None:
+        s3 = self._client("s3", region)
+        create: dict[str, Any] = {"Bucket": bucket}
+        if region != "us-east-1":  # us-east-1 is S3's default location and refuses to be named
+            create["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self._call(s3, "create_bucket", **create)
+        except AwsPermanentError as exc:
+            if exc.code != "BucketAlreadyOwnedByYou":
+                raise
+        self._bucket_regions.setdefault(service, region)
+        for path, target in uploads:
+            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+            for file in files:
+                object_key = target + file.relative_to(path).as_posix() if path.is_dir() else target
+                self._call(s3, "put_object", Bucket=bucket, Key=object_key, Body=file.read_bytes())
+
+    # --- inventory and termination -------------------------------------------------------------------------
+    def _describe_instances(self, region: str, filters: list[dict[str, Any]]) -> Iterator[Mapping[str, Any]]:
+        ec2 = self._client("ec2", region)
+        params: dict[str, Any] = {"Filters": filters, "MaxResults": self._page_size}
+        while True:
+            page = self._call(ec2, "describe_instances", **params)
+            for reservation in page.get("Reservations", []):
+                yield from reservation.get("Instances", [])
+            if not page.get("NextToken"):
+                return
+            params["NextToken"] = page["NextToken"]
+
+    def _terminate_in(self, region: str, instance_ids: list[str]) -> None:
+        ec2 = self._client("ec2", region)
+        try:
+            self._call(ec2, "terminate_instances", InstanceIds=instance_ids)
+        except AwsPermanentError as exc:
+            if exc.code != "InvalidInstanceID.NotFound":
+                raise
+            # AWS refuses the whole call for one unknown id and names the unknown ones: drop them, send the rest.
+            unknown = set(re.findall(r"i-[0-9a-f]+", str(exc)))
+            rest = [i for i in instance_ids if i not in unknown]
+            if rest and len(rest) < len(instance_ids):
+                self._terminate_in(region, rest)
+        self._gone.update(instance_ids)
+
+    def _remember(self, instance: Instance, raw: Mapping[str, Any]) -> Instance:
+        """Note where an instance lives (for ``terminate``) and whether there is anything left to stop."""
+        self._regions_by_instance[instance.instance_id] = instance.region or ""
+        if raw.get("State", {}).get("Name") in ("shutting-down", "terminated"):
+            self._gone.add(instance.instance_id)
+        else:
+            self._gone.discard(instance.instance_id)
+        return instance
+
+    # --- boto3 -----------------------------------------------------------------------------------------------
+    def read_user_data(self, instance: Instance) -> str | None:
+        """The user data ``instance`` was launched with (instance emulation boots from it); None when it
+        cannot be read now (the caller tries again on a later pass)."""
+        region = instance.region or self._find_default_region()
+        if region is None:
+            return None
+        try:
+            response = self._call(self._client("ec2", region), "describe_instance_attribute",
+                                  InstanceId=instance.instance_id, Attribute="userData")
+        except ProviderError as exc:
+            log.warning("cannot read the user data of %s: %s", instance.instance_id, exc)
+            return None
+        value = response.get("UserData", {}).get("Value")
+        return base64.b64decode(value).decode() if value else None
+
+    def _find_default_region(self) -> str | None:
+        if self._default_region is None:
+            self._default_region = self._get_session().region_name or None
+        return self._default_region
+
+    def _get_session(self) -> Any:
+        if self._session is None:
+            self._session = boto3.Session()
+        return self._session
+
+    def _client(self, service: str, region: str) -> Any:
+        key = (service, region)
+        if key not in self._clients:
+            # botocore's own retries are off: _call retries, so call counts and delays stay ours to bound.
+            config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10,
+                            read_timeout=60)
+            self._clients[key] = self._get_session().client(service, region_name=region, config=config)
+        return self._clients[key]
+
+    def _call(self, client: Any, operation: str, **params: Any) -> dict[str, Any]:
+        """Call ``operation``; retry transient failures after each of ``RETRY_DELAYS``; raise translated."""
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                response: dict[str, Any] = getattr(client, operation)(**params)
+                return response
+            except (ClientError, BotoCoreError) as exc:
+                error = translate_error(exc, _api_name(operation))
+                if delay is None or not isinstance(error, AwsTransientError) or isinstance(error, AwsCapacityError):
+                    raise error from exc
+                log.info("%s: %s; retrying in %.2fs", operation, error, delay)
+                self._sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _api_name(operation: str) -> str:
+    """``run_instances`` -> ``RunInstances``, as AWS and IAM name it."""
+    return "".join(part.capitalize() for part in operation.split("_"))
+
+
+def _key(request: LaunchRequest) -> tuple[str, int]:
+    return request.service, request.replica_id
+
+
+def _failed(request: LaunchRequest, exc: ProviderError, tried: Sequence[str] = ()) -> LaunchOutcome:
+    note = f" (no capacity in {', '.join(tried)} before that)" if tried else ""
+    return LaunchOutcome(request.replica_id, error=f"{exc}{note}",
+                         permanent=not isinstance(exc, TransientProviderError))

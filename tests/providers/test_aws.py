@@ -1,0 +1,668 @@
+"""The AWS provider against moto's in-process EC2 and S3, with every API call recorded.
+
+``Api`` hooks botocore's events on the session the provider is given: it records each call (service,
+operation, region, parameters) and can answer chosen calls with an AWS error instead of sending them,
+which is how capacity and throttling errors are injected.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import boto3
+import botocore.session
+import pytest
+from botocore.credentials import CredentialResolver
+from botocore.exceptions import ClientError, NoCredentialsError
+from moto import mock_aws
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ec2.models import ec2_backends
+from moto.ec2.models.instances import StateReason
+
+from skyserve_lite.clock import FakeClock
+from skyserve_lite.errors import PermanentProviderError, TransientProviderError
+from skyserve_lite.providers.aws import (
+    DEFAULT_INSTANCE_TYPE,
+    TAG_CONTROLLER,
+    TAG_LAUNCH_TOKEN,
+    TAG_REPLICA_IDS,
+    TAG_SERVICE,
+    TAG_VERSION,
+    AwsCapacityError,
+    AwsPermanentError,
+    AwsProvider,
+    AwsTransientError,
+    compute_bucket_name,
+    compute_client_token,
+    compute_state,
+    plan_launch_groups,
+    translate_error,
+)
+from skyserve_lite.providers.aws_userdata import (
+    EmulationSpec,
+    Fetch,
+    decode_emulation_header,
+    render_user_data,
+)
+from skyserve_lite.providers.base import InstanceState, LaunchRequest
+from skyserve_lite.spec.model import Resources, ServiceSpec, TaskSpec
+
+REGION = "us-east-1"
+CONTROLLER = "ctl1"
+SECRET = "testing-secret-never-in-user-data"
+
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ApiCall:
+    service: str
+    operation: str
+    region: str
+    params: Mapping[str, Any]
+
+
+class Api:
+    """Records every API call of clients made from ``session`` and injects scripted errors."""
+
+    def __init__(self, session: boto3.Session) -> None:
+        self.calls: list[ApiCall] = []
+        self._failures: list[tuple[str, Callable[[Mapping[str, Any]], bool], str, int]] = []
+        session.events.register("provide-client-params", self._record)
+        session.events.register("before-call", self._maybe_fail)
+
+    def _record(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
+        context["recorded_params"] = params
+        self.calls.append(ApiCall(model.service_model.service_name, model.name, context["client_region"],
+                                  dict(params)))
+
+    def _maybe_fail(self, model: Any, context: dict[str, Any], **_: Any) -> Any:
+        for index, (operation, when, code, times) in enumerate(self._failures):
+            if operation == model.name and times and when(context.get("recorded_params", {})):
+                self._failures[index] = (operation, when, code, times - 1)
+                status = 503 if code in ("InternalError", "ServiceUnavailable") else 400
+                return (SimpleNamespace(status_code=status),
+                        {"Error": {"Code": code, "Message": f"injected {code}"},
+                         "ResponseMetadata": {"HTTPStatusCode": status}})
+        return None
+
+    def fail(self, operation: str, code: str, *, times: int = 1,
+             when: Callable[[Mapping[str, Any]], bool] = lambda params: True) -> None:
+        self._failures.append((operation, when, code, times))
+
+    def named(self, operation: str) -> list[ApiCall]:
+        return [c for c in self.calls if c.operation == operation]
+
+    def count(self, operation: str) -> int:
+        return len(self.named(operation))
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def session(aws: None) -> boto3.Session:
+    return boto3.Session(region_name=REGION)
+
+
+@pytest.fixture
+def api(session: boto3.Session) -> Api:
+    return Api(session)
+
+
+@pytest.fixture
+def sleeps() -> list[float]:
+    return []
+
+
+@pytest.fixture
+def provider(session: boto3.Session, api: Api, sleeps: list[float]) -> AwsProvider:
+    return make_provider(session, sleeps)
+
+
+def make_provider(session: boto3.Session, sleeps: list[float] | None = None, **kwargs: Any) -> AwsProvider:
+    record = sleeps if sleeps is not None else []
+    return AwsProvider(CONTROLLER, FakeClock(), session=session, sleep=record.append, **kwargs)
+
+
+def ami(region: str = REGION) -> str:
+    """An AMI of moto's built-in set; the same ids in every test, so looked up (slowly: 1,300 images) once."""
+    if region not in _AMIS:
+        images = boto3.client("ec2", region_name=region).describe_images(Owners=["amazon"])["Images"]
+        _AMIS[region] = str(images[0]["ImageId"])
+    return _AMIS[region]
+
+
+_AMIS: dict[str, str] = {}
+
+
+def spec(*, image_id: str | None = "ami-default", zone: str | None = "us-east-1a", region: str | None = REGION,
+         **fields: Any) -> TaskSpec:
+    resource_fields = {k: fields.pop(k) for k in ("instance_type", "disk_size", "ports", "labels", "use_spot")
+                       if k in fields}
+    return TaskSpec(run=fields.pop("run", "python3 -m http.server $PORT"), service=ServiceSpec(port=fields.pop(
+        "port", None)), resources=Resources(region=region, zone=zone, image_id=image_id, **resource_fields), **fields)
+
+
+def request(replica_id: int, task: TaskSpec, *, token: str = "tok-1", spot: bool = False, version: int = 1,
+            service: str = "svc", source_dir: Path | None = None) -> LaunchRequest:
+    return LaunchRequest(service=service, replica_id=replica_id, version=version, spec=task, launch_token=token,
+                         is_spot=spot, source_dir=str(source_dir) if source_dir else None)
+
+
+def describe(instance_id: str, region: str = REGION) -> dict[str, Any]:
+    reservations = boto3.client("ec2", region_name=region).describe_instances(InstanceIds=[instance_id])
+    return dict(reservations["Reservations"][0]["Instances"][0])
+
+
+def tags_of(raw: Mapping[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+
+
+def client_error(code: str, status: int = 400) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "RunInstances")
+
+
+# --- pure: batching, tokens, states, errors ---------------------------------------------------------------------
+@pytest.mark.parametrize(("requests", "expected"), [
+    pytest.param([(1, "us-east-1a", False, "t"), (2, "us-east-1a", False, "t"), (3, "us-east-1a", False, "t")],
+                 [(None, "us-east-1a", False, (1, 2, 3))], id="one-zone-one-batch"),
+    pytest.param([(1, "us-east-1a", False, "t"), (2, "us-east-1b", False, "t")],
+                 [(None, "us-east-1a", False, (1,)), (None, "us-east-1b", False, (2,))], id="two-zones"),
+    pytest.param([(1, "us-east-1a", False, "t"), (2, "us-east-1a", True, "t")],
+                 [(None, "us-east-1a", False, (1,)), (None, "us-east-1a", True, (2,))], id="two-markets"),
+    pytest.param([(1, None, False, "t"), (2, None, False, "u")],
+                 [(None, None, False, (1,)), (None, None, False, (2,))], id="two-tokens"),
+])
+def test_plan_launch_groups_batches_by_zone_market_and_token(
+        requests: list[tuple[int, str | None, bool, str]],
+        expected: list[tuple[None, str | None, bool, tuple[int, ...]]]) -> None:
+    launch = [request(i, spec(zone=zone), spot=spot, token=token) for i, zone, spot, token in requests]
+    groups = plan_launch_groups(launch, None)
+    assert [(None, g.zone, g.is_spot, g.replica_ids) for g in groups] == expected
+    assert all(g.region == REGION for g in groups)
+
+
+def test_plan_launch_groups_splits_a_batch_whose_replica_ids_exceed_one_tag_value() -> None:
+    # 100 ids of 5 digits: "10000,...,10099" is 599 characters; 42 ids (251 characters) fit in 256.
+    launch = [request(10_000 + i, spec()) for i in range(100)]
+    groups = plan_launch_groups(launch, None)
+    assert [len(g.requests) for g in groups] == [42, 42, 16]
+    assert [r.replica_id for g in groups for r in g.requests] == [r.replica_id for r in launch]
+
+
+def test_plan_launch_groups_uses_the_default_region_and_leaves_out_requests_without_one() -> None:
+    launch = [request(1, spec(region=None)), request(2, spec(region="eu-west-1", zone=None))]
+    assert [(g.region, g.replica_ids) for g in plan_launch_groups(launch, "us-west-2")] == \
+        [("us-west-2", (1,)), ("eu-west-1", (2,))]
+    assert [g.replica_ids for g in plan_launch_groups(launch, None)] == [(2,)]
+
+
+def test_client_token_is_stable_short_and_distinct_per_batch_and_zone() -> None:
+    token = "f" * 32
+    one = plan_launch_groups([request(1, spec(), token=token), request(2, spec(), token=token)], None)[0]
+    again = plan_launch_groups([request(1, spec(), token=token), request(2, spec(), token=token)], None)[0]
+    spot = plan_launch_groups([request(1, spec(), token=token, spot=True)], None)[0]
+    assert compute_client_token(one, "us-east-1a") == compute_client_token(again, "us-east-1a")
+    assert compute_client_token(one, "us-east-1a").startswith(token[:24])
+    tokens = {compute_client_token(one, "us-east-1a"), compute_client_token(one, "us-east-1b"),
+              compute_client_token(spot, "us-east-1a")}
+    assert len(tokens) == 3 and all(len(t) <= 64 for t in tokens)
+
+
+@pytest.mark.parametrize(("state", "reason", "expected", "detail"), [
+    ("pending", None, InstanceState.PENDING, None),
+    ("running", None, InstanceState.RUNNING, None),
+    ("stopping", None, InstanceState.EXITED, "instance stopped"),
+    ("stopped", ("Client.InstanceInitiatedShutdown", "Client.InstanceInitiatedShutdown: Instance initiated shutdown"),
+     InstanceState.EXITED, "instance stopped: Client.InstanceInitiatedShutdown: Instance initiated shutdown"),
+    ("shutting-down", None, InstanceState.TERMINATED, None),
+    ("terminated", ("Client.UserInitiatedShutdown", "Client.UserInitiatedShutdown: User initiated shutdown"),
+     InstanceState.TERMINATED, "Client.UserInitiatedShutdown: User initiated shutdown"),
+    ("terminated", ("Server.SpotInstanceTermination", "Server.SpotInstanceTermination: Spot instance termination"),
+     InstanceState.PREEMPTED, "Server.SpotInstanceTermination: Spot instance termination"),
+    ("shutting-down", ("Server.SpotInstanceTermination", ""), InstanceState.PREEMPTED,
+     "Server.SpotInstanceTermination"),
+    ("stopped", ("Server.SpotInstanceShutdown", "Server.SpotInstanceShutdown: Spot instance shutdown"),
+     InstanceState.PREEMPTED, "Server.SpotInstanceShutdown: Spot instance shutdown"),
+])
+def test_compute_state_maps_ec2_states_and_spot_interruptions(
+        state: str, reason: tuple[str, str] | None, expected: InstanceState, detail: str | None) -> None:
+    raw: dict[str, Any] = {"State": {"Name": state}}
+    if reason:
+        raw["StateReason"] = {"Code": reason[0], "Message": reason[1]}
+    assert compute_state(raw) == (expected, detail)
+
+
+@pytest.mark.parametrize(("exc", "kind", "hint"), [
+    (client_error("Throttling"), AwsTransientError, "busy"),
+    (client_error("RequestLimitExceeded"), AwsTransientError, "busy"),
+    (client_error("InternalError", 500), AwsTransientError, "busy"),
+    (client_error("ServiceUnavailable", 503), AwsTransientError, "busy"),
+    (client_error("SomethingNew", 502), AwsTransientError, "failed"),
+    (client_error("InsufficientInstanceCapacity"), AwsCapacityError, "no capacity"),
+    (client_error("SpotMaxPriceTooLow"), AwsCapacityError, "no capacity"),
+    (client_error("InsufficientFreeAddressesInSubnet"), AwsCapacityError, "no capacity"),
+    (client_error("MaxSpotInstanceCountExceeded"), AwsTransientError, "quota"),
+    (client_error("VcpuLimitExceeded"), AwsTransientError, "quota"),
+    (client_error("UnauthorizedOperation", 403), AwsPermanentError, "may not call RunInstances"),
+    (client_error("AuthFailure", 401), AwsPermanentError, "credential chain"),
+    (client_error("InvalidAMIID.NotFound"), AwsPermanentError, "resources.image_id"),
+    (client_error("InvalidAMIID.Malformed"), AwsPermanentError, "resources.image_id"),
+    (client_error("InvalidParameterValue"), AwsPermanentError, "instance_type"),
+    (client_error("SomethingNew"), AwsPermanentError, "SomethingNew"),
+    (NoCredentialsError(), AwsPermanentError, "credential chain"),
+])
+def test_translate_error_sorts_botocore_errors(exc: Exception, kind: type[Exception], hint: str) -> None:
+    error = translate_error(exc, "RunInstances")
+    assert type(error) is kind
+    assert isinstance(error, TransientProviderError if kind is not AwsPermanentError else PermanentProviderError)
+    assert hint in str(error)
+
+
+def test_bucket_name_is_a_valid_s3_name_even_for_long_names() -> None:
+    assert compute_bucket_name("ctl1", "svc") == "sky-lite-ctl1-svc"
+    long = compute_bucket_name("C" * 40, "s" * 60)
+    assert len(long) <= 63 and long == long.lower() and long != compute_bucket_name("C" * 40, "s" * 59)
+
+
+# --- pure: user data ----------------------------------------------------------------------------------------------
+EMULATION = EmulationSpec(service="svc", version=3, replica_ids=(4, 5, 6), envs=(("GREETING", "it's 'quoted'"),),
+                          setup="pip install -r requirements.txt", run="python3 app.py --port $PORT", port=9000)
+
+
+@pytest.mark.parametrize(("fetches", "present", "absent"), [
+    pytest.param((), ["replica_ids=4,5,6", "ami-launch-index", "Restart=always",
+                      "systemctl enable --now sky-lite-replica.service", "X-aws-ec2-metadata-token"],
+                 ["fetch ", "aws s3"], id="no-files"),
+    pytest.param((Fetch("s3://b/v3/0-workdir/", "/opt/sky-lite/workdir", True),
+                  Fetch("s3://b/v3/1-mount/model.bin", "/data/model.bin", False),
+                  Fetch("s3://public/data", "/root/data", None)),
+                 ["fetch s3://b/v3/0-workdir/ /opt/sky-lite/workdir dir",
+                  "fetch s3://b/v3/1-mount/model.bin /data/model.bin file", "fetch s3://public/data /root/data any"],
+                 [], id="files"),
+])
+def test_render_user_data(fetches: tuple[Fetch, ...], present: list[str], absent: list[str]) -> None:
+    text = render_user_data(EMULATION, fetches)
+    assert text.startswith("#!/bin/bash\n# sky-lite-emulation: ")
+    for piece in present:
+        assert piece in text
+    for piece in absent:
+        assert piece not in text
+    env_file = next(line for line in text.splitlines() if line.endswith("> /opt/sky-lite/env.sh"))
+    env = base64.b64decode(env_file.split()[1]).decode()
+    assert env.splitlines() == ["export GREETING='it'\"'\"'s '\"'\"'quoted'\"'\"''", "export PORT=9000",
+                                "export SKY_LITE_SERVICE=svc"]
+    assert 'echo "export SKY_LITE_REPLICA_ID=$replica_id" >> /opt/sky-lite/env.sh' in text
+    # setup runs before the unit is installed; fetches before setup.
+    assert text.index("setup.sh); then") < text.index("systemctl enable")
+    if fetches:
+        assert text.index("fetch s3://") < text.index("setup.sh); then")
+
+
+def test_emulation_header_round_trips_and_absent_or_broken_headers_are_told_apart() -> None:
+    assert decode_emulation_header(render_user_data(EMULATION)) == EMULATION
+    assert EMULATION.replica_id_for(2) == 6
+    assert decode_emulation_header("#!/bin/bash\necho hi\n") is None
+    with pytest.raises(ValueError, match="malformed"):
+        decode_emulation_header("# sky-lite-emulation: bm90IGpzb24=\n")  # "not json"
+
+
+# --- launch ---------------------------------------------------------------------------------------------------------
+def test_three_requests_in_one_zone_are_one_run_instances_with_replicas_mapped_by_launch_index(
+        provider: AwsProvider, api: Api) -> None:
+    task = spec(image_id=ami(), labels=(("team", "ml"),))
+    outcomes = provider.launch([request(3, task), request(4, task), request(5, task)])
+
+    [run] = api.named("RunInstances")
+    assert (run.params["MinCount"], run.params["MaxCount"]) == (3, 3)
+    assert run.params["InstanceType"] == DEFAULT_INSTANCE_TYPE
+    assert run.params["Placement"] == {"AvailabilityZone": "us-east-1a"}
+    assert "KeyName" not in run.params
+    assert [o.replica_id for o in outcomes] == [3, 4, 5]
+    assert all(o.instance is not None and o.error is None for o in outcomes)
+    for outcome in outcomes:
+        assert outcome.instance is not None
+        raw = describe(outcome.instance.instance_id)
+        tags = tags_of(raw)
+        assert tags[TAG_CONTROLLER] == CONTROLLER
+        assert (tags[TAG_SERVICE], tags[TAG_VERSION], tags[TAG_LAUNCH_TOKEN]) == ("svc", "1", "tok-1")
+        assert tags[TAG_REPLICA_IDS] == "3,4,5"
+        assert tags["team"] == "ml"
+        assert [3, 4, 5][raw["AmiLaunchIndex"]] == outcome.replica_id
+        assert outcome.instance.url == f"http://{raw['PrivateIpAddress']}:8080"
+        assert (outcome.instance.region, outcome.instance.zone) == (REGION, "us-east-1a")
+
+
+def test_two_zones_are_two_calls_and_two_markets_are_two_calls(provider: AwsProvider, api: Api) -> None:
+    image = ami()
+    provider.launch([request(1, spec(image_id=image, zone="us-east-1a")),
+                     request(2, spec(image_id=image, zone="us-east-1b"))])
+    assert sorted(c.params["Placement"]["AvailabilityZone"] for c in api.named("RunInstances")) == \
+        ["us-east-1a", "us-east-1b"]
+
+    api.calls.clear()
+    outcomes = provider.launch([request(3, spec(image_id=image), token="t2"),
+                                request(4, spec(image_id=image), token="t2", spot=True)])
+    runs = api.named("RunInstances")
+    assert len(runs) == 2
+    assert ["InstanceMarketOptions" in c.params for c in runs] == [False, True]
+    assert runs[1].params["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert [o.instance.is_spot for o in outcomes if o.instance] == [False, True]
+
+
+def test_describe_calls_per_launch_are_one_lookup_per_region(provider: AwsProvider, api: Api) -> None:
+    image = ami()
+    provider.launch([request(1, spec(image_id=image)), request(2, spec(image_id=image, zone="us-east-1b"))])
+    assert api.count("DescribeInstances") == 1
+    lookup = api.named("DescribeInstances")[0].params["Filters"]
+    assert {"Name": f"tag:{TAG_LAUNCH_TOKEN}", "Values": ["tok-1"]} in lookup
+
+
+def test_a_missing_image_id_is_a_permanent_error_naming_the_field(provider: AwsProvider, api: Api) -> None:
+    [outcome] = provider.launch([request(1, spec(image_id=None))])
+    assert outcome.permanent and outcome.instance is None
+    assert outcome.error is not None and "resources.image_id" in outcome.error
+    assert api.count("RunInstances") == 0
+
+
+def test_disk_size_sets_the_root_device_of_the_ami(provider: AwsProvider, api: Api) -> None:
+    image = ami()
+    root = boto3.client("ec2", region_name=REGION).describe_images(ImageIds=[image])["Images"][0]["RootDeviceName"]
+    [outcome] = provider.launch([request(1, spec(image_id=image, disk_size=120, instance_type="c5.xlarge"))])
+    [run] = api.named("RunInstances")
+    assert run.params["InstanceType"] == "c5.xlarge"
+    assert run.params["BlockDeviceMappings"] == [
+        {"DeviceName": root, "Ebs": {"VolumeSize": 120, "VolumeType": "gp3", "DeleteOnTermination": True}}]
+    assert outcome.instance is not None
+    volumes = boto3.client("ec2", region_name=REGION).describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [outcome.instance.instance_id]}])["Volumes"]
+    assert [v["Size"] for v in volumes] == [120]
+
+
+def test_user_data_has_no_credentials_and_its_header_decodes_to_the_batch(provider: AwsProvider) -> None:
+    task = spec(image_id=ami(), envs=(("MODEL", "small"),), setup="echo setup", port=9000)
+    outcomes = provider.launch([request(7, task), request(8, task)])
+    assert outcomes[0].instance is not None
+    attribute = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+        InstanceId=outcomes[0].instance.instance_id, Attribute="userData")
+    user_data = base64.b64decode(attribute["UserData"]["Value"]).decode()
+    for secret in (SECRET, "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"):
+        assert secret not in user_data
+    assert decode_emulation_header(user_data) == EmulationSpec(
+        service="svc", version=1, replica_ids=(7, 8), envs=(("MODEL", "small"),), setup="echo setup",
+        run=task.run, port=9000)
+    assert outcomes[0].instance.url is not None and outcomes[0].instance.url.endswith(":9000")
+
+
+# --- inventory ------------------------------------------------------------------------------------------------------
+def test_inventory_pages_through_many_instances_with_one_paginated_call_set_per_region(
+        session: boto3.Session, api: Api) -> None:
+    # moto pages by reservation: 12 launch tokens make 12 reservations, 3 pages of 5.
+    provider = make_provider(session, page_size=5)
+    image = ami()
+    for i in range(12):
+        provider.launch([request(i, spec(image_id=image), token=f"t{i}")])
+    boto3.client("ec2", region_name=REGION).run_instances(ImageId=image, MinCount=1, MaxCount=1)  # not ours
+    api.calls.clear()
+
+    instances = provider.list_instances([REGION])
+
+    assert sorted(i.replica_id for i in instances) == list(range(12))
+    assert [c.operation for c in api.calls] == ["DescribeInstances"] * 3
+    assert all(c.params["Filters"] == [{"Name": f"tag:{TAG_CONTROLLER}", "Values": [CONTROLLER]}]
+               for c in api.calls)
+
+
+def test_inventory_lists_the_given_regions_and_the_default_one(provider: AwsProvider, api: Api) -> None:
+    provider.launch([request(1, spec(image_id=ami("eu-west-1"), region="eu-west-1", zone=None))])
+    api.calls.clear()
+    instances = provider.list_instances(["eu-west-1"])
+    assert sorted(c.region for c in api.named("DescribeInstances")) == ["eu-west-1", REGION]
+    assert [(i.replica_id, i.region, i.zone) for i in instances] == [(1, "eu-west-1", "eu-west-1a")]
+
+
+def test_inventory_maps_stopped_terminated_and_spot_interrupted_instances(provider: AwsProvider) -> None:
+    image = ami()
+    outcomes = provider.launch([request(i, spec(image_id=image), spot=i == 3) for i in (1, 2, 3)])
+    ids = [o.instance.instance_id for o in outcomes if o.instance]
+    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2.stop_instances(InstanceIds=[ids[0]])
+    ec2.terminate_instances(InstanceIds=[ids[1]])
+    # A spot interruption as EC2 reports it: terminated, with the reason code Server.SpotInstanceTermination.
+    interrupted = ec2_backends[DEFAULT_ACCOUNT_ID][REGION].get_instance(ids[2])
+    interrupted.terminate()
+    interrupted.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
+                                           "Server.SpotInstanceTermination")
+
+    by_replica = {i.replica_id: i for i in provider.list_instances()}
+
+    assert by_replica[1].state is InstanceState.EXITED and by_replica[1].detail is not None
+    assert by_replica[1].detail.startswith("instance stopped")
+    assert by_replica[2].state is InstanceState.TERMINATED
+    assert by_replica[3].state is InstanceState.PREEMPTED and by_replica[3].is_spot
+    assert by_replica[3].detail == "Server.SpotInstanceTermination: Spot instance termination"
+
+
+def test_inventory_failure_after_retries_is_transient(provider: AwsProvider, api: Api, sleeps: list[float]) -> None:
+    api.fail("DescribeInstances", "RequestLimitExceeded", times=10)
+    with pytest.raises(TransientProviderError, match="RequestLimitExceeded"):
+        provider.list_instances()
+    assert api.count("DescribeInstances") == 4
+    assert sleeps == [0.25, 0.5, 1.0]
+
+
+# --- errors during launch ---------------------------------------------------------------------------------------------
+def test_no_capacity_in_the_first_zone_moves_to_the_next_zone(provider: AwsProvider, api: Api) -> None:
+    api.fail("RunInstances", "InsufficientInstanceCapacity",
+             when=lambda p: p["Placement"]["AvailabilityZone"] == "us-east-1a")
+    outcomes = provider.launch([request(1, spec(image_id=ami(), zone=None)), request(2, spec(image_id=ami(),
+                                                                                             zone=None))])
+    zones = [c.params["Placement"]["AvailabilityZone"] for c in api.named("RunInstances")]
+    assert zones == ["us-east-1a", "us-east-1b"]
+    assert api.count("DescribeAvailabilityZones") == 1
+    assert len({c.params["ClientToken"] for c in api.named("RunInstances")}) == 2
+    for outcome in outcomes:
+        assert outcome.instance is not None and outcome.instance.zone == "us-east-1b"
+        assert outcome.instance.detail == "launched in us-east-1b; no capacity in us-east-1a: " \
+                                          "InsufficientInstanceCapacity"
+
+
+def test_no_capacity_anywhere_is_a_transient_outcome_naming_every_zone(provider: AwsProvider, api: Api) -> None:
+    api.fail("RunInstances", "InsufficientInstanceCapacity", times=100)
+    [outcome] = provider.launch([request(1, spec(image_id=ami(), zone=None), spot=True)])
+    assert not outcome.permanent and outcome.instance is None and outcome.error is not None
+    assert outcome.error.startswith("no spot capacity for m5.large in us-east-1: tried us-east-1a: Insufficient")
+    assert "us-east-1f" in outcome.error
+    assert api.count("RunInstances") == 6
+
+
+def test_no_capacity_in_a_pinned_zone_does_not_try_another(provider: AwsProvider, api: Api) -> None:
+    api.fail("RunInstances", "InsufficientInstanceCapacity")
+    [outcome] = provider.launch([request(1, spec(image_id=ami(), zone="us-east-1c"))])
+    assert not outcome.permanent and outcome.error is not None and "us-east-1c" in outcome.error
+    assert api.count("RunInstances") == 1
+
+
+def test_throttling_is_retried_inside_the_call_then_succeeds(provider: AwsProvider, api: Api,
+                                                              sleeps: list[float]) -> None:
+    api.fail("RunInstances", "Throttling", times=2)
+    [outcome] = provider.launch([request(1, spec(image_id=ami()))])
+    assert outcome.instance is not None
+    assert api.count("RunInstances") == 3
+    assert sleeps == [0.25, 0.5]
+
+
+def test_throttling_that_persists_is_a_transient_outcome(provider: AwsProvider, api: Api) -> None:
+    api.fail("RunInstances", "RequestLimitExceeded", times=10)
+    [outcome] = provider.launch([request(1, spec(image_id=ami()))])
+    assert not outcome.permanent and outcome.error is not None and "RequestLimitExceeded" in outcome.error
+    assert api.count("RunInstances") == 4
+
+
+@pytest.mark.parametrize(("code", "hint"), [
+    ("UnauthorizedOperation", "may not call RunInstances"),
+    ("InvalidAMIID.NotFound", "resources.image_id"),
+    ("InvalidParameterValue", "check resources"),
+])
+def test_auth_and_parameter_errors_are_permanent_outcomes(provider: AwsProvider, api: Api, code: str,
+                                                          hint: str) -> None:
+    api.fail("RunInstances", code)
+    [outcome] = provider.launch([request(1, spec(image_id=ami()))])
+    assert outcome.permanent and outcome.error is not None and hint in outcome.error
+    assert api.count("RunInstances") == 1
+
+
+def test_no_credentials_is_a_permanent_outcome_about_the_credential_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing may leave this machine
+    core = botocore.session.Session()
+    core.register_component("credential_provider", CredentialResolver(providers=[]))
+    provider = AwsProvider(CONTROLLER, FakeClock(), session=boto3.Session(botocore_session=core, region_name=REGION),
+                           sleep=lambda _: None)
+    [outcome] = provider.launch([request(1, spec())])
+    assert outcome.permanent and outcome.error is not None and "standard AWS credential chain" in outcome.error
+
+
+# --- idempotence and crash recovery -------------------------------------------------------------------------------
+def test_launch_with_the_same_token_returns_the_instances_of_the_first_launch(provider: AwsProvider,
+                                                                              api: Api) -> None:
+    task = spec(image_id=ami())
+    first = provider.launch([request(1, task), request(2, task)])
+    api.calls.clear()
+    again = provider.launch([request(1, task), request(2, task)])
+    assert api.count("RunInstances") == 0
+    assert [o.instance.instance_id for o in again if o.instance] == \
+        [o.instance.instance_id for o in first if o.instance]
+
+
+def test_a_launch_whose_answer_was_lost_is_found_by_a_restarted_controller(session: boto3.Session,
+                                                                           api: Api) -> None:
+    task = spec(image_id=ami(), port=7000)
+    make_provider(session).launch([request(5, task, version=2), request(6, task, version=2)])  # answer lost
+
+    restarted = make_provider(session)
+    instances = sorted(restarted.list_instances(), key=lambda i: i.replica_id)
+
+    assert [(i.service, i.replica_id, i.version) for i in instances] == [("svc", 5, 2), ("svc", 6, 2)]
+    assert all(i.url is not None and i.url.endswith(":7000") for i in instances)
+    # Re-sent with the same token, the launch adopts them instead of starting two more.
+    api.calls.clear()
+    outcomes = restarted.launch([request(5, task, version=2), request(6, task, version=2)])
+    assert api.count("RunInstances") == 0
+    assert {o.instance.instance_id for o in outcomes if o.instance} == {i.instance_id for i in instances}
+
+
+# --- files: S3 upload and release ----------------------------------------------------------------------------------
+def test_local_files_go_to_a_service_bucket_and_release_deletes_it(session: boto3.Session, api: Api,
+                                                                   tmp_path: Path) -> None:
+    iam = boto3.client("iam", region_name=REGION)
+    iam.create_instance_profile(InstanceProfileName="replica-reader")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "server.py").write_text("print('hi')\n")
+    (tmp_path / "app" / "lib").mkdir()
+    (tmp_path / "app" / "lib" / "util.py").write_text("X = 1\n")
+    (tmp_path / "weights.bin").write_bytes(b"\x00\x01")
+    task = spec(image_id=ami(), workdir="app",
+                file_mounts=(("/data/weights.bin", "weights.bin"), ("/data/public", "s3://someone/data")))
+    provider = make_provider(session, instance_profile="replica-reader")
+
+    outcomes = provider.launch([request(1, task, source_dir=tmp_path), request(2, task, source_dir=tmp_path)])
+
+    assert all(o.instance is not None for o in outcomes)
+    bucket = compute_bucket_name(CONTROLLER, "svc")
+    s3 = boto3.client("s3", region_name=REGION)
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
+    assert keys == ["v1/0-workdir/lib/util.py", "v1/0-workdir/server.py", "v1/1-mount/weights.bin"]
+    assert api.count("PutObject") == 3  # once per version, not once per replica
+    [run] = api.named("RunInstances")
+    assert run.params["IamInstanceProfile"] == {"Name": "replica-reader"}
+    user_data = run.params["UserData"]
+    assert f"fetch s3://{bucket}/v1/0-workdir/ /opt/sky-lite/workdir dir" in user_data
+    assert f"fetch s3://{bucket}/v1/1-mount/weights.bin /data/weights.bin file" in user_data
+    assert "fetch s3://someone/data /data/public any" in user_data
+
+    provider.release_service("svc")
+    assert bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    provider.release_service("svc")  # idempotent
+    make_provider(session).release_service("never-launched")
+
+
+def test_local_files_without_an_instance_profile_are_a_permanent_error(provider: AwsProvider, api: Api,
+                                                                       tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    [outcome] = provider.launch([request(1, spec(image_id=ami(), workdir="app"), source_dir=tmp_path)])
+    assert outcome.permanent and outcome.error is not None and "instance profile" in outcome.error
+    assert api.count("RunInstances") == 0 and api.count("PutObject") == 0
+
+
+# --- security group -----------------------------------------------------------------------------------------------
+def test_security_group_is_created_once_and_opens_only_the_service_port_to_the_vpc(session: boto3.Session,
+                                                                                    api: Api) -> None:
+    image = ami()
+    provider = make_provider(session)
+    provider.launch([request(1, spec(image_id=image, port=9000))])
+    provider.launch([request(2, spec(image_id=image, port=9000), token="t2")])
+    make_provider(session).launch([request(3, spec(image_id=image, port=9000), token="t3")])  # restarted
+
+    assert api.count("CreateSecurityGroup") == 1
+    assert api.count("AuthorizeSecurityGroupIngress") == 1
+    ec2 = boto3.client("ec2", region_name=REGION)
+    [group] = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [f"sky-lite-{CONTROLLER}"]}])[
+        "SecurityGroups"]
+    vpc_cidr = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["CidrBlock"]
+    rules = [(p["FromPort"], r["CidrIp"]) for p in group["IpPermissions"] for r in p["IpRanges"]]
+    assert rules == [(9000, vpc_cidr)]
+    assert all(c.params["SecurityGroupIds"] == [group["GroupId"]] for c in api.named("RunInstances"))
+
+
+def test_resources_ports_are_opened_to_everyone_only_when_asked(provider: AwsProvider) -> None:
+    provider.launch([request(1, spec(image_id=ami(), ports=(443,)))])
+    ec2 = boto3.client("ec2", region_name=REGION)
+    [group] = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [f"sky-lite-{CONTROLLER}"]}])[
+        "SecurityGroups"]
+    world = sorted(p["FromPort"] for p in group["IpPermissions"] for r in p["IpRanges"]
+                   if r["CidrIp"] == "0.0.0.0/0")
+    assert world == [443]
+
+
+# --- terminate -------------------------------------------------------------------------------------------------------
+def test_terminate_is_one_call_per_region_and_ignores_unknown_and_gone_instances(provider: AwsProvider,
+                                                                                   api: Api) -> None:
+    east = provider.launch([request(1, spec(image_id=ami())), request(2, spec(image_id=ami()))])
+    west = provider.launch([request(3, spec(image_id=ami("us-west-2"), region="us-west-2", zone=None))])
+    ids = [o.instance.instance_id for o in east + west if o.instance]
+    api.calls.clear()
+
+    provider.terminate([*ids, "i-0000000000000dead"])
+
+    calls = api.named("TerminateInstances")
+    assert sorted((c.region, len(c.params["InstanceIds"])) for c in calls) == [(REGION, 2), ("us-west-2", 1)]
+    assert {i.state for i in provider.list_instances(["us-west-2"])} == {InstanceState.TERMINATED}
+    api.calls.clear()
+    provider.terminate(ids)  # all gone at the last look: nothing to ask
+    assert api.count("TerminateInstances") == 0
+
+
+def test_terminate_drops_ids_aws_does_not_know(provider: AwsProvider, api: Api) -> None:
+    [outcome] = provider.launch([request(1, spec(image_id=ami()))])
+    assert outcome.instance is not None
+    # An id seen once but since forgotten by EC2: AWS refuses the whole call and names it.
+    provider._regions_by_instance["i-0000000000000beef"] = REGION
+    provider.terminate([outcome.instance.instance_id, "i-0000000000000beef"])
+    assert [c.params["InstanceIds"] for c in api.named("TerminateInstances")] == [
+        [outcome.instance.instance_id, "i-0000000000000beef"], [outcome.instance.instance_id]]
+    assert describe(outcome.instance.instance_id)["State"]["Name"] in ("shutting-down", "terminated")
