@@ -52,13 +52,13 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
     Only call this with a complete inventory of the replica's cloud: "no instance" must mean "gone".
     """
     if replica.status is ReplicaStatus.SHUTTING_DOWN:
-        if instance is None or instance.state is InstanceState.TERMINATED:
+        if _is_gone(instance):
             return ReplicaStep(replica, remove=True, event="terminated")
         # Out of the load balancer's view since status_since; requests already sent get time to finish.
         return ReplicaStep(replica, terminate=now - replica.status_since >= settings.drain_seconds)
     if replica.status.is_terminal:
-        alive = instance is not None and instance.state is not InstanceState.TERMINATED
-        return ReplicaStep(replica, terminate=alive)
+        # Asked once when the replica failed; asked again only while the instance still runs somewhere.
+        return ReplicaStep(replica, terminate=not _is_gone(instance))
 
     if replica.instance_id is None:
         if instance is None:
@@ -126,6 +126,12 @@ def _apply_probe(replica: ReplicaRecord, probe: ProbeResult | None, readiness: R
                      f"probe failing for {now - failing_since:.0f}s (last: {probe.detail})")
     return ReplicaStep(dataclasses.replace(replica, probe_failing_since=failing_since,
                                            status_reason=probe.detail))
+
+
+def _is_gone(instance: Instance | None) -> bool:
+    """No instance to wait for: none at all, terminated, or taken back by the cloud (a preempted instance
+    was asked to terminate when its replica became PREEMPTED; the cloud has finished it)."""
+    return instance is None or instance.state in (InstanceState.TERMINATED, InstanceState.PREEMPTED)
 
 
 def _fail(replica: ReplicaRecord, status: ReplicaStatus, now: float, reason: str) -> ReplicaStep:

@@ -83,6 +83,10 @@ RUNNING = instance(InstanceState.RUNNING)
                      S.FAILED, True, False, False, id="terminal-with-live-instance-cleaned-up"),
         pytest.param(replica(S.FAILED), None, None,
                      S.FAILED, False, False, False, id="terminal-without-instance-kept-as-record"),
+        pytest.param(replica(S.PREEMPTED), instance(InstanceState.PREEMPTED, "spot interruption"), None,
+                     S.PREEMPTED, False, False, False, id="preempted-instance-is-not-terminated-again"),
+        pytest.param(replica(S.SHUTTING_DOWN), instance(InstanceState.PREEMPTED), None,
+                     S.SHUTTING_DOWN, False, True, False, id="shutting-down-preempted-counts-as-gone"),
     ],
 )
 def test_plan_replica(row: ReplicaRecord, inst: Instance | None, probe: ProbeResult | None, status: S,
