@@ -131,6 +131,8 @@ class Executor:
                 updated.append(dataclasses.replace(row, instance_id=instance.instance_id, status=status,
                                                    region=instance.region, zone=instance.zone,
                                                    status_reason=None))
+                if instance.detail:  # e.g. "launched in us-east-1b; no capacity in us-east-1a: ..."
+                    events.append(Event(row.service, row.replica_id, "provider", instance.detail))
             elif outcome.permanent:
                 updated.append(dataclasses.replace(row, status=ReplicaStatus.FAILED_PROVISION,
                                                    status_since=now, status_reason=outcome.error))

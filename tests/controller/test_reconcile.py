@@ -225,3 +225,17 @@ def test_terminal_rows_are_pruned_beyond_the_newest_ten(harness: Harness) -> Non
     harness.tick()
     terminal = [r.replica_id for r in harness.replicas() if r.status.is_terminal]
     assert terminal == list(range(3, 13))
+
+
+def test_launch_details_from_the_provider_are_recorded(harness: Harness) -> None:
+    harness.create(replicas=1)
+    original = harness.provider.launch
+
+    def launch_with_detail(requests):  # type: ignore[no-untyped-def]
+        return [dataclasses.replace(o, instance=dataclasses.replace(o.instance, detail="launched in zone-b; no "
+                                                                    "capacity in zone-a"))
+                for o in original(requests)]
+
+    harness.provider.launch = launch_with_detail  # type: ignore[method-assign]
+    harness.tick()
+    assert "launched in zone-b; no capacity in zone-a" in [e.message for e in harness.store.list_events("svc")]
