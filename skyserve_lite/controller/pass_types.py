@@ -1,0 +1,100 @@
+"""The values a controller pass reads (snapshots, observations) and produces (``PassPlan``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from skyserve_lite.autoscalers.base import AutoscalerState, Metrics
+from skyserve_lite.controller.replica_rules import ProbeResult
+from skyserve_lite.plan.rollout import UpdateMode
+from skyserve_lite.providers.base import Instance
+from skyserve_lite.spec.model import ReadinessProbe, TaskSpec
+from skyserve_lite.state.models import (
+    AutoscalerObservation,
+    ReplicaRecord,
+    ServiceRecord,
+    ServiceStatus,
+)
+
+ReplicaKey = tuple[str, int]  # (service, replica_id)
+
+
+@dataclass(frozen=True)
+class ServiceSnapshot:
+    """A service as the store holds it at the start of a pass."""
+
+    service: ServiceRecord
+    versions: Mapping[int, TaskSpec]  # the current version and every version a replica runs
+    replicas: tuple[ReplicaRecord, ...]
+    lb_alive: bool
+    mode: UpdateMode = UpdateMode.ROLLING  # how the current version rolls out
+    autoscaler: AutoscalerState | None = None  # None before the first decision
+    observed: AutoscalerObservation | None = None
+    metrics: Metrics | None = None  # what the load balancer reported; None: nothing yet
+
+    @property
+    def spec(self) -> TaskSpec:
+        return self.versions[self.service.current_version]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the providers and probes reported at the start of a pass.
+
+    ``instances`` holds only clouds whose inventory was read (``known_clouds``); decisions about replicas
+    of any other cloud wait for a pass that can see them.
+    """
+
+    instances: tuple[tuple[str, Instance], ...] = ()  # (cloud, instance)
+    known_clouds: frozenset[str] = frozenset()
+    probes: Mapping[ReplicaKey, ProbeResult] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    service: str
+    replica_id: int
+    url: str
+    probe: ReadinessProbe
+
+
+@dataclass(frozen=True)
+class LaunchBatch:
+    """Launch ``count`` new replicas of ``version``, plus re-send unconfirmed launches in ``retry``."""
+
+    service: str
+    version: int
+    cloud: str
+    is_spot: bool
+    count: int
+    retry: tuple[ReplicaRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    service: str
+    replica_id: int | None
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    replica_updates: tuple[ReplicaRecord, ...] = ()
+    removals: tuple[ReplicaKey, ...] = ()
+    terminations: tuple[tuple[str, str], ...] = ()  # (cloud, instance_id)
+    launches: tuple[LaunchBatch, ...] = ()
+    start_lbs: tuple[str, ...] = ()
+    stop_lbs: tuple[tuple[str, int], ...] = ()  # (service, pid)
+    lb_policy_changes: tuple[tuple[str, str], ...] = ()  # (service, policy)
+    status_changes: tuple[tuple[str, ServiceStatus, str | None], ...] = ()
+    deletions: tuple[str, ...] = ()
+    events: tuple[Event, ...] = ()
+    active_version_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    autoscaler_updates: tuple[tuple[str, AutoscalerState, AutoscalerObservation], ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(getattr(self, f.name) for f in dataclasses.fields(self))
