@@ -3,8 +3,12 @@
     python -m skyserve_lite.lb --home PATH --service NAME --port N [--host 127.0.0.1]
 
 Reads the service's READY replicas and policy from the state store under ``--home``, writes the per-second
-request counts back to it, and serves until SIGTERM/SIGINT or until the service is deleted from the store.
-Exit status: 0 on a normal stop, 1 when the port cannot be bound or the store cannot be opened.
+request counts and the load reports back to it, and serves until SIGTERM/SIGINT or until the service is
+deleted from the store. ``SKY_LITE_LB_HOLD_SECONDS`` (default 30) is how long a request waits for a READY
+replica before it gets 503.
+
+Exit status: 0 on a normal stop, 1 when the port cannot be bound or the store cannot be opened, 2 for an
+invalid setting.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import asyncio
 import concurrent.futures
 import importlib
 import logging
+import math
+import os
 import signal
 import sys
 from collections.abc import Coroutine, Mapping, Sequence
@@ -21,13 +27,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skyserve_lite.clock import SystemClock
-from skyserve_lite.errors import SkyLiteError
-from skyserve_lite.lb.server import LbView, LoadBalancer, serve
+from skyserve_lite.errors import SkyLiteError, UsageError
+from skyserve_lite.lb.server import DEFAULT_HOLD_SECONDS, LbReport, LbView, LoadBalancer, serve
 
 if TYPE_CHECKING:
     from skyserve_lite.state.store import Store
 
 log = logging.getLogger("skyserve_lite.lb")
+
+HOLD_SECONDS_VARIABLE = "SKY_LITE_LB_HOLD_SECONDS"
+
+
+def hold_seconds_from_env(environ: Mapping[str, str]) -> float:
+    """``SKY_LITE_LB_HOLD_SECONDS`` as a number of seconds (0 or more); ``DEFAULT_HOLD_SECONDS`` when unset
+    or empty. Raises ``UsageError`` naming the variable for anything else ("abc", "-1", "inf")."""
+    text = environ.get(HOLD_SECONDS_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_HOLD_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{HOLD_SECONDS_VARIABLE} must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{HOLD_SECONDS_VARIABLE} must be a finite number of seconds >= 0, got {text!r}")
+    return value
 
 
 class StoreTargetSource:
@@ -50,6 +73,9 @@ class StoreMetricsSink:
 
     def record_request_counts(self, counts: Mapping[int, int]) -> None:
         self._store.record_request_counts(self._service, counts)
+
+    def record_load(self, report: LbReport) -> None:
+        self._store.record_lb_report(self._service, report)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -74,7 +100,7 @@ def _run_until_complete(coro: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(coro)
 
 
-async def _run(home: Path, service: str, host: str, port: int) -> int:
+async def _run(home: Path, service: str, host: str, port: int, hold_seconds: float) -> int:
     from skyserve_lite.state.store import Store  # the store is needed by the process only, not by the server
 
     loop = asyncio.get_running_loop()
@@ -93,6 +119,7 @@ async def _run(home: Path, service: str, host: str, port: int) -> int:
             StoreTargetSource(store, service),
             StoreMetricsSink(store, service),
             SystemClock(),
+            hold_seconds=hold_seconds,
         )
         log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
         try:
@@ -110,11 +137,12 @@ async def _run(home: Path, service: str, host: str, port: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the load balancer; returns the exit status (0 stopped normally, 1 could not start)."""
+    """Run the load balancer; returns the exit status (0 stopped normally, 1 could not start, 2 bad setting)."""
     args = _parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return _run_until_complete(_run(Path(args.home), args.service, args.host, args.port))
+        hold_seconds = hold_seconds_from_env(os.environ)
+        return _run_until_complete(_run(Path(args.home), args.service, args.host, args.port, hold_seconds))
     except SkyLiteError as exc:  # e.g. the store cannot be opened
         print(f"sky-lite load balancer for service {args.service}: {exc}", file=sys.stderr)
         return exc.exit_code

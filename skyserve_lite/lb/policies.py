@@ -1,9 +1,10 @@
 """Load-balancing policies: which READY replica gets the next request.
 
 A policy is a small in-memory object owned by one load balancer and used only from its event loop, so
-nothing here locks. The load balancer tells a policy about the current targets (``set_targets``), asks it
-for a target (``select``) and reports the start and end of every proxied request (``on_start`` /
-``on_end``). Policies never do I/O and never look at a clock.
+nothing here locks. The load balancer tells a policy about the current targets (``set_targets``) and asks it
+for a target (``select``). Load is not the policy's own: the load balancer counts the requests in flight per
+url in one ``InFlight`` (it reports the same counts to the autoscaler) and hands it to the policies that look
+at load. Nothing here does I/O or looks at a clock.
 
 Two policies, selected by name with ``make_policy``:
 
@@ -28,23 +29,54 @@ class Policy(Protocol):
     """How the load balancer picks a target. Used from one event loop only."""
 
     def set_targets(self, urls: Sequence[str]) -> None:
-        """Replace the targets; in-flight counts of urls still present are kept, others are forgotten.
-
-        Duplicates are ignored (the first occurrence sets the order).
-        """
+        """Replace the targets. Duplicates are ignored (the first occurrence sets the order)."""
         ...
 
     def select(self, exclude: Collection[str] = ()) -> str | None:
         """The target for the next request, never one in ``exclude``; None when no target is eligible."""
         ...
 
-    def on_start(self, url: str) -> None:
-        """A request to ``url`` started. Unknown urls are ignored."""
-        ...
 
-    def on_end(self, url: str) -> None:
-        """A request to ``url`` ended (answered or failed). Unknown urls are ignored."""
-        ...
+class InFlight:
+    """Requests in flight per replica url: ``start`` when a request to a url begins, ``end`` when it is over.
+
+    The counts are exact, whatever the targets do: a url taken out of the targets keeps its count while its
+    requests run (a draining replica still has them, and a url that comes back goes on from there), and is
+    forgotten once it is neither a target nor busy. Every ``end`` must pair with an earlier ``start`` of the
+    same url on the same object; an ``end`` of a url at 0 is ignored.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._targets: frozenset[str] = frozenset()
+
+    def set_targets(self, urls: Collection[str]) -> None:
+        """Report a count for every url of ``urls`` from now on, 0 when idle; forget idle urls not in it."""
+        self._targets = frozenset(urls)
+        counts = {url: n for url, n in self._counts.items() if n > 0}
+        for url in self._targets:
+            counts.setdefault(url, 0)
+        self._counts = counts
+
+    def start(self, url: str) -> None:
+        counts = self._counts
+        counts[url] = counts.get(url, 0) + 1
+
+    def end(self, url: str) -> None:
+        counts = self._counts
+        n = counts.get(url, 0)
+        if n > 1 or (n == 1 and url in self._targets):
+            counts[url] = n - 1
+        elif n == 1:
+            del counts[url]
+
+    def get(self, url: str) -> int:
+        """Requests in flight to ``url``; 0 for a url never started or forgotten."""
+        return self._counts.get(url, 0)
+
+    def snapshot(self) -> tuple[tuple[str, int], ...]:
+        """``((url, count), ...)`` sorted by url: every target (0 when idle) and every other busy url."""
+        return tuple(sorted(self._counts.items()))
 
 
 def _unique(urls: Sequence[str]) -> list[str]:
@@ -76,34 +108,27 @@ class RoundRobinPolicy:
                 return url
         return None
 
-    def on_start(self, url: str) -> None:
-        """Round robin does not look at load."""
-
-    def on_end(self, url: str) -> None:
-        """Round robin does not look at load."""
-
 
 class LeastLoadPolicy:
-    """The eligible target with the fewest requests in flight; ties are broken round-robin.
+    """The eligible target with the fewest requests in flight in ``in_flight``; ties are broken round-robin.
 
     Ties in turn: with A and B both idle, sequential requests go A, B, A, B. With A at 3 in flight and B
     at 1, every new request goes to B until B reaches 3 too.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, in_flight: InFlight) -> None:
+        self._in_flight = in_flight
         self._targets: list[str] = []
-        self._in_flight: dict[str, int] = {}
         self._next = 0
 
     def set_targets(self, urls: Sequence[str]) -> None:
         self._targets = _unique(urls)
-        self._in_flight = {url: self._in_flight.get(url, 0) for url in self._targets}
         self._next = self._next % len(self._targets) if self._targets else 0
 
     def select(self, exclude: Collection[str] = ()) -> str | None:
         targets = self._targets
         count = len(targets)
-        in_flight = self._in_flight
+        load_of = self._in_flight.get
         best_index = -1
         best_load = 0
         start = self._next
@@ -112,7 +137,7 @@ class LeastLoadPolicy:
             url = targets[index]
             if url in exclude:
                 continue
-            load = in_flight[url]
+            load = load_of(url)
             # Strictly less: among equal loads the first one from the turn position wins.
             if best_index < 0 or load < best_load:
                 best_index = index
@@ -122,30 +147,16 @@ class LeastLoadPolicy:
         self._next = (best_index + 1) % count
         return targets[best_index]
 
-    def on_start(self, url: str) -> None:
-        if url in self._in_flight:
-            self._in_flight[url] += 1
 
-    def on_end(self, url: str) -> None:
-        # Floor at 0: a url removed and re-added while its requests were in flight starts again at 0, and
-        # the late ends of those requests must not drive it negative.
-        load = self._in_flight.get(url)
-        if load:
-            self._in_flight[url] = load - 1
-
-    def in_flight(self, url: str) -> int:
-        """Requests in flight to ``url`` as this policy counts them; 0 for unknown urls."""
-        return self._in_flight.get(url, 0)
-
-
-def make_policy(name: str) -> Policy:
-    """A fresh policy for ``name`` ("round_robin" or "least_load"), with no targets.
+def make_policy(name: str, in_flight: InFlight) -> Policy:
+    """A fresh policy for ``name`` ("round_robin" or "least_load"), with no targets, reading load from
+    ``in_flight`` if it looks at load.
 
     Raises ValueError naming the known policies for any other name.
     """
     if name == ROUND_ROBIN:
         return RoundRobinPolicy()
     if name == LEAST_LOAD:
-        return LeastLoadPolicy()
+        return LeastLoadPolicy(in_flight)
     known = ", ".join(POLICY_NAMES)
     raise ValueError(f"unknown load-balancing policy {name!r}; expected one of: {known}")

@@ -3,20 +3,26 @@
 What it does per request:
 
 1. counts the request under its whole epoch second (from the injected clock) for the autoscaler;
-2. asks the policy for a replica; with none it answers 503 naming ``sky-lite serve status``;
+2. asks the policy for a replica; with none (a service scaled to zero, or one just starting) it holds the
+   request until a replica is READY, up to ``hold_seconds`` and at most ``max_waiting`` requests at once,
+   then answers 503 naming ``sky-lite serve status``;
 3. forwards method, path, query, headers (minus hop-by-hop ones, plus ``X-Forwarded-*``) and body;
 4. on a connection failure (cannot connect, or the connection dropped before a response) tries another
    replica, at most ``MAX_ATTEMPTS`` in all; when every attempt fails it answers 502;
 5. relays status, headers (minus hop-by-hop ones) and body unchanged: no decompression, no recompression.
 
 Bodies up to ``BUFFER_LIMIT`` with a known length are read whole and sent in one write; larger or chunked
-ones are streamed, so memory per request stays bounded whatever the body size.
+ones are streamed, so memory per request stays bounded whatever the body size. Replicas are reached through
+an ``UpstreamClient`` (``skyserve_lite.lb.upstream``), by default the pooled one.
 
 Everything outside the request path comes in through the constructor: a ``TargetSource`` says which
 replicas are READY and which policy to use (an ``LbView``, the store's own type, re-exported here), a
-``MetricsSink`` takes the per-second request counts, a
-``Clock`` tells the time. A background task (``start`` to ``close``) reads the source every
-``refresh_seconds`` and flushes the counts of completed seconds to the sink.
+``MetricsSink`` takes the per-second request counts and the load reports, a ``Clock`` tells the time. A
+background task (``start`` to ``close``) reads the source every ``refresh_seconds``, flushes the counts of
+completed seconds to the sink and hands it a load report (requests in flight per replica, requests held)
+when the load changed, or every ``REPORT_HEARTBEAT_SECONDS`` when it did not. While requests are held it
+reads the source at once and then every ``HOLD_REFRESH_SECONDS``, so that a replica turning READY is used
+within about 0.1 s instead of one ``refresh_seconds`` later.
 """
 
 from __future__ import annotations
@@ -24,27 +30,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Final, Protocol
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy, istr
-from yarl import URL
 
 from skyserve_lite.clock import Clock
-from skyserve_lite.lb.policies import ROUND_ROBIN, Policy, make_policy
-from skyserve_lite.state.models import LbView
+from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
+from skyserve_lite.lb.pooled_upstream import PooledUpstream
+from skyserve_lite.lb.upstream import (
+    UpstreamClient,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResetError,
+    UpstreamResponse,
+)
+from skyserve_lite.state.models import LbReport, LbView
 
 __all__ = [
     "BUFFER_LIMIT",
+    "DEFAULT_HOLD_SECONDS",
+    "DEFAULT_MAX_WAITING",
+    "HOLD_REFRESH_SECONDS",
     "HOP_BY_HOP_HEADERS",
     "MAX_ATTEMPTS",
+    "REPORT_HEARTBEAT_SECONDS",
+    "LbReport",
     "LbView",
     "LoadBalancer",
     "MetricsSink",
     "TargetSource",
     "compute_upstream_headers",
+    "is_report_due",
     "no_replica_message",
     "serve",
     "split_completed_seconds",
@@ -62,16 +81,22 @@ MAX_ATTEMPTS: Final = 3
 BUFFER_LIMIT: Final = 1024 * 1024
 # Chunk for streamed bodies: 256 KiB is 20 writes for a 5 MiB body, and small enough for back-pressure.
 STREAM_CHUNK: Final = 256 * 1024
-# A replica on another machine that silently drops packets would hold a request for the kernel's SYN retry
-# time (about 2 minutes); 5 s is far above a healthy connect (< 1 ms locally, < 100 ms across a region).
-CONNECT_TIMEOUT_SECONDS: Final = 5.0
-# Idle pooled connections are closed after 4 s. Common replica servers close idle keep-alive connections
-# after 5 s (uvicorn, gunicorn use 2-5 s); closing ours first avoids sending a request down a connection
-# the replica is closing at that very moment. Under load a connection is never idle that long.
-POOL_KEEPALIVE_SECONDS: Final = 4.0
 # Counts the sink refused are kept for a retry on the next flush, but not forever: the autoscaler looks at
 # the last minutes, and 600 one-second keys are a few KiB.
 MAX_UNFLUSHED_SECONDS: Final = 600
+# An unchanged load report is repeated this often. The controller ignores a report older than 10 s (it takes
+# it for a load balancer that is gone); 2 s leaves room for 4 missed writes (a locked database, a slow pass)
+# before a live load balancer looks dead, at one small SQLite write every 2 s per idle service.
+REPORT_HEARTBEAT_SECONDS: Final = 2.0
+# Source reads while requests are held for a READY replica. A replica of a service woken from zero takes
+# seconds to minutes to start; reading every 0.1 s (an indexed SQLite read of well under 1 ms) adds at most
+# 0.1 s to the first answer, where the normal 0.5 s refresh would add up to 0.5 s.
+HOLD_REFRESH_SECONDS: Final = 0.1
+# Defaults for holding requests while no replica is READY. 30 s covers a local replica that starts in
+# seconds and stays within common client timeouts (60 s in nginx, browsers, requests' usual settings);
+# 256 held requests cost one coroutine and one socket each, and beyond them a burst gets 503 at once.
+DEFAULT_HOLD_SECONDS: Final = 30.0
+DEFAULT_MAX_WAITING: Final = 256
 
 # RFC 9110 section 7.6.1, plus Proxy-Connection, which old clients still send and which means the same.
 HOP_BY_HOP_HEADERS: Final = (
@@ -92,34 +117,8 @@ _EXPECT = istr("Expect")
 _X_FORWARDED_FOR = istr("X-Forwarded-For")
 _X_FORWARDED_HOST = istr("X-Forwarded-Host")
 _X_FORWARDED_PROTO = istr("X-Forwarded-Proto")
-# aiohttp's client adds these when absent; a proxy must not: an added "Accept-Encoding: gzip" would make the
-# replica compress a body for a client that never asked for it (and nothing here decompresses).
-_NO_AUTO_HEADERS: Final = CIMultiDict(
-    (istr(name), None) for name in ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
-)
 # Responses that never have a body (RFC 9110 6.4.1); they take the buffered path whatever their headers say.
 _BODYLESS_STATUSES: Final = frozenset({204, 304})
-
-# Connection failures after which nothing reached the replica: always safe to try the next one.
-# ServerTimeoutError can only be a connect timeout here: the session sets no read or total timeout.
-_CONNECT_ERRORS: Final = (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError)
-# The connection broke before a response: the replica may have seen a part of the request.
-_RESET_ERRORS: Final = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-
-
-class _ProxyClientRequest(aiohttp.ClientRequest):
-    """A client request that adds none of aiohttp's default headers.
-
-    Same effect as ``skip_auto_headers=_NO_AUTO_HEADERS`` on the session, which rebuilds that set and copies
-    the headers on every request: 12 us against 5 us per request here, about 3% of the proxy's CPU.
-    """
-
-    def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
-        # aiohttp reads the set again later, to skip the default Content-Type of a body: up to 3.11 as the
-        # attribute ``skip_auto_headers``, since then as ``_skip_auto_headers`` behind a read-only property of
-        # the old name (where the instance-dict entry below is simply never looked at).
-        self._skip_auto_headers = _NO_AUTO_HEADERS
-        vars(self)["skip_auto_headers"] = _NO_AUTO_HEADERS
 
 
 class TargetSource(Protocol):
@@ -136,8 +135,16 @@ class MetricsSink(Protocol):
     def record_request_counts(self, counts: Mapping[int, int]) -> None:
         """Take ``{epoch_second: requests}`` for completed seconds; each second is handed over once.
 
-        Called from a worker thread, never concurrently with itself; may block. On an exception the
-        counts are handed over again (merged with newer ones) on the next flush.
+        Called from a worker thread, never concurrently with itself or ``record_load``; may block. On an
+        exception the counts are handed over again (merged with newer ones) on the next flush.
+        """
+        ...
+
+    def record_load(self, report: LbReport) -> None:
+        """Take the latest load report; it replaces any earlier one.
+
+        Called from a worker thread, never concurrently with itself or ``record_request_counts``; may
+        block. On an exception the next refresh pass hands over a fresh report.
         """
         ...
 
@@ -203,6 +210,19 @@ def merge_counts(into: Mapping[int, int], more: Mapping[int, int], oldest_second
     return merged
 
 
+def is_report_due(last: LbReport | None, in_flight: tuple[tuple[str, int], ...], waiting: int, now: float) -> bool:
+    """Whether a load balancer that last reported ``last`` reports now.
+
+    Yes when nothing was reported yet, when the load differs from ``last``, or when ``last`` is
+    ``REPORT_HEARTBEAT_SECONDS`` old or more (reported at 10.0: due again at 12.0 even if idle throughout).
+    A clock that went backwards counts as a change: a report from the future would look fresh too long.
+    """
+    if last is None or last.in_flight != in_flight or last.waiting != waiting:
+        return True
+    age = now - last.reported_at
+    return age >= REPORT_HEARTBEAT_SECONDS or age < 0
+
+
 def no_replica_message(service: str) -> str:
     """The 503 body: says what is wrong and which command tells why."""
     return f"No ready replica for service {service}. Run 'sky-lite serve status {service}' to see why.\n"
@@ -215,19 +235,20 @@ def _bad_gateway_message(service: str, attempts: int, last_error: str) -> str:
     )
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 class LoadBalancer:
     """Proxies requests for one service to its READY replicas.
 
-    The constructor only stores its arguments; nothing runs before ``start``, which creates the HTTP client
-    session, reads the source once (so the first request already has targets) and starts the refresh task.
-    ``close`` stops the task, flushes the completed seconds and closes the session. ``handle`` is the request
-    handler in between. ``serve`` runs all three on aiohttp's low-level server; ``make_app`` wraps them in an
+    The constructor only stores its arguments; nothing runs before ``start``, which creates the upstream
+    client (``upstream``, a factory called inside the event loop: ``PooledUpstream`` unless told otherwise),
+    reads the source once (so the first request already has targets) and starts the refresh task.
+    ``stop_holding`` answers the held requests (503) and makes later ones without a target fail at once; the
+    service's end calls it before waiting for the requests in flight. ``close`` stops holding and the task,
+    flushes the completed seconds and closes the client. ``handle`` is the request handler in between.
+    ``serve`` runs all of them on aiohttp's low-level server; ``make_app`` wraps them in an
     ``aiohttp.web.Application`` for embedding and tests. One ``LoadBalancer`` runs once at a time.
+
+    ``hold_seconds`` (0 or more; 0 answers 503 at once) and ``max_waiting`` bound how long and how many
+    requests wait for a READY replica; the hold is measured on the event loop's monotonic time.
     """
 
     def __init__(
@@ -237,21 +258,35 @@ class LoadBalancer:
         sink: MetricsSink | None,
         clock: Clock,
         refresh_seconds: float = 0.5,
+        hold_seconds: float = DEFAULT_HOLD_SECONDS,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+        upstream: Callable[[], UpstreamClient] = PooledUpstream,
     ) -> None:
         self.service = service
         self._source = source
         self._sink = sink
         self._clock = clock
         self._refresh_seconds = refresh_seconds
+        self._hold_seconds = hold_seconds
+        self._max_waiting = max_waiting
         self._policy_name = ROUND_ROBIN
-        self._policy: Policy = make_policy(ROUND_ROBIN)
+        self._in_flight = InFlight()
+        self._policy: Policy = make_policy(ROUND_ROBIN, self._in_flight)
+        self._waiting = 0
+        self._last_report: LbReport | None = None
         self._urls: tuple[str, ...] = ()
         self._rejected_policy: str | None = None
         self._counts: dict[int, int] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._make_upstream = upstream
+        self._upstream: UpstreamClient | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._source_gone: asyncio.Event | None = None
-        self._stopping: asyncio.Event | None = None
+        # Set to make the refresh loop run a pass now (or notice that it is stopping).
+        self._poke: asyncio.Event | None = None
+        self._stopping = False
+        # Held requests wait on this; set while there are targets, or once holding has stopped.
+        self._wake_held: asyncio.Event | None = None
+        self._holding = False
         self._no_replica_text = no_replica_message(service)
 
     def make_app(self) -> web.Application:
@@ -263,59 +298,80 @@ class LoadBalancer:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(lambda app: self.start())
+        app.on_shutdown.append(lambda app: self._stop_holding_async())
         app.on_cleanup.append(lambda app: self.close())
         return app
 
     async def start(self) -> None:
-        """Create the client session, read the source once, start the refresh task."""
+        """Create the upstream client, read the source once, start the refresh task."""
         self._source_gone = asyncio.Event()
-        self._stopping = asyncio.Event()
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=POOL_KEEPALIVE_SECONDS)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            request_class=_ProxyClientRequest,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS),
-        )
+        self._poke = asyncio.Event()
+        self._wake_held = asyncio.Event()
+        self._stopping = False
+        self._holding = True
+        self._upstream = self._make_upstream()
         # One pass before the site starts listening, so that the first request already has targets.
         await self._refresh_pass()
         self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"lb-refresh-{self.service}")
 
     async def close(self) -> None:
-        """Stop the refresh task, flush the completed seconds, close the client session. Idempotent."""
+        """Stop holding, stop the refresh task, flush the completed seconds, close the upstream client.
+
+        Idempotent.
+        """
+        self.stop_holding()
         if self._refresh_task is not None:
             # Ask the loop to stop instead of cancelling it: a cancelled flush cannot tell whether its worker
             # thread wrote the counts, and guessing wrong would lose or double them.
-            assert self._stopping is not None
-            self._stopping.set()
+            assert self._poke is not None
+            self._stopping = True
+            self._poke.set()
             await self._refresh_task
             self._refresh_task = None
         try:
             await self._flush_counts()
         except Exception:  # the last flush; nothing is left to retry it
             log.exception("load balancer for service %s: final flush of request counts failed", self.service)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._upstream is not None:
+            await self._upstream.close()
+            self._upstream = None
 
     async def wait_source_gone(self) -> None:
         """Return once the source said the service no longer exists. Only valid after ``start``."""
         assert self._source_gone is not None, "the load balancer has not started"
         await self._source_gone.wait()
 
+    def stop_holding(self) -> None:
+        """Answer every held request with 503 now, and later requests without a target at once. Idempotent.
+
+        For the end of the service: without it, stopping would wait for held requests for up to
+        ``hold_seconds``.
+        """
+        self._holding = False
+        self._update_wake_held()
+
+    async def _stop_holding_async(self) -> None:
+        self.stop_holding()
+
+    @property
+    def waiting(self) -> int:
+        """Requests held right now for a READY replica."""
+        return self._waiting
+
     async def _refresh_loop(self) -> None:
-        stopping, gone = self._stopping, self._source_gone
-        assert stopping is not None and gone is not None
+        poke, gone = self._poke, self._source_gone
+        assert poke is not None and gone is not None
         while not gone.is_set():
+            period = min(self._refresh_seconds, HOLD_REFRESH_SECONDS) if self._waiting else self._refresh_seconds
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self._refresh_seconds)
-            if stopping.is_set():
+                await asyncio.wait_for(poke.wait(), period)
+            poke.clear()
+            if self._stopping:
                 return
             await self._refresh_pass()
 
     async def _refresh_pass(self) -> None:
-        """Read the source, apply what it says, flush completed seconds. Never raises."""
+        """Read the source, apply what it says, flush completed seconds, report the load. Never raises."""
         try:
             await self._refresh_targets()
         except Exception:  # top of the loop: keep the previous targets and try again next time
@@ -324,6 +380,10 @@ class LoadBalancer:
             await self._flush_counts()
         except Exception:  # top of the loop: the counts were kept and go with the next flush
             log.exception("load balancer for service %s: recording request counts failed", self.service)
+        try:
+            await self._report_load()
+        except Exception:  # top of the loop: the next pass reports again (the last report is still due)
+            log.exception("load balancer for service %s: recording the load report failed", self.service)
 
     async def _refresh_targets(self) -> None:
         view = await asyncio.to_thread(self._source.read)
@@ -331,27 +391,40 @@ class LoadBalancer:
             log.info("service %s no longer exists; the load balancer stops", self.service)
             assert self._source_gone is not None
             self._source_gone.set()
+            self.stop_holding()
             return
         self._apply_view(view)
+        self._update_wake_held()
+
+    def _update_wake_held(self) -> None:
+        wake = self._wake_held
+        if wake is None:
+            return
+        if self._urls or not self._holding:
+            wake.set()
+        else:
+            wake.clear()
 
     def _apply_view(self, view: LbView) -> None:
         if view.policy != self._policy_name:
             try:
-                policy = make_policy(view.policy)
+                policy = make_policy(view.policy, self._in_flight)
             except ValueError as exc:
                 if view.policy != self._rejected_policy:
                     log.warning("service %s: %s; keeping %s", self.service, exc, self._policy_name)
                     self._rejected_policy = view.policy
             else:
-                # Requests in flight keep the policy they started with and report their end to it, so the
-                # new policy's in-flight counts start from 0.
+                # The in-flight counts belong to the load balancer, not to a policy: a switch to least_load
+                # starts from the real load, including requests the previous policy sent.
                 policy.set_targets(view.ready_urls)
+                self._in_flight.set_targets(view.ready_urls)
                 self._policy, self._policy_name, self._urls = policy, view.policy, view.ready_urls
                 self._rejected_policy = None
                 log.info("service %s: policy %s, targets %s", self.service, view.policy, list(self._urls))
                 return
         if view.ready_urls != self._urls:
             self._policy.set_targets(view.ready_urls)
+            self._in_flight.set_targets(view.ready_urls)
             self._urls = view.ready_urls
             log.info("service %s: targets %s", self.service, list(self._urls))
 
@@ -370,6 +443,17 @@ class LoadBalancer:
             self._counts = merge_counts(self._counts, completed, now_second - MAX_UNFLUSHED_SECONDS)
             raise
 
+    async def _report_load(self) -> None:
+        if self._sink is None:
+            return
+        now = self._clock.now()
+        in_flight = self._in_flight.snapshot()
+        if not is_report_due(self._last_report, in_flight, self._waiting, now):
+            return
+        report = LbReport(reported_at=now, in_flight=in_flight, waiting=self._waiting)
+        await asyncio.to_thread(self._sink.record_load, report)
+        self._last_report = report
+
     def _count_request(self) -> None:
         # Every request counts, including those answered 503: a service scaled to zero replicas must
         # still show demand to the autoscaler, or it would never scale up again.
@@ -381,11 +465,15 @@ class LoadBalancer:
         """Proxy one request; the aiohttp handler for every method and path. Valid between start and close."""
         self._count_request()
         policy = self._policy
+        in_flight = self._in_flight
         url = policy.select()
         if url is None:
-            return web.Response(status=503, text=self._no_replica_text)
-        session = self._session
-        assert session is not None
+            url = await self._hold()
+            if url is None:
+                return web.Response(status=503, text=self._no_replica_text)
+            policy = self._policy  # the view that brought the target may have changed the policy
+        upstream = self._upstream
+        assert upstream is not None
 
         body = await _read_body(request)
         # A buffered (or absent) body can be sent again; a streamed one is consumed by the first attempt.
@@ -403,38 +491,66 @@ class LoadBalancer:
         attempt = 0
         while url is not None:
             attempt += 1
-            policy.on_start(url)
+            in_flight.start(url)
             try:
                 try:
-                    upstream = await session.request(
-                        method,
-                        URL(url.rstrip("/") + path, encoded=True),
-                        headers=headers,
-                        data=body,
-                        allow_redirects=False,
-                    )
-                except _CONNECT_ERRORS as exc:
+                    response = await upstream.request(url, method, path, headers, body)
+                except UpstreamConnectError as exc:
                     refused += (url,)
-                    last_error = _describe(exc)
+                    last_error = str(exc)
                     log.warning("service %s: cannot connect to %s: %s", self.service, url, last_error)
-                except _RESET_ERRORS as exc:
-                    last_error = _describe(exc)
+                except UpstreamResetError as exc:
+                    last_error = str(exc)
                     log.warning("service %s: connection to %s failed: %s", self.service, url, last_error)
                     if not replayable:
                         break
-                except aiohttp.ClientError as exc:  # e.g. an invalid HTTP response: no retry
-                    last_error = _describe(exc)
+                except UpstreamError as exc:  # e.g. an invalid HTTP response: no retry
+                    last_error = str(exc)
                     log.warning("service %s: bad response from %s: %s", self.service, url, last_error)
                     break
                 else:
-                    return await self._relay(request, upstream, url)
+                    return await self._relay(request, response, url)
             finally:
-                policy.on_end(url)
+                in_flight.end(url)
             tried += (url,)
             url = _select_retry(policy, tried, refused) if attempt < MAX_ATTEMPTS else None
         return web.Response(status=502, text=_bad_gateway_message(self.service, attempt, last_error))
 
-    async def _relay(self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, url: str) -> web.StreamResponse:
+    async def _hold(self) -> str | None:
+        """Wait until a target is available and select it; None after ``hold_seconds``, when
+        ``max_waiting`` requests are held already, or once holding stopped.
+
+        The first request to wait asks the refresh loop for a pass at once; all held requests wake together
+        when a pass finds targets.
+        """
+        wake, poke = self._wake_held, self._poke
+        if not self._holding or self._hold_seconds <= 0 or self._waiting >= self._max_waiting:
+            return None
+        assert wake is not None and poke is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._hold_seconds
+        self._waiting += 1
+        if self._waiting == 1:
+            poke.set()
+        try:
+            while self._holding:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(wake.wait(), remaining)
+                except asyncio.TimeoutError:
+                    return None
+                # Set means targets, unless holding stopped; another pass may have emptied them again since
+                # (the event is then clear once more, so this loop waits rather than spins).
+                url = self._policy.select()
+                if url is not None:
+                    return url
+            return None
+        finally:
+            self._waiting -= 1
+
+    async def _relay(self, request: web.BaseRequest, upstream: UpstreamResponse, url: str) -> web.StreamResponse:
         """Send ``upstream`` to the client; always releases ``upstream``."""
         try:
             length = upstream.content_length
@@ -445,8 +561,8 @@ class LoadBalancer:
             ):
                 try:
                     data = await upstream.read()
-                except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-                    last_error = _describe(exc)
+                except UpstreamError as exc:
+                    last_error = str(exc)
                     log.warning("service %s: reading the response of %s failed: %s", self.service, url, last_error)
                     return web.Response(status=502, text=_bad_gateway_message(self.service, 1, last_error))
                 response = web.Response(
@@ -460,21 +576,20 @@ class LoadBalancer:
         finally:
             upstream.release()
 
-    async def _stream(self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, url: str) -> web.StreamResponse:
+    async def _stream(self, request: web.BaseRequest, upstream: UpstreamResponse, url: str) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=upstream.headers)
         strip_hop_by_hop(response.headers)
         try:
             await response.prepare(request)
         except ConnectionError:  # the client went away; aiohttp closes the connection
             return response
-        content = upstream.content
         while True:
             try:
-                chunk = await content.read(STREAM_CHUNK)
-            except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+                chunk = await upstream.read_chunk(STREAM_CHUNK)
+            except UpstreamError as exc:
                 # The status line is out: the only honest signal left is to cut the client's connection, so
                 # that it sees a truncated body rather than a complete-looking short one.
-                log.warning("service %s: the response body from %s broke off: %s", self.service, url, _describe(exc))
+                log.warning("service %s: the response body from %s broke off: %s", self.service, url, exc)
                 if request.transport is not None:
                     request.transport.abort()
                 return response
@@ -512,7 +627,7 @@ async def serve(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event) -> 
     """Run ``lb`` on ``host:port`` until ``stop`` is set or its source says the service is gone.
 
     Raises OSError when the port cannot be bound. On return the listening socket is closed, the counts of
-    completed seconds are flushed and the client session is closed.
+    completed seconds are flushed and the upstream client is closed.
     """
     runner = web.ServerRunner(web.Server(lb.handle, access_log=None), handle_signals=False)
     await runner.setup()
@@ -529,6 +644,8 @@ async def serve(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event) -> 
             for task in waits:
                 task.cancel()
     finally:
-        # Stop accepting and finish the requests in flight first, then close the client session they use.
+        # Stop accepting, answer the held requests and finish the ones in flight first, then close the
+        # upstream client they use.
+        lb.stop_holding()
         await runner.cleanup()
         await lb.close()

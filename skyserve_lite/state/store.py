@@ -6,7 +6,7 @@ the old or the new state, never half of a change.
 
 Who writes what: the CLI (through ``api``) creates services and versions and marks them for deletion;
 the controller's executor is the only writer of replica rows and service status; a load balancer writes
-only its request counts.
+only its request counts and its load report (in-flight and held requests).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Load-balancing policies: tables of targets, in-flight requests and exclusions -> choices."""
+"""Load-balancing policies and in-flight counts: tables of targets, in-flight requests and exclusions -> choices."""
 
 from __future__ import annotations
 
 import pytest
 
-from skyserve_lite.lb.policies import LeastLoadPolicy, Policy, make_policy
+from skyserve_lite.lb.policies import InFlight, Policy, make_policy
 
 A, B, C = "http://127.0.0.1:1001", "http://127.0.0.1:1002", "http://127.0.0.1:1003"
 
@@ -26,17 +26,27 @@ def _choices(policy: Policy, count: int, exclude: tuple[str, ...] = ()) -> list[
 def test_round_robin_order_and_exclusion(
     targets: tuple[str, ...], exclude: tuple[str, ...], expected: list[str]
 ) -> None:
-    policy = make_policy("round_robin")
+    policy = make_policy("round_robin", InFlight())
     policy.set_targets(targets)
     assert _choices(policy, len(expected), exclude) == expected
 
 
 def test_round_robin_ignores_load() -> None:
-    policy = make_policy("round_robin")
+    in_flight = InFlight()
+    policy = make_policy("round_robin", in_flight)
     policy.set_targets((A, B))
+    in_flight.set_targets((A, B))
     for _ in range(5):
-        policy.on_start(A)
+        in_flight.start(A)
     assert _choices(policy, 4) == [A, B, A, B]
+
+
+def _least_load(targets: tuple[str, ...]) -> tuple[Policy, InFlight]:
+    in_flight = InFlight()
+    policy = make_policy("least_load", in_flight)
+    policy.set_targets(targets)
+    in_flight.set_targets(targets)
+    return policy, in_flight
 
 
 @pytest.mark.parametrize(
@@ -55,64 +65,77 @@ def test_round_robin_ignores_load() -> None:
 def test_least_load_picks_fewest_in_flight_ties_round_robin(
     targets: tuple[str, ...], in_flight: dict[str, int], exclude: tuple[str, ...], expected: list[str]
 ) -> None:
-    policy = make_policy("least_load")
-    policy.set_targets(targets)
+    policy, counts = _least_load(targets)
     for url, count in in_flight.items():
         for _ in range(count):
-            policy.on_start(url)
+            counts.start(url)
     assert _choices(policy, len(expected), exclude) == expected
 
 
 def test_least_load_follows_starts_and_ends() -> None:
-    policy = make_policy("least_load")
-    policy.set_targets((A, B))
+    policy, in_flight = _least_load((A, B))
     first = policy.select()
     assert first == A
-    policy.on_start(A)
+    in_flight.start(A)
     assert policy.select() == B  # A is busy
-    policy.on_start(B)
-    policy.on_end(A)
+    in_flight.start(B)
+    in_flight.end(A)
     assert policy.select() == A  # A is free again, B is busy
 
 
 @pytest.mark.parametrize(
-    ("before", "started", "after", "expected_counts"),
+    ("before", "started", "after", "ended", "expected"),
     [
-        # kept urls keep their counts, removed urls are dropped, new urls start at 0
-        ((A, B), {A: 2, B: 1}, (B, C), {A: 0, B: 1, C: 0}),
-        ((A, B), {A: 2, B: 1}, (A, B), {A: 2, B: 1, C: 0}),
-        ((A,), {A: 3}, (), {A: 0, B: 0, C: 0}),
+        # targets are listed at 0 when idle; a removed url keeps its count while its requests run
+        ((A, B), {A: 2, B: 1}, (B, C), (), ((A, 2), (B, 1), (C, 0))),
+        # ... and is forgotten once the last one ended
+        ((A, B), {A: 2, B: 1}, (B, C), (A, A), ((B, 1), (C, 0))),
+        ((A, B), {A: 2, B: 1}, (A, B), (B,), ((A, 2), (B, 0))),
+        ((A,), {A: 3}, (), (A,), ((A, 2),)),
+        ((A,), {A: 1}, (), (A,), ()),
+        # a url that was never a target counts while busy (the load balancer only starts chosen targets)
+        ((A,), {C: 1}, (A,), (), ((A, 0), (C, 1))),
+        ((A,), {C: 1}, (A,), (C,), ((A, 0),)),
+        # ends of idle or unknown urls are ignored: never below 0
+        ((A,), {}, (A,), (A, B), ((A, 0),)),
+        ((), {}, (), (), ()),
     ],
 )
-def test_set_targets_keeps_counts_of_kept_urls_and_drops_removed(
+def test_in_flight_counts_follow_starts_ends_and_targets(
     before: tuple[str, ...],
     started: dict[str, int],
     after: tuple[str, ...],
-    expected_counts: dict[str, int],
+    ended: tuple[str, ...],
+    expected: tuple[tuple[str, int], ...],
 ) -> None:
-    policy = LeastLoadPolicy()
-    policy.set_targets(before)
+    in_flight = InFlight()
+    in_flight.set_targets(before)
     for url, count in started.items():
         for _ in range(count):
-            policy.on_start(url)
-    policy.set_targets(after)
-    assert {url: policy.in_flight(url) for url in (A, B, C)} == expected_counts
+            in_flight.start(url)
+    in_flight.set_targets(after)
+    for url in ended:
+        in_flight.end(url)
+    assert in_flight.snapshot() == expected
+    assert {url: in_flight.get(url) for url in (A, B, C)} == {url: dict(expected).get(url, 0) for url in (A, B, C)}
 
 
-def test_end_of_a_request_to_a_removed_and_readded_url_does_not_go_negative() -> None:
-    policy = LeastLoadPolicy()
-    policy.set_targets((A, B))
-    policy.on_start(A)
+def test_a_url_removed_and_readded_goes_on_from_its_real_count() -> None:
+    policy, in_flight = _least_load((A, B))
+    in_flight.start(A)
     policy.set_targets((B,))
+    in_flight.set_targets((B,))
     policy.set_targets((A, B))
-    policy.on_end(A)  # the request started before the removal ends now
-    assert policy.in_flight(A) == 0
-    policy.on_start(B)
+    in_flight.set_targets((A, B))
+    assert policy.select() == B  # A still has the request that started before the removal
+    in_flight.end(A)
+    assert in_flight.get(A) == 0
+    in_flight.start(B)
     assert policy.select() == A
 
 
 def test_set_targets_changes_the_rotation_to_the_new_set() -> None:
-    policy = make_policy("round_robin")
+    policy = make_policy("round_robin", InFlight())
     policy.set_targets((A, B, C))
     assert _choices(policy, 3) == [A, B, C]
     policy.set_targets((A, B))
@@ -133,22 +156,12 @@ def test_set_targets_changes_the_rotation_to_the_new_set() -> None:
 def test_select_returns_none_when_nothing_is_eligible(
     name: str, targets: tuple[str, ...], exclude: tuple[str, ...]
 ) -> None:
-    policy = make_policy(name)
+    policy = make_policy(name, InFlight())
     policy.set_targets(targets)
     assert policy.select(exclude) is None
-
-
-@pytest.mark.parametrize("name", ["round_robin", "least_load"])
-def test_unknown_urls_in_start_and_end_are_ignored(name: str) -> None:
-    policy = make_policy(name)
-    policy.set_targets((A,))
-    policy.on_start(C)
-    policy.on_end(C)
-    policy.on_end(A)
-    assert policy.select() == A
 
 
 @pytest.mark.parametrize("name", ["", "random", "Round_Robin", "least-load"])
 def test_make_policy_rejects_unknown_names(name: str) -> None:
     with pytest.raises(ValueError, match="round_robin, least_load"):
-        make_policy(name)
+        make_policy(name, InFlight())

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import hashlib
 import io
-import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -23,16 +22,24 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.errors import UsageError
 from skyserve_lite.lb import __main__ as lb_main
+from skyserve_lite.lb.aiohttp_upstream import AiohttpUpstream
+from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.server import (
+    LbReport,
     LbView,
     LoadBalancer,
     compute_upstream_headers,
+    is_report_due,
     merge_counts,
     serve,
     split_completed_seconds,
     strip_hop_by_hop,
 )
+from skyserve_lite.lb.upstream import UpstreamClient
+
+from .scripted import CLOSE, scripted_backend
 
 BIG = 5 * 1024 * 1024
 # Deterministic, not all-equal bytes, so that a reordered or dropped chunk changes the digest.
@@ -155,9 +162,13 @@ class MutableSource:
 class RecordingSink:
     def __init__(self) -> None:
         self.calls: list[dict[int, int]] = []
+        self.reports: list[LbReport] = []
 
     def record_request_counts(self, counts: Mapping[int, int]) -> None:
         self.calls.append(dict(counts))
+
+    def record_load(self, report: LbReport) -> None:
+        self.reports.append(report)
 
 
 @dataclass
@@ -166,6 +177,7 @@ class Harness:
     source: MutableSource
     sink: RecordingSink
     clock: FakeClock
+    lb: LoadBalancer
     lb_url: str
     client: aiohttp.ClientSession
 
@@ -190,7 +202,10 @@ async def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> Non
 
 @contextlib.asynccontextmanager
 async def _harness(
-    policy: str = "round_robin", targets: Callable[[list[str]], tuple[str, ...]] | None = None
+    policy: str = "round_robin",
+    targets: Callable[[list[str]], tuple[str, ...]] | None = None,
+    refresh_seconds: float = 0.02,
+    **lb_options: Any,
 ) -> AsyncIterator[Harness]:
     backends = [Backend("b0"), Backend("b1")]
     async with contextlib.AsyncExitStack() as stack:
@@ -200,10 +215,20 @@ async def _harness(
         source = MutableSource(LbView(ready_urls=targets(urls) if targets else tuple(urls), policy=policy))
         sink = RecordingSink()
         clock = FakeClock(START)
-        lb = LoadBalancer("svc", source, sink, clock, refresh_seconds=0.02)
+        lb = LoadBalancer("svc", source, sink, clock, refresh_seconds=refresh_seconds, **lb_options)
         lb_url = await stack.enter_async_context(_run_app(lb.make_app()))
         client = await stack.enter_async_context(aiohttp.ClientSession(auto_decompress=False))
-        yield Harness(backends, source, sink, clock, lb_url, client)
+        yield Harness(backends, source, sink, clock, lb, lb_url, client)
+
+
+UpstreamFactory = Callable[[], UpstreamClient]
+
+
+@pytest.fixture(params=[PooledUpstream, AiohttpUpstream], ids=["pooled", "aiohttp"])
+def upstream(request: pytest.FixtureRequest) -> UpstreamFactory:
+    """Every test that proxies runs over both upstream clients: the pooled one must behave as aiohttp's."""
+    factory: UpstreamFactory = request.param
+    return factory
 
 
 def _run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -308,9 +333,9 @@ def test_merge_counts_table(into: dict[int, int], more: dict[int, int], oldest: 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["GET", "POST", "PUT", "DELETE", "PATCH"])
-def test_method_body_and_query_pass_through(method: str) -> None:
+def test_method_body_and_query_pass_through(method: str, upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             payload = f"payload for {method} \u00e9".encode()
             url = h.lb_url + "/some/path%20x?a=1&b=x%20y&a=2"
             async with h.client.request(method, url, data=payload) as response:
@@ -325,9 +350,9 @@ def test_method_body_and_query_pass_through(method: str) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_head_keeps_the_replica_content_length_and_sends_no_body() -> None:
+def test_head_keeps_the_replica_content_length_and_sends_no_body(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h, h.client.head(h.lb_url + "/x") as response:
+        async with _harness(upstream=upstream) as h, h.client.head(h.lb_url + "/x") as response:
             assert response.status == 200
             assert response.headers["Content-Length"] == "1234"
             assert await response.read() == b""
@@ -336,9 +361,9 @@ def test_head_keeps_the_replica_content_length_and_sends_no_body() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_round_robin_alternates_between_both_backends() -> None:
+def test_round_robin_alternates_between_both_backends(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             ids = [(await h.get_json())["id"] for _ in range(6)]
             assert ids == ["b0", "b1", "b0", "b1", "b0", "b1"]
 
@@ -346,9 +371,9 @@ def test_round_robin_alternates_between_both_backends() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_least_load_avoids_a_backend_with_a_slow_request_in_flight() -> None:
+def test_least_load_avoids_a_backend_with_a_slow_request_in_flight(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness(policy="least_load") as h:
+        async with _harness(upstream=upstream, policy="least_load") as h:
             slow = asyncio.create_task(h.get_json("/slow"))
             await asyncio.wait_for(h.backends[0].slow_started.wait(), 10)
             ids = [(await h.get_json())["id"] for _ in range(4)]
@@ -363,9 +388,9 @@ def test_least_load_avoids_a_backend_with_a_slow_request_in_flight() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_hop_by_hop_headers_dropped_and_forwarded_headers_added() -> None:
+def test_hop_by_hop_headers_dropped_and_forwarded_headers_added(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             request_headers = {
                 "Connection": "keep-alive, X-Req-Hop",
                 "X-Req-Hop": "secret",
@@ -401,9 +426,9 @@ def test_hop_by_hop_headers_dropped_and_forwarded_headers_added() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_the_proxy_adds_no_default_headers_of_its_own() -> None:
+def test_the_proxy_adds_no_default_headers_of_its_own(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             bare = ["User-Agent", "Accept", "Accept-Encoding", "Content-Type"]
             async with h.client.post(h.lb_url + "/bare", data=b"raw bytes", skip_auto_headers=bare) as response:
                 assert response.status == 200
@@ -417,9 +442,9 @@ def test_the_proxy_adds_no_default_headers_of_its_own() -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("chunked", [False, True])
-def test_large_streamed_response_passes_intact(chunked: bool) -> None:
+def test_large_streamed_response_passes_intact(chunked: bool, upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             url = h.lb_url + "/big" + ("?chunked=1" if chunked else "")
             async with h.client.get(url) as response:
                 assert response.status == 200
@@ -435,13 +460,13 @@ def test_large_streamed_response_passes_intact(chunked: bool) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_chunked_request_body_passes_intact() -> None:
+def test_chunked_request_body_passes_intact(upstream: UpstreamFactory) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         for offset in range(0, BIG, 300_000):
             yield BIG_BODY[offset : offset + 300_000]
 
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             async with h.client.post(h.lb_url + "/digest", data=chunks()) as response:
                 assert response.status == 200
                 echoed = await response.json()
@@ -453,9 +478,9 @@ def test_chunked_request_body_passes_intact() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_large_request_body_with_length_is_streamed_with_its_length() -> None:
+def test_large_request_body_with_length_is_streamed_with_its_length(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             async with h.client.put(h.lb_url + "/digest", data=io.BytesIO(BIG_BODY)) as response:
                 assert response.status == 200
                 echoed = await response.json()
@@ -467,7 +492,7 @@ def test_large_request_body_with_length_is_streamed_with_its_length() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_compressed_response_passes_through_undecoded() -> None:
+def test_compressed_response_passes_through_undecoded(upstream: UpstreamFactory) -> None:
     async def body() -> None:
         backend = Backend("gz")
 
@@ -480,7 +505,9 @@ def test_compressed_response_passes_through_undecoded() -> None:
         app.router.add_get("/", gz)
         async with _run_app(app) as backend_url, contextlib.AsyncExitStack() as stack:
             backend.url = backend_url
-            lb = LoadBalancer("svc", MutableSource(LbView((backend_url,), "round_robin")), None, FakeClock(START))
+            lb = LoadBalancer(
+                "svc", MutableSource(LbView((backend_url,), "round_robin")), None, FakeClock(START), upstream=upstream
+            )
             lb_url = await stack.enter_async_context(_run_app(lb.make_app()))
             client = await stack.enter_async_context(aiohttp.ClientSession(auto_decompress=False))
             async with client.get(lb_url + "/", headers={"Accept-Encoding": "gzip"}) as response:
@@ -499,10 +526,10 @@ def test_compressed_response_passes_through_undecoded() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_dead_replica_is_retried_on_the_live_one() -> None:
+def test_dead_replica_is_retried_on_the_live_one(upstream: UpstreamFactory) -> None:
     async def body() -> None:
         dead = _dead_url()
-        async with _harness(targets=lambda urls: (dead, urls[1])) as h:
+        async with _harness(upstream=upstream, targets=lambda urls: (dead, urls[1])) as h:
             for _ in range(4):  # round robin puts the dead one first every other request
                 assert (await h.get_json("/r"))["id"] == "b1"
             async with h.client.post(h.lb_url + "/r", data=b"x" * 1000) as response:
@@ -513,10 +540,41 @@ def test_dead_replica_is_retried_on_the_live_one() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_all_targets_dead_gives_502() -> None:
+@pytest.mark.parametrize(("streamed", "status"), [(False, 200), (True, 502)], ids=["buffered", "streamed"])
+def test_a_connection_reset_before_the_answer_is_retried_only_with_a_replayable_body(
+    upstream: UpstreamFactory, streamed: bool, status: int
+) -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"part one, "
+        yield b"part two"
+
+    async def body() -> None:
+        async with scripted_backend(CLOSE, ok) as backend, contextlib.AsyncExitStack() as stack:
+            lb = LoadBalancer(
+                "svc", MutableSource(LbView((backend.url,), "round_robin")), None, FakeClock(START), upstream=upstream
+            )
+            lb_url = await stack.enter_async_context(_run_app(lb.make_app()))
+            client = await stack.enter_async_context(aiohttp.ClientSession())
+            async with client.post(lb_url + "/r", data=chunks() if streamed else b"replayable") as response:
+                assert response.status == status
+                text = await response.text()
+            if streamed:
+                assert "1 attempt(s)" in text
+                assert len(backend.requests) == 1
+            else:
+                assert text == "ok"
+                assert len(backend.requests) == 2  # the same replica again, on a new connection
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
+def test_all_targets_dead_gives_502(upstream: UpstreamFactory) -> None:
     async def body() -> None:
         dead = (_dead_url(), _dead_url())
-        async with _harness(targets=lambda urls: dead) as h:
+        async with _harness(upstream=upstream, targets=lambda urls: dead) as h:
             async with h.client.get(h.lb_url + "/") as response:
                 assert response.status == 502
                 text = await response.text()
@@ -528,21 +586,24 @@ def test_all_targets_dead_gives_502() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_no_targets_gives_503_naming_the_status_command() -> None:
+def test_no_target_within_hold_seconds_gives_503_naming_the_status_command(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness(targets=lambda urls: ()) as h:
+        async with _harness(upstream=upstream, targets=lambda urls: (), hold_seconds=0.3) as h:
+            started = time.monotonic()
             async with h.client.get(h.lb_url + "/") as response:
                 assert response.status == 503
                 text = await response.text()
+            assert time.monotonic() - started >= 0.3
             assert text == ("No ready replica for service svc. Run 'sky-lite serve status svc' to see why.\n")
+            assert h.lb.waiting == 0
 
     _run(body)
 
 
 @pytest.mark.timeout(60)
-def test_target_and_policy_changes_are_picked_up_after_refresh() -> None:
+def test_target_and_policy_changes_are_picked_up_after_refresh(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness(targets=lambda urls: (urls[0],)) as h:
+        async with _harness(upstream=upstream, targets=lambda urls: (urls[0],), hold_seconds=0) as h:
             assert {(await h.get_json())["id"] for _ in range(3)} == {"b0"}
             h.source.view = LbView(ready_urls=(h.backends[1].url,), policy="round_robin")
             await h.wait_refreshes()
@@ -563,13 +624,72 @@ def test_target_and_policy_changes_are_picked_up_after_refresh() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_unknown_policy_in_the_view_keeps_the_previous_one() -> None:
+def test_unknown_policy_in_the_view_keeps_the_previous_one(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             h.source.view = LbView(ready_urls=tuple(b.url for b in h.backends), policy="random")
             await h.wait_refreshes()
             ids = [(await h.get_json())["id"] for _ in range(4)]
             assert sorted(ids) == ["b0", "b0", "b1", "b1"]
+
+    _run(body)
+
+
+# -- holding requests while no replica is READY -----------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_held_request_is_answered_once_a_target_appears(upstream: UpstreamFactory) -> None:
+    async def body() -> None:
+        # refresh_seconds 30: only the reads that holding triggers can find the new target in time
+        async with _harness(upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=10) as h:
+            reads_at_start = h.source.reads
+            held = asyncio.create_task(h.get_json("/woken"))
+            await _wait_for(lambda: h.lb.waiting == 1)
+            await _wait_for(lambda: h.source.reads > reads_at_start)  # the first waiter asked for a read
+            h.source.view = LbView(ready_urls=(h.backends[0].url,), policy="round_robin")
+            appeared = time.monotonic()
+            echoed = await asyncio.wait_for(held, 10)
+            assert time.monotonic() - appeared < 1.0
+            assert (echoed["id"], echoed["path"]) == ("b0", "/woken")
+            assert h.lb.waiting == 0
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
+def test_beyond_max_waiting_a_request_gets_503_at_once(upstream: UpstreamFactory) -> None:
+    async def body() -> None:
+        async with _harness(
+            upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=20, max_waiting=2
+        ) as h:
+            held = [asyncio.create_task(h.get_json(f"/held{i}")) for i in range(2)]
+            await _wait_for(lambda: h.lb.waiting == 2)
+            started = time.monotonic()
+            async with h.client.get(h.lb_url + "/third") as response:
+                assert response.status == 503
+            assert time.monotonic() - started < 5.0  # far below the 20 s hold
+            h.source.view = LbView(ready_urls=tuple(b.url for b in h.backends), policy="round_robin")
+            answers = await asyncio.wait_for(asyncio.gather(*held), 10)
+            assert sorted(a["path"] for a in answers) == ["/held0", "/held1"]
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
+def test_held_requests_are_counted_on_arrival_and_reported_as_waiting(upstream: UpstreamFactory) -> None:
+    async def body() -> None:
+        async with _harness(upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=20) as h:
+            held = [asyncio.create_task(h.get_json()) for _ in range(3)]
+            await _wait_for(lambda: bool(h.sink.reports) and h.sink.reports[-1].waiting == 3)
+            assert h.sink.reports[-1].in_flight == ()
+            # counted while still held: the autoscaler's wake from zero needs the demand before any answer
+            h.clock.advance(1.0)
+            await _wait_for(lambda: h.sink.calls == [{int(START): 3}])
+            assert h.lb.waiting == 3
+            h.source.view = LbView(ready_urls=(h.backends[0].url,), policy="round_robin")
+            await asyncio.wait_for(asyncio.gather(*held), 10)
+            assert h.lb.waiting == 0
 
     _run(body)
 
@@ -579,9 +699,11 @@ def test_unknown_policy_in_the_view_keeps_the_previous_one() -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ready", [True, False], ids=["ready", "no-replica"])
-def test_requests_counted_per_second_and_flushed_once_the_second_is_over(ready: bool) -> None:
+def test_requests_counted_per_second_and_flushed_once_the_second_is_over(
+    ready: bool, upstream: UpstreamFactory
+) -> None:
     async def body() -> None:
-        async with _harness(targets=None if ready else (lambda urls: ())) as h:
+        async with _harness(upstream=upstream, targets=None if ready else (lambda urls: ()), hold_seconds=0) as h:
             second = int(START)
             for _ in range(5):
                 async with h.client.get(h.lb_url + "/") as response:
@@ -606,19 +728,25 @@ class FlakySink:
     def __init__(self) -> None:
         self.fail = True
         self.calls: list[dict[int, int]] = []
+        self.reports: list[LbReport] = []
 
     def record_request_counts(self, counts: Mapping[int, int]) -> None:
         if self.fail:
             raise RuntimeError("database is locked")
         self.calls.append(dict(counts))
 
+    def record_load(self, report: LbReport) -> None:
+        if self.fail:
+            raise RuntimeError("database is locked")
+        self.reports.append(report)
+
 
 @pytest.mark.timeout(60)
-def test_counts_refused_by_the_sink_are_handed_over_later() -> None:
+def test_counts_refused_by_the_sink_are_handed_over_later(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        async with _harness() as h:
+        async with _harness(upstream=upstream) as h:
             sink = FlakySink()
-            lb = LoadBalancer("svc", h.source, sink, h.clock, refresh_seconds=0.02)
+            lb = LoadBalancer("svc", h.source, sink, h.clock, refresh_seconds=0.02, upstream=upstream)
             async with _run_app(lb.make_app()) as lb_url:
                 for _ in range(3):
                     async with h.client.get(lb_url + "/"):
@@ -630,9 +758,73 @@ def test_counts_refused_by_the_sink_are_handed_over_later() -> None:
                 h.clock.advance(1.0)
                 await h.wait_refreshes(2)
                 assert sink.calls == []
+                assert sink.reports == []
                 sink.fail = False
-                await _wait_for(lambda: len(sink.calls) >= 1)
+                await _wait_for(lambda: len(sink.calls) >= 1 and len(sink.reports) >= 1)
                 assert sink.calls == [{int(START): 3, int(START) + 1: 1}]
+                # the load report refused all along goes out on the first pass that works
+                assert sink.reports[0].reported_at == START + 2
+
+    _run(body)
+
+
+# -- load reports -----------------------------------------------------------------------------------------
+
+_A, _B = "http://127.0.0.1:1001", "http://127.0.0.1:1002"
+_LAST = LbReport(reported_at=100.0, in_flight=((_A, 1), (_B, 0)), waiting=0)
+
+
+@pytest.mark.parametrize(
+    ("last", "in_flight", "waiting", "now", "due"),
+    [
+        (None, (), 0, 100.0, True),  # nothing reported yet
+        (_LAST, ((_A, 1), (_B, 0)), 0, 101.9, False),  # unchanged within 2 s
+        (_LAST, ((_A, 1), (_B, 0)), 0, 102.0, True),  # unchanged, heartbeat
+        (_LAST, ((_A, 0), (_B, 0)), 0, 100.1, True),  # in-flight changed
+        (_LAST, ((_A, 1),), 0, 100.1, True),  # a url went away
+        (_LAST, ((_A, 1), (_B, 0)), 3, 100.1, True),  # requests wait
+        (_LAST, ((_A, 1), (_B, 0)), 0, 99.0, True),  # the clock went back
+    ],
+)
+def test_is_report_due_table(
+    last: LbReport | None, in_flight: tuple[tuple[str, int], ...], waiting: int, now: float, due: bool
+) -> None:
+    assert is_report_due(last, in_flight, waiting, now) is due
+
+
+@pytest.mark.timeout(60)
+def test_load_report_shows_a_slow_request_in_flight_until_it_ends(upstream: UpstreamFactory) -> None:
+    async def body() -> None:
+        async with _harness(upstream=upstream, policy="least_load") as h:
+            b0, b1 = (b.url for b in h.backends)
+            await _wait_for(lambda: len(h.sink.reports) >= 1)
+            assert h.sink.reports[0] == LbReport(reported_at=START, in_flight=tuple(sorted(((b0, 0), (b1, 0)))))
+            slow = asyncio.create_task(h.get_json("/slow"))
+            await asyncio.wait_for(h.backends[0].slow_started.wait(), 10)
+            busy = tuple(sorted(((b0, 1), (b1, 0))))
+            await _wait_for(lambda: h.sink.reports[-1].in_flight == busy)
+            h.backends[0].release_slow.set()
+            assert (await slow)["id"] == "b0"
+            await _wait_for(lambda: h.sink.reports[-1].in_flight == tuple(sorted(((b0, 0), (b1, 0)))))
+            assert all(report.waiting == 0 for report in h.sink.reports)
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
+def test_unchanged_load_is_reported_again_after_two_seconds_only(upstream: UpstreamFactory) -> None:
+    async def body() -> None:
+        async with _harness(upstream=upstream) as h:
+            await _wait_for(lambda: len(h.sink.reports) >= 1)
+            h.clock.advance(1.9)
+            await h.wait_refreshes(5)
+            assert len(h.sink.reports) == 1  # nothing changed within 2 s: no write
+            h.clock.advance(0.1)
+            await _wait_for(lambda: len(h.sink.reports) >= 2)
+            await h.wait_refreshes(5)
+            first, heartbeat = h.sink.reports
+            assert heartbeat.reported_at == START + 2.0
+            assert (heartbeat.in_flight, heartbeat.waiting) == (first.in_flight, first.waiting)
 
     _run(body)
 
@@ -641,23 +833,27 @@ def test_counts_refused_by_the_sink_are_handed_over_later() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_source_returning_none_stops_serve() -> None:
+def test_source_returning_none_stops_serve_and_answers_held_requests(upstream: UpstreamFactory) -> None:
     async def body() -> None:
         source = MutableSource(LbView(ready_urls=(), policy="round_robin"))
         sink = RecordingSink()
         clock = FakeClock(START)
-        lb = LoadBalancer("svc", source, sink, clock, refresh_seconds=0.02)
+        lb = LoadBalancer(
+            "svc", source, sink, clock, refresh_seconds=0.02, upstream=upstream
+        )  # holds for the default 30 s
         port = _free_port()
         task = asyncio.create_task(serve(lb, "127.0.0.1", port, asyncio.Event()))
+        await _wait_for_port(port)
         async with aiohttp.ClientSession() as client:
-            await _wait_for_listening(client, f"http://127.0.0.1:{port}/")
-            async with client.get(f"http://127.0.0.1:{port}/") as response:
+            held = asyncio.create_task(client.get(f"http://127.0.0.1:{port}/"))
+            await _wait_for(lambda: lb.waiting == 1)
+            clock.advance(1.0)
+            source.view = None
+            async with await asyncio.wait_for(held, 10) as response:
                 assert response.status == 503
-        clock.advance(1.0)
-        source.view = None
         await asyncio.wait_for(task, 10)
-        # the probe and the checked request; the last completed second was flushed on the way out
-        assert sink.calls == [{int(START): 2}]
+        # the held request; the last completed second was flushed on the way out
+        assert sink.calls == [{int(START): 1}]
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
@@ -665,11 +861,34 @@ def test_source_returning_none_stops_serve() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_serve_proxies_until_the_stop_event_is_set() -> None:
+def test_held_requests_get_503_when_serve_is_stopped(upstream: UpstreamFactory) -> None:
+    async def body() -> None:
+        lb = LoadBalancer("svc", MutableSource(LbView((), "round_robin")), None, FakeClock(START), upstream=upstream)
+        port = _free_port()
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(lb, "127.0.0.1", port, stop))
+        await _wait_for_port(port)
+        async with aiohttp.ClientSession() as client:
+            held = asyncio.create_task(client.get(f"http://127.0.0.1:{port}/"))
+            await _wait_for(lambda: lb.waiting == 1)
+            stopped = time.monotonic()
+            stop.set()
+            async with await asyncio.wait_for(held, 10) as response:
+                assert response.status == 503
+        await asyncio.wait_for(task, 10)
+        assert time.monotonic() - stopped < 5.0  # not the 30 s hold
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
+def test_serve_proxies_until_the_stop_event_is_set(upstream: UpstreamFactory) -> None:
     async def body() -> None:
         backend = Backend("only")
         async with _run_app(_backend_app(backend)) as backend_url:
-            lb = LoadBalancer("svc", MutableSource(LbView((backend_url,), "round_robin")), None, FakeClock(START))
+            lb = LoadBalancer(
+                "svc", MutableSource(LbView((backend_url,), "round_robin")), None, FakeClock(START), upstream=upstream
+            )
             port = _free_port()
             stop = asyncio.Event()
             task = asyncio.create_task(serve(lb, "127.0.0.1", port, stop))
@@ -691,9 +910,9 @@ def test_serve_proxies_until_the_stop_event_is_set() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_serve_raises_oserror_when_the_port_is_taken() -> None:
+def test_serve_raises_oserror_when_the_port_is_taken(upstream: UpstreamFactory) -> None:
     async def body() -> None:
-        lb = LoadBalancer("svc", MutableSource(LbView((), "round_robin")), None, FakeClock(START))
+        lb = LoadBalancer("svc", MutableSource(LbView((), "round_robin")), None, FakeClock(START), upstream=upstream)
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
             taken.listen()
@@ -701,6 +920,20 @@ def test_serve_raises_oserror_when_the_port_is_taken() -> None:
                 await asyncio.wait_for(serve(lb, "127.0.0.1", taken.getsockname()[1], asyncio.Event()), 10)
 
     _run(body)
+
+
+async def _wait_for_port(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on port {port}"
+            await asyncio.sleep(0.01)
+        else:
+            writer.close()
+            await writer.wait_closed()
+            return
 
 
 async def _wait_for_listening(client: aiohttp.ClientSession, url: str) -> None:
@@ -734,25 +967,49 @@ def test_main_exits_0_when_the_service_does_not_exist(tmp_path: Path) -> None:
     assert code == 0
 
 
-def test_store_adapters_translate_views() -> None:
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, 30.0), ("", 30.0), (" 0 ", 0.0), ("2.5", 2.5), ("abc", None), ("-1", None), ("inf", None), ("nan", None)],
+)
+def test_hold_seconds_from_the_environment(value: str | None, expected: float | None) -> None:
+    environ = {} if value is None else {"SKY_LITE_LB_HOLD_SECONDS": value}
+    if expected is None:
+        with pytest.raises(UsageError, match="SKY_LITE_LB_HOLD_SECONDS"):
+            lb_main.hold_seconds_from_env(environ)
+    else:
+        assert lb_main.hold_seconds_from_env(environ) == expected
+
+
+def test_main_exits_2_naming_an_invalid_hold_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SKY_LITE_LB_HOLD_SECONDS", "soon")
+    code = lb_main.main(["--home", str(tmp_path), "--service", "svc", "--port", str(_free_port())])
+    assert code == 2
+    assert "SKY_LITE_LB_HOLD_SECONDS must be a number of seconds, got 'soon'" in capsys.readouterr().err
+
+
+def test_store_adapters_pass_the_store_values_through() -> None:
+    view = LbView(ready_urls=("http://a",), policy="least_load")
+
     class FakeStore:
         def __init__(self) -> None:
-            self.recorded: list[tuple[str, dict[int, int]]] = []
+            self.recorded: list[tuple[str, dict[int, int] | LbReport]] = []
 
-        def get_lb_view(self, service: str) -> Any:
-            return json.loads('{"ready_urls": ["http://a"], "policy": "least_load"}', object_hook=_Row)
+        def get_lb_view(self, service: str) -> LbView | None:
+            return view if service == "svc" else None
 
         def record_request_counts(self, service: str, counts: Mapping[int, int]) -> None:
             self.recorded.append((service, dict(counts)))
 
+        def record_lb_report(self, service: str, report: LbReport) -> None:
+            self.recorded.append((service, report))
+
     store = FakeStore()
-    source = lb_main.StoreTargetSource(store, "svc")  # type: ignore[arg-type]
-    assert source.read() == LbView(ready_urls=("http://a",), policy="least_load")
-    lb_main.StoreMetricsSink(store, "svc").record_request_counts({5: 1})  # type: ignore[arg-type]
-    assert store.recorded == [("svc", {5: 1})]
-
-
-class _Row:
-    def __init__(self, fields: dict[str, Any]) -> None:
-        self.ready_urls = fields["ready_urls"]
-        self.policy = fields["policy"]
+    assert lb_main.StoreTargetSource(store, "svc").read() is view  # type: ignore[arg-type]
+    assert lb_main.StoreTargetSource(store, "gone").read() is None  # type: ignore[arg-type]
+    sink = lb_main.StoreMetricsSink(store, "svc")  # type: ignore[arg-type]
+    sink.record_request_counts({5: 1})
+    report = LbReport(reported_at=START, in_flight=(("http://a", 2),), waiting=1)
+    sink.record_load(report)
+    assert store.recorded == [("svc", {5: 1}), ("svc", report)]

@@ -1,0 +1,422 @@
+"""``PooledUpstream``: keep-alive HTTP/1.1 connections on asyncio protocols (contract in ``upstream``).
+
+Per request it does only what a proxy needs: take an idle connection (or connect), write the request head
+and a buffered body with one ``transport.write``, and let aiohttp's response parser (its C extension when
+built) frame the answer: Content-Length, chunked, a body that ends with the connection, and no body for
+HEAD, 1xx, 204 and 304. The parser feeds the body into an aiohttp ``StreamReader``, which pauses reading
+from the replica while the load balancer has not taken what it holds (back-pressure from a slow client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Final
+
+import aiohttp
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
+from multidict import CIMultiDict, istr
+from yarl import URL
+
+from skyserve_lite.lb.upstream import (
+    CONNECT_TIMEOUT_SECONDS,
+    POOL_KEEPALIVE_SECONDS,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResetError,
+    UpstreamResponse,
+    describe,
+)
+
+__all__ = ["READ_LIMIT", "PooledUpstream"]
+
+# Response body buffered per connection before reading from the replica pauses: aiohttp's default read
+# buffer. The reader pauses above twice this (128 KiB) and resumes below it, so a slow client holds at most
+# that plus one socket read (256 KiB) per streamed response.
+READ_LIMIT: Final = 64 * 1024
+
+_CONTENT_LENGTH = istr("Content-Length")
+# Methods whose requests carry no body by convention; the others get "Content-Length: 0" when they have
+# none, as aiohttp's client sends (and as some servers require for POST).
+_NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# Raised by transport.pause_reading()/resume_reading() on a transport that is closing or cannot pause.
+_PAUSE_ERRORS: Final = (AttributeError, NotImplementedError, RuntimeError)
+
+
+class _Connection(BaseProtocol):
+    """One keep-alive connection to a replica, carrying one request at a time.
+
+    ``begin`` arms a fresh response parser and returns the future of the response head. The parser feeds
+    the body into the ``StreamReader`` it creates, which pauses reading from the socket when its buffer is
+    full. A connection that receives bytes nobody asked for, or an invalid response, is closed.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.idle_since = 0.0
+        self._head: asyncio.Future[tuple[RawResponseMessage, aiohttp.StreamReader]] | None = None
+        self._payload: aiohttp.StreamReader | None = None
+        self._got_bytes = False
+        self._lost = False
+        self._write_paused = False
+        self._drain_future: asyncio.Future[None] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        transport = self.transport
+        return transport is not None and not self._lost and not transport.is_closing()
+
+    def begin(self, response_with_body: bool) -> asyncio.Future[tuple[RawResponseMessage, aiohttp.StreamReader]]:
+        self._parser = HttpResponseParser(
+            self,
+            self._loop,
+            READ_LIMIT,
+            payload_exception=UpstreamError,
+            response_with_body=response_with_body,
+            read_until_eof=True,
+            auto_decompress=False,
+        )
+        self._payload = None
+        self._got_bytes = False
+        head = self._loop.create_future()
+        self._head = head
+        return head
+
+    def finish(self) -> None:
+        """The response is over (released); bytes from now on are out of step."""
+        self._parser = None
+        self._head = None
+        self._payload = None
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is None:
+            raise UpstreamResetError("the connection to the replica is closed")
+        transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait until the socket's write buffer has room (asyncio's high-water mark, 64 KiB)."""
+        if not self._write_paused:
+            return
+        waiter = self._drain_future
+        if waiter is None:
+            waiter = self._drain_future = self._loop.create_future()
+        await waiter
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_drain()
+
+    def pause_reading(self) -> None:
+        # Called by the body's StreamReader when its buffer is full. Only the socket pauses: the parser
+        # keeps no unparsed tail, so an end of the connection while paused still ends the body correctly.
+        if self._reading_paused:
+            return
+        self._reading_paused = True
+        transport = self.transport
+        if transport is not None:
+            with contextlib.suppress(*_PAUSE_ERRORS):
+                transport.pause_reading()
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        # The body's reader calls this after every read below its low-water mark: return early when not
+        # paused, which is every read of a small body.
+        if not self._reading_paused:
+            return
+        self._reading_paused = False
+        transport = self.transport
+        if transport is not None:
+            with contextlib.suppress(*_PAUSE_ERRORS):
+                transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            if data:
+                self.abort()
+            return
+        if data:
+            self._got_bytes = True
+        try:
+            messages, _, _ = parser.feed_data(data)
+        except HttpProcessingError as exc:
+            self._fail(UpstreamError(f"invalid response from the replica: {describe(exc)}"))
+            return
+        for message, payload in messages:
+            code = message.code
+            if 100 <= code < 200 and code != 101:
+                continue  # informational; the final response follows on the same connection
+            head = self._head
+            if code == 101 or head is None or head.done():
+                # 101: the request asked for no upgrade (Upgrade is hop-by-hop and never forwarded).
+                self._fail(UpstreamError(f"unexpected response from the replica: {code} {message.reason}"))
+                return
+            self._payload = payload
+            head.set_result((message, payload))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        self.transport = None
+        self._write_paused = False
+        self._wake_drain()
+        head = self._head
+        if head is not None and not head.done():
+            reason = describe(exc) if exc is not None else "the replica closed the connection"
+            error_class = UpstreamError if self._got_bytes else UpstreamResetError
+            head.set_exception(error_class(f"{reason} before a complete response head"))
+            return
+        payload, parser = self._payload, self._parser
+        if payload is None or parser is None or payload.is_eof():
+            return
+        try:
+            # Ends a body delimited by the connection's end; raises for a Content-Length or chunked body
+            # cut short.
+            parser.feed_eof()
+        except HttpProcessingError as error:
+            payload.set_exception(UpstreamError(f"the response body broke off: {describe(error)}"))
+            return
+        if not payload.is_eof():
+            payload.set_exception(UpstreamError("the response body broke off: connection lost"))
+
+    def _fail(self, error: UpstreamError) -> None:
+        head, payload = self._head, self._payload
+        if head is not None and not head.done():
+            head.set_exception(error)
+        elif payload is not None and not payload.is_eof():
+            payload.set_exception(error)
+        self._parser = None
+        self.abort()
+
+    def _wake_drain(self) -> None:
+        waiter = self._drain_future
+        if waiter is not None:
+            self._drain_future = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class _Replica:
+    """What the pooled client keeps per replica url: where to connect and its idle connections."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parsed = URL(url)
+        if parsed.scheme not in ("http", "https") or not parsed.raw_host:
+            raise UpstreamConnectError(f"not an http(s) url: {url!r}")
+        self.host: str = parsed.raw_host
+        self.port: int = parsed.port or (443 if parsed.scheme == "https" else 80)
+        self.ssl = parsed.scheme == "https"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default_port = 443 if self.ssl else 80
+        self.host_header = host if self.port == default_port else f"{host}:{self.port}"
+        self.prefix = parsed.raw_path.rstrip("/")
+        self.idle: list[_Connection] = []
+
+
+class _PooledResponse:
+    def __init__(
+        self,
+        pool: PooledUpstream,
+        replica: _Replica,
+        connection: _Connection,
+        message: RawResponseMessage,
+        payload: aiohttp.StreamReader,
+    ) -> None:
+        self._pool = pool
+        self._replica = replica
+        self._connection = connection
+        self._message = message
+        self._payload = payload
+        self._released = False
+        self.status = message.code
+        self.reason: str | None = message.reason
+        self.headers = message.headers
+        length = message.headers.get(_CONTENT_LENGTH)
+        self.content_length = int(length) if length is not None and length.isdigit() else None
+
+    async def read(self) -> bytes:
+        try:
+            return await self._payload.read()
+        except UpstreamError:
+            raise
+        except (HttpProcessingError, OSError) as exc:
+            raise UpstreamError(describe(exc)) from exc
+
+    async def read_chunk(self, size: int) -> bytes:
+        try:
+            return await self._payload.read(size)
+        except UpstreamError:
+            raise
+        except (HttpProcessingError, OSError) as exc:
+            raise UpstreamError(describe(exc)) from exc
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        payload = self._payload
+        reusable = payload.is_eof() and payload.exception() is None and not self._message.should_close
+        self._pool._give_back(self._replica, self._connection, reusable)
+
+
+class PooledUpstream:
+    """``UpstreamClient`` with keep-alive HTTP/1.1 connections per replica url, unlimited in number.
+
+    A request takes the most recently used idle connection of its replica (an idle one older than
+    ``keepalive_seconds`` is closed instead) or opens one, with ``connect_timeout`` for the TCP connect.
+    Idle connections are swept every ``keepalive_seconds`` while there are any.
+    """
+
+    def __init__(
+        self, connect_timeout: float = CONNECT_TIMEOUT_SECONDS, keepalive_seconds: float = POOL_KEEPALIVE_SECONDS
+    ) -> None:
+        self._connect_timeout = connect_timeout
+        self._keepalive_seconds = keepalive_seconds
+        self._replicas: dict[str, _Replica] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    async def request(
+        self, url: str, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
+    ) -> UpstreamResponse:
+        replica = self._replicas.get(url)
+        if replica is None:
+            replica = self._replicas[url] = _Replica(url)
+        connection = self._checkout(replica)
+        if connection is None:
+            connection = await self._connect(replica)
+        head = connection.begin(method != "HEAD")
+        try:
+            if isinstance(body, aiohttp.StreamReader):
+                await _send_streamed(connection, _render_head(replica, method, path, headers, body), body, headers)
+            else:
+                connection.write(_render_head(replica, method, path, headers, body) + (body or b""))
+            message, payload = await head
+        except BaseException:  # including cancellation: a half-sent request leaves the connection unusable
+            connection.finish()
+            connection.abort()
+            raise
+        return _PooledResponse(self, replica, connection, message, payload)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for replica in self._replicas.values():
+            for connection in replica.idle:
+                connection.abort()
+            replica.idle.clear()
+        self._replicas.clear()
+
+    def _checkout(self, replica: _Replica) -> _Connection | None:
+        idle = replica.idle
+        if not idle:
+            return None
+        oldest_usable = asyncio.get_running_loop().time() - self._keepalive_seconds
+        while idle:
+            connection = idle.pop()
+            if connection.is_open and connection.idle_since >= oldest_usable:
+                return connection
+            connection.abort()
+        return None
+
+    async def _connect(self, replica: _Replica) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(loop),
+                    replica.host,
+                    replica.port,
+                    ssl=True if replica.ssl else None,
+                ),
+                self._connect_timeout,
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise UpstreamConnectError(f"cannot connect to {replica.host}:{replica.port}: {describe(exc)}") from exc
+        return connection
+
+    def _give_back(self, replica: _Replica, connection: _Connection, reusable: bool) -> None:
+        connection.finish()
+        if not reusable or self._closed or not connection.is_open:
+            connection.abort()
+            return
+        loop = asyncio.get_running_loop()
+        connection.idle_since = loop.time()
+        # The sweep may have forgotten this replica while the request ran; put it back, or the connection
+        # would sit in a list nobody looks at.
+        self._replicas.setdefault(replica.url, replica).idle.append(connection)
+        if self._sweep is None:
+            self._sweep = loop.call_later(self._keepalive_seconds, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        """Close idle connections past ``keepalive_seconds``; forget replicas with none left."""
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        oldest_usable = loop.time() - self._keepalive_seconds
+        for url, replica in list(self._replicas.items()):
+            kept = []
+            for connection in replica.idle:
+                if connection.is_open and connection.idle_since >= oldest_usable:
+                    kept.append(connection)
+                else:
+                    connection.abort()
+            replica.idle = kept
+            if not kept:
+                del self._replicas[url]
+        if self._replicas:
+            self._sweep = loop.call_later(self._keepalive_seconds, self._sweep_idle)
+
+
+def _render_head(
+    replica: _Replica, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
+) -> bytes:
+    """The request line and headers, framing included, as bytes ready to write."""
+    parts = [f"{method} {replica.prefix}{path} HTTP/1.1\r\nHost: {replica.host_header}\r\n"]
+    parts.extend(f"{name}: {value}\r\n" for name, value in headers.items())
+    # A Content-Length in ``headers`` is the client's, and a buffered body is exactly that long.
+    has_length = _CONTENT_LENGTH in headers
+    if isinstance(body, bytes):
+        parts.append("\r\n" if has_length else f"Content-Length: {len(body)}\r\n\r\n")
+    elif body is None:
+        parts.append("\r\n" if has_length or method in _NO_BODY_METHODS else "Content-Length: 0\r\n\r\n")
+    else:
+        parts.append("\r\n" if has_length else "Transfer-Encoding: chunked\r\n\r\n")
+    # Header values arrived as bytes decoded with surrogateescape; this gives back the very same bytes.
+    return "".join(parts).encode("utf-8", "surrogateescape")
+
+
+async def _send_streamed(
+    connection: _Connection, head: bytes, body: aiohttp.StreamReader, headers: CIMultiDict[str]
+) -> None:
+    """Write ``head`` and then ``body`` as it arrives, waiting whenever the socket's buffer is full."""
+    chunked = _CONTENT_LENGTH not in headers
+    connection.write(head)
+    while True:
+        try:
+            chunk = await body.readany()
+        except (OSError, HttpProcessingError, aiohttp.ClientError) as exc:
+            raise UpstreamError(f"the request body from the client broke off: {describe(exc)}") from exc
+        if not chunk:
+            break
+        if chunked:
+            connection.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        else:
+            connection.write(chunk)
+        await connection.drain()
+        if not connection.is_open:
+            return  # the replica answered or closed early; the head future says which
+    if chunked:
+        connection.write(b"0\r\n\r\n")
