@@ -375,14 +375,16 @@ def wait_until_ready(controller: Controller, name: str, timeout_seconds: float,
                      on_progress: Callable[[ServiceView], None] = lambda _view: None,
                      poll_seconds: float = 0.5,
                      is_listening: Callable[[str], bool] = is_endpoint_listening) -> ServiceView:
-    """Poll until the service is READY. Raises ``WaitTimeoutError`` (with what is stuck and why) on
-    timeout, and ``WaitTimeoutError`` too when the service became FAILED (waiting longer cannot help)."""
+    """Poll until the service can answer: READY, or scaled to zero (NO_REPLICA: the first request starts a
+    replica), with its load balancer listening. Raises ``WaitTimeoutError`` (with what is stuck and why)
+    on timeout, and ``WaitTimeoutError`` too when the service became FAILED (waiting cannot help)."""
     deadline = time.monotonic() + timeout_seconds
     while True:
         (view,) = controller.get_status([name])
         on_progress(view)
         # READY in the store, and the load balancer is listening: only then does the endpoint answer.
-        if view.service.status is ServiceStatus.READY and is_listening(view.service.endpoint):
+        answering = view.service.status in (ServiceStatus.READY, ServiceStatus.NO_REPLICA)
+        if answering and is_listening(view.service.endpoint):
             return view
         if view.service.status is ServiceStatus.FAILED:
             raise WaitTimeoutError(f"service {name} FAILED: {view.service.status_reason}. "

@@ -28,6 +28,7 @@ from skyserve_lite.errors import SkyLiteError, StateConflictError, UsageError
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import load_task_file
+from skyserve_lite.state.models import ServiceStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,7 +106,11 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
                 live.update(status_renderable([view]))
 
             view = api.wait_until_ready(controller, name, timeout, on_progress=progress)
-        click.echo(f"Service {name} is READY at {view.service.endpoint}")
+        if view.service.status is ServiceStatus.NO_REPLICA:
+            click.echo(f"Service {name} is scaled to zero at {view.service.endpoint}; the first request starts "
+                       "a replica")
+        else:
+            click.echo(f"Service {name} is READY at {view.service.endpoint}")
 
 
 @serve.command("update")
