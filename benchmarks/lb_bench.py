@@ -4,8 +4,8 @@
 
 Everything runs on 127.0.0.1: two replicas of a small aiohttp app answering 1 KiB, then wrk against
 (a) one replica directly, (b) nginx as a reverse proxy to both replicas (upstream keep-alive, access log
-off, one worker), (c) the sky-lite load balancer (round robin) to both replicas with aiohttp's
-``ClientSession`` as its upstream client, (d) the same with the pooled upstream client, the default. Each
+off, one worker), (c) the sky-lite load balancer (round robin, pooled upstream client) to both replicas on
+aiohttp's server, (d) the same on the lean server (``skyserve_lite/lb/lean_server.py``), the default. Each
 round measures the four in turn, so that other work on the machine weighs on all of them alike; the
 figures reported are the medians over the rounds, and the target is checked on (d). The result is a
 markdown table; ``--write-docs`` also replaces the figures in docs/benchmarks.md between the marker comments.
@@ -17,6 +17,7 @@ Internal modes, used by the script itself to start its subprocesses:
 
     python benchmarks/lb_bench.py --serve-replica PORT
     python benchmarks/lb_bench.py --serve-lb PORT URL [URL ...] [--lb-upstream pooled|aiohttp]
+        [--lb-server lean|aiohttp]
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def serve_replica(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def serve_lb(port: int, urls: Sequence[str], upstream_kind: str) -> None:
+def serve_lb(port: int, urls: Sequence[str], upstream_kind: str, server_kind: str) -> None:
     """The sky-lite load balancer over a fixed set of targets, through the same ``serve`` as the real one."""
     sys.path.insert(0, str(REPO))
     from skyserve_lite.clock import SystemClock
@@ -90,7 +91,7 @@ def serve_lb(port: int, urls: Sequence[str], upstream_kind: str) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         lb = LoadBalancer("bench", StaticSource(), None, SystemClock(), upstream=upstream)
-        await serve(lb, "127.0.0.1", port, stop)
+        await serve(lb, "127.0.0.1", port, stop, server="aiohttp" if server_kind == "aiohttp" else "lean")
 
     try:
         import uvloop  # type: ignore[import-not-found]  # optional, as in the real entry point
@@ -342,15 +343,15 @@ def bench(args: argparse.Namespace) -> int:
         nginx = [find_tool("nginx") or "nginx", "-e", str(tmp / "error.log"), "-p", str(tmp)]
         nginx += ["-c", str(tmp / "nginx.conf")]
         stack.enter_context(started(nginx, f"http://127.0.0.1:{nginx_port}/"))
-        for port, kind in ((aiohttp_lb_port, "aiohttp"), (lb_port, "pooled")):
-            command = [*me, "--serve-lb", str(port), *replica_urls, "--lb-upstream", kind]
+        for port, kind in ((aiohttp_lb_port, "aiohttp"), (lb_port, "lean")):
+            command = [*me, "--serve-lb", str(port), *replica_urls, "--lb-server", kind]
             stack.enter_context(started(command, f"http://127.0.0.1:{port}/"))
 
         targets = {
             "direct to one replica": f"http://127.0.0.1:{replica_ports[0]}/",
             "nginx -> 2 replicas": f"http://127.0.0.1:{nginx_port}/",
-            "sky-lite LB, aiohttp client -> 2 replicas": f"http://127.0.0.1:{aiohttp_lb_port}/",
-            "sky-lite LB, pooled client (default) -> 2 replicas": f"http://127.0.0.1:{lb_port}/",
+            "sky-lite LB, aiohttp server, pooled client -> 2 replicas": f"http://127.0.0.1:{aiohttp_lb_port}/",
+            "sky-lite LB, lean server, pooled client (default) -> 2 replicas": f"http://127.0.0.1:{lb_port}/",
         }
         results: dict[str, list[WrkResult]] = {name: [] for name in targets}
         for url in targets.values():  # warm up: connection pools, caches, the JIT-less interpreter's allocator
@@ -385,12 +386,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--serve-replica", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-lb", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     parser.add_argument("--lb-upstream", choices=("pooled", "aiohttp"), default="pooled", help=argparse.SUPPRESS)
+    parser.add_argument("--lb-server", choices=("lean", "aiohttp"), default="lean", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_replica is not None:
         serve_replica(args.serve_replica)
         return 0
     if args.serve_lb is not None:
-        serve_lb(int(args.serve_lb[0]), args.serve_lb[1:], args.lb_upstream)
+        serve_lb(int(args.serve_lb[0]), args.serve_lb[1:], args.lb_upstream, args.lb_server)
         return 0
     return bench(args)
 

@@ -61,6 +61,10 @@ class StoreTargetSource:
         self._service = service
 
     def read(self) -> LbView | None:
+        """The store's view; None (stop serving) once the service is gone, or the state directory is: a
+        load balancer must not outlive the state that describes it."""
+        if not self._store.is_current():
+            return None
         return self._store.get_lb_view(self._service)
 
 
@@ -112,7 +116,7 @@ async def _run(home: Path, service: str, host: str, port: int, hold_seconds: flo
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    store = await asyncio.to_thread(Store.open, home)
+    store = await asyncio.to_thread(lambda: Store.open(home, create=False))
     try:
         lb = LoadBalancer(
             service,

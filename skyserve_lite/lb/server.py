@@ -1,4 +1,8 @@
-"""The load balancer: one aiohttp server per service that proxies every request to a READY replica.
+"""The load balancer: one HTTP server per service that proxies every request to a READY replica.
+
+Two client-facing servers run the same proxy decisions (``LoadBalancer.select_target`` and ``forward``):
+the lean one (``lean_server``, an asyncio protocol on aiohttp's C request parser, the default of ``serve``)
+and aiohttp's low-level ``web.Server`` (``LoadBalancer.handle``, also behind ``make_app``).
 
 What it does per request:
 
@@ -31,7 +35,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Mapping
-from typing import Final, Protocol
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -57,12 +62,16 @@ __all__ = [
     "HOP_BY_HOP_HEADERS",
     "MAX_ATTEMPTS",
     "REPORT_HEARTBEAT_SECONDS",
+    "Forwarded",
     "LbReport",
     "LbView",
     "LoadBalancer",
+    "LocalAnswer",
     "MetricsSink",
+    "ServerKind",
     "TargetSource",
     "compute_upstream_headers",
+    "is_buffered_response",
     "is_report_due",
     "no_replica_message",
     "serve",
@@ -119,6 +128,35 @@ _X_FORWARDED_HOST = istr("X-Forwarded-Host")
 _X_FORWARDED_PROTO = istr("X-Forwarded-Proto")
 # Responses that never have a body (RFC 9110 6.4.1); they take the buffered path whatever their headers say.
 _BODYLESS_STATUSES: Final = frozenset({204, 304})
+
+
+@dataclass(frozen=True, slots=True)
+class LocalAnswer:
+    """A response the load balancer makes itself (503 without a replica, 502 after failed attempts)."""
+
+    status: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """A replica's response to relay; whoever relays it must call ``response.release()`` once."""
+
+    response: UpstreamResponse
+    url: str
+
+
+def is_buffered_response(status: int, content_length: int | None, method: str) -> bool:
+    """Whether a response is read whole and sent with one write, rather than streamed.
+
+    Yes for a known length up to ``BUFFER_LIMIT``, for statuses that never have a body (204, 304), and for
+    any answer to HEAD; a larger or unknown-length body (chunked, or ending with the connection) streams.
+    """
+    return (
+        (content_length is not None and content_length <= BUFFER_LIMIT)
+        or status in _BODYLESS_STATUSES
+        or method == "HEAD"
+    )
 
 
 class TargetSource(Protocol):
@@ -243,9 +281,10 @@ class LoadBalancer:
     reads the source once (so the first request already has targets) and starts the refresh task.
     ``stop_holding`` answers the held requests (503) and makes later ones without a target fail at once; the
     service's end calls it before waiting for the requests in flight. ``close`` stops holding and the task,
-    flushes the completed seconds and closes the client. ``handle`` is the request handler in between.
-    ``serve`` runs all of them on aiohttp's low-level server; ``make_app`` wraps them in an
-    ``aiohttp.web.Application`` for embedding and tests. One ``LoadBalancer`` runs once at a time.
+    flushes the completed seconds and closes the client. In between, ``select_target`` and ``forward`` are
+    the proxy decisions every server runs per request, and ``handle`` is aiohttp's request handler built on
+    them. ``serve`` runs all of them on the lean server or on aiohttp's low-level server; ``make_app`` wraps
+    them in an ``aiohttp.web.Application`` for embedding and tests. One ``LoadBalancer`` runs once at a time.
 
     ``hold_seconds`` (0 or more; 0 answers 503 at once) and ``max_waiting`` bound how long and how many
     requests wait for a READY replica; the hold is measured on the event loop's monotonic time.
@@ -461,36 +500,42 @@ class LoadBalancer:
         counts = self._counts
         counts[second] = counts.get(second, 0) + 1
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Proxy one request; the aiohttp handler for every method and path. Valid between start and close."""
+    async def select_target(self) -> str | None:
+        """Count the request and choose its replica; None means "answer ``no_replica_answer``" (503).
+
+        The first step of every request, on either server. Without a READY replica it holds the request as
+        ``_hold`` says. Valid between ``start`` and ``close``.
+        """
         self._count_request()
-        policy = self._policy
-        in_flight = self._in_flight
-        url = policy.select()
+        url = self._policy.select()
         if url is None:
             url = await self._hold()
-            if url is None:
-                return web.Response(status=503, text=self._no_replica_text)
-            policy = self._policy  # the view that brought the target may have changed the policy
+        return url
+
+    async def forward(
+        self, url: str, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
+    ) -> Forwarded | LocalAnswer:
+        """Send the request to ``url`` (from ``select_target``), trying other replicas on connection failures.
+
+        ``headers`` come from ``compute_upstream_headers``; a ``bytes`` body or None can be sent again, a
+        stream only once. Returns the replica's response (the caller relays it and must ``release`` it) or
+        the 502 to answer after ``MAX_ATTEMPTS`` failed attempts or an invalid response. Never raises
+        ``UpstreamError``. Shared by both servers, so that retries mean the same on each.
+        """
         upstream = self._upstream
-        assert upstream is not None
-
-        body = await _read_body(request)
-        # A buffered (or absent) body can be sent again; a streamed one is consumed by the first attempt.
+        assert upstream is not None, "the load balancer has not started"
+        policy = self._policy
+        in_flight = self._in_flight
         replayable = not isinstance(body, aiohttp.StreamReader)
-        headers = compute_upstream_headers(request.headers, request.remote, request.scheme)
-        path = request.raw_path
-        if not path.startswith("/"):  # absolute-form target ("GET http://host/x HTTP/1.1")
-            path = request.rel_url.raw_path_qs
-        method = request.method
-
         # Tuples: the common case (the first attempt works) allocates nothing for them.
         tried: tuple[str, ...] = ()
         refused: tuple[str, ...] = ()
         last_error = ""
         attempt = 0
-        while url is not None:
+        next_url: str | None = url
+        while next_url is not None:
             attempt += 1
+            url = next_url
             in_flight.start(url)
             try:
                 try:
@@ -509,12 +554,39 @@ class LoadBalancer:
                     log.warning("service %s: bad response from %s: %s", self.service, url, last_error)
                     break
                 else:
-                    return await self._relay(request, response, url)
+                    return Forwarded(response, url)
             finally:
                 in_flight.end(url)
             tried += (url,)
-            url = _select_retry(policy, tried, refused) if attempt < MAX_ATTEMPTS else None
-        return web.Response(status=502, text=_bad_gateway_message(self.service, attempt, last_error))
+            next_url = _select_retry(policy, tried, refused) if attempt < MAX_ATTEMPTS else None
+        return self.bad_gateway_answer(attempt, last_error)
+
+    def no_replica_answer(self) -> LocalAnswer:
+        """The 503 for a request that found no READY replica within the hold."""
+        return LocalAnswer(503, self._no_replica_text)
+
+    def bad_gateway_answer(self, attempts: int, last_error: str) -> LocalAnswer:
+        """The 502 after ``attempts`` failed attempts, naming the last error."""
+        return LocalAnswer(502, _bad_gateway_message(self.service, attempts, last_error))
+
+    def log_body_failure(self, url: str, exc: UpstreamError) -> None:
+        """Log a response body from ``url`` that broke off while being relayed."""
+        log.warning("service %s: the response body from %s broke off: %s", self.service, url, exc)
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Proxy one request; the aiohttp handler for every method and path. Valid between start and close."""
+        url = await self.select_target()
+        if url is None:
+            return _local_response(self.no_replica_answer())
+        body = await _read_body(request)
+        headers = compute_upstream_headers(request.headers, request.remote, request.scheme)
+        path = request.raw_path
+        if not path.startswith("/"):  # absolute-form target ("GET http://host/x HTTP/1.1")
+            path = request.rel_url.raw_path_qs
+        result = await self.forward(url, request.method, path, headers, body)
+        if isinstance(result, LocalAnswer):
+            return _local_response(result)
+        return await self._relay(request, result.response, result.url)
 
     async def _hold(self) -> str | None:
         """Wait until a target is available and select it; None after ``hold_seconds``, when
@@ -554,17 +626,13 @@ class LoadBalancer:
         """Send ``upstream`` to the client; always releases ``upstream``."""
         try:
             length = upstream.content_length
-            if (
-                (length is not None and length <= BUFFER_LIMIT)
-                or upstream.status in _BODYLESS_STATUSES
-                or request.method == "HEAD"
-            ):
+            if is_buffered_response(upstream.status, length, request.method):
                 try:
                     data = await upstream.read()
                 except UpstreamError as exc:
                     last_error = str(exc)
                     log.warning("service %s: reading the response of %s failed: %s", self.service, url, last_error)
-                    return web.Response(status=502, text=_bad_gateway_message(self.service, 1, last_error))
+                    return _local_response(self.bad_gateway_answer(1, last_error))
                 response = web.Response(
                     body=data, status=upstream.status, reason=upstream.reason, headers=upstream.headers
                 )
@@ -589,7 +657,7 @@ class LoadBalancer:
             except UpstreamError as exc:
                 # The status line is out: the only honest signal left is to cut the client's connection, so
                 # that it sees a truncated body rather than a complete-looking short one.
-                log.warning("service %s: the response body from %s broke off: %s", self.service, url, exc)
+                self.log_body_failure(url, exc)
                 if request.transport is not None:
                     request.transport.abort()
                 return response
@@ -599,6 +667,10 @@ class LoadBalancer:
                 await response.write(chunk)
             except ConnectionError:  # the client went away
                 return response
+
+
+def _local_response(answer: LocalAnswer) -> web.Response:
+    return web.Response(status=answer.status, text=answer.text)
 
 
 async def _read_body(request: web.BaseRequest) -> bytes | aiohttp.StreamReader | None:
@@ -623,12 +695,23 @@ def _select_retry(policy: Policy, tried: Collection[str], refused: Collection[st
     return url
 
 
-async def serve(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event) -> None:
+ServerKind = Literal["lean", "aiohttp"]
+
+
+async def serve(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event, server: ServerKind = "lean") -> None:
     """Run ``lb`` on ``host:port`` until ``stop`` is set or its source says the service is gone.
 
-    Raises OSError when the port cannot be bound. On return the listening socket is closed, the counts of
+    ``server`` picks the HTTP server facing the clients: ``"lean"`` (``skyserve_lite.lb.lean_server``, an
+    asyncio protocol on aiohttp's C request parser) or ``"aiohttp"`` (aiohttp's low-level ``web.Server``).
+    Both run the same proxy decisions (``select_target``, ``forward``). Raises OSError when the port cannot
+    be bound. On return the listening socket is closed, the requests in flight are answered, the counts of
     completed seconds are flushed and the upstream client is closed.
     """
+    if server == "lean":
+        from skyserve_lite.lb.lean_server import serve_lean  # the lean server imports this module
+
+        await serve_lean(lb, host, port, stop)
+        return
     runner = web.ServerRunner(web.Server(lb.handle, access_log=None), handle_signals=False)
     await runner.setup()
     await lb.start()

@@ -25,11 +25,13 @@ from skyserve_lite.clock import FakeClock
 from skyserve_lite.errors import UsageError
 from skyserve_lite.lb import __main__ as lb_main
 from skyserve_lite.lb.aiohttp_upstream import AiohttpUpstream
+from skyserve_lite.lb.lean_server import LeanServer
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.server import (
     LbReport,
     LbView,
     LoadBalancer,
+    ServerKind,
     compute_upstream_headers,
     is_report_due,
     merge_counts,
@@ -38,6 +40,7 @@ from skyserve_lite.lb.server import (
     strip_hop_by_hop,
 )
 from skyserve_lite.lb.upstream import UpstreamClient
+from skyserve_lite.state.store import Store
 
 from .scripted import CLOSE, scripted_backend
 
@@ -202,6 +205,7 @@ async def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> Non
 
 @contextlib.asynccontextmanager
 async def _harness(
+    server: ServerKind,
     policy: str = "round_robin",
     targets: Callable[[list[str]], tuple[str, ...]] | None = None,
     refresh_seconds: float = 0.02,
@@ -216,12 +220,37 @@ async def _harness(
         sink = RecordingSink()
         clock = FakeClock(START)
         lb = LoadBalancer("svc", source, sink, clock, refresh_seconds=refresh_seconds, **lb_options)
-        lb_url = await stack.enter_async_context(_run_app(lb.make_app()))
+        lb_url = await stack.enter_async_context(_run_lb(lb, server))
         client = await stack.enter_async_context(aiohttp.ClientSession(auto_decompress=False))
         yield Harness(backends, source, sink, clock, lb, lb_url, client)
 
 
 UpstreamFactory = Callable[[], UpstreamClient]
+
+
+@contextlib.asynccontextmanager
+async def _run_lb(lb: LoadBalancer, server: ServerKind) -> AsyncIterator[str]:
+    """Run ``lb`` on the given server on a free port of 127.0.0.1; yields its url."""
+    if server == "aiohttp":
+        async with _run_app(lb.make_app()) as url:
+            yield url
+        return
+    lean = LeanServer(lb)
+    await lb.start()
+    try:
+        host, port = (await lean.start("127.0.0.1", 0))[0]
+        yield f"http://{host}:{port}"
+    finally:
+        lb.stop_holding()
+        await lean.close()
+        await lb.close()
+
+
+@pytest.fixture(params=["lean", "aiohttp"])
+def server(request: pytest.FixtureRequest) -> ServerKind:
+    """Every test that proxies runs on both client-facing servers: the lean one must behave as aiohttp's."""
+    kind: ServerKind = request.param
+    return kind
 
 
 @pytest.fixture(params=[PooledUpstream, AiohttpUpstream], ids=["pooled", "aiohttp"])
@@ -333,9 +362,9 @@ def test_merge_counts_table(into: dict[int, int], more: dict[int, int], oldest: 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["GET", "POST", "PUT", "DELETE", "PATCH"])
-def test_method_body_and_query_pass_through(method: str, upstream: UpstreamFactory) -> None:
+def test_method_body_and_query_pass_through(method: str, upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             payload = f"payload for {method} \u00e9".encode()
             url = h.lb_url + "/some/path%20x?a=1&b=x%20y&a=2"
             async with h.client.request(method, url, data=payload) as response:
@@ -350,9 +379,9 @@ def test_method_body_and_query_pass_through(method: str, upstream: UpstreamFacto
 
 
 @pytest.mark.timeout(60)
-def test_head_keeps_the_replica_content_length_and_sends_no_body(upstream: UpstreamFactory) -> None:
+def test_head_keeps_the_replica_content_length_and_sends_no_body(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h, h.client.head(h.lb_url + "/x") as response:
+        async with _harness(server, upstream=upstream) as h, h.client.head(h.lb_url + "/x") as response:
             assert response.status == 200
             assert response.headers["Content-Length"] == "1234"
             assert await response.read() == b""
@@ -361,9 +390,9 @@ def test_head_keeps_the_replica_content_length_and_sends_no_body(upstream: Upstr
 
 
 @pytest.mark.timeout(60)
-def test_round_robin_alternates_between_both_backends(upstream: UpstreamFactory) -> None:
+def test_round_robin_alternates_between_both_backends(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             ids = [(await h.get_json())["id"] for _ in range(6)]
             assert ids == ["b0", "b1", "b0", "b1", "b0", "b1"]
 
@@ -371,9 +400,11 @@ def test_round_robin_alternates_between_both_backends(upstream: UpstreamFactory)
 
 
 @pytest.mark.timeout(60)
-def test_least_load_avoids_a_backend_with_a_slow_request_in_flight(upstream: UpstreamFactory) -> None:
+def test_least_load_avoids_a_backend_with_a_slow_request_in_flight(
+    upstream: UpstreamFactory, server: ServerKind
+) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream, policy="least_load") as h:
+        async with _harness(server, upstream=upstream, policy="least_load") as h:
             slow = asyncio.create_task(h.get_json("/slow"))
             await asyncio.wait_for(h.backends[0].slow_started.wait(), 10)
             ids = [(await h.get_json())["id"] for _ in range(4)]
@@ -388,9 +419,9 @@ def test_least_load_avoids_a_backend_with_a_slow_request_in_flight(upstream: Ups
 
 
 @pytest.mark.timeout(60)
-def test_hop_by_hop_headers_dropped_and_forwarded_headers_added(upstream: UpstreamFactory) -> None:
+def test_hop_by_hop_headers_dropped_and_forwarded_headers_added(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             request_headers = {
                 "Connection": "keep-alive, X-Req-Hop",
                 "X-Req-Hop": "secret",
@@ -426,9 +457,9 @@ def test_hop_by_hop_headers_dropped_and_forwarded_headers_added(upstream: Upstre
 
 
 @pytest.mark.timeout(60)
-def test_the_proxy_adds_no_default_headers_of_its_own(upstream: UpstreamFactory) -> None:
+def test_the_proxy_adds_no_default_headers_of_its_own(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             bare = ["User-Agent", "Accept", "Accept-Encoding", "Content-Type"]
             async with h.client.post(h.lb_url + "/bare", data=b"raw bytes", skip_auto_headers=bare) as response:
                 assert response.status == 200
@@ -442,9 +473,9 @@ def test_the_proxy_adds_no_default_headers_of_its_own(upstream: UpstreamFactory)
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("chunked", [False, True])
-def test_large_streamed_response_passes_intact(chunked: bool, upstream: UpstreamFactory) -> None:
+def test_large_streamed_response_passes_intact(chunked: bool, upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             url = h.lb_url + "/big" + ("?chunked=1" if chunked else "")
             async with h.client.get(url) as response:
                 assert response.status == 200
@@ -460,13 +491,13 @@ def test_large_streamed_response_passes_intact(chunked: bool, upstream: Upstream
 
 
 @pytest.mark.timeout(60)
-def test_chunked_request_body_passes_intact(upstream: UpstreamFactory) -> None:
+def test_chunked_request_body_passes_intact(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         for offset in range(0, BIG, 300_000):
             yield BIG_BODY[offset : offset + 300_000]
 
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             async with h.client.post(h.lb_url + "/digest", data=chunks()) as response:
                 assert response.status == 200
                 echoed = await response.json()
@@ -478,9 +509,11 @@ def test_chunked_request_body_passes_intact(upstream: UpstreamFactory) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_large_request_body_with_length_is_streamed_with_its_length(upstream: UpstreamFactory) -> None:
+def test_large_request_body_with_length_is_streamed_with_its_length(
+    upstream: UpstreamFactory, server: ServerKind
+) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             async with h.client.put(h.lb_url + "/digest", data=io.BytesIO(BIG_BODY)) as response:
                 assert response.status == 200
                 echoed = await response.json()
@@ -492,7 +525,7 @@ def test_large_request_body_with_length_is_streamed_with_its_length(upstream: Up
 
 
 @pytest.mark.timeout(60)
-def test_compressed_response_passes_through_undecoded(upstream: UpstreamFactory) -> None:
+def test_compressed_response_passes_through_undecoded(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
         backend = Backend("gz")
 
@@ -508,7 +541,7 @@ def test_compressed_response_passes_through_undecoded(upstream: UpstreamFactory)
             lb = LoadBalancer(
                 "svc", MutableSource(LbView((backend_url,), "round_robin")), None, FakeClock(START), upstream=upstream
             )
-            lb_url = await stack.enter_async_context(_run_app(lb.make_app()))
+            lb_url = await stack.enter_async_context(_run_lb(lb, server))
             client = await stack.enter_async_context(aiohttp.ClientSession(auto_decompress=False))
             async with client.get(lb_url + "/", headers={"Accept-Encoding": "gzip"}) as response:
                 assert response.headers["Content-Encoding"] == "gzip"
@@ -526,10 +559,10 @@ def test_compressed_response_passes_through_undecoded(upstream: UpstreamFactory)
 
 
 @pytest.mark.timeout(60)
-def test_dead_replica_is_retried_on_the_live_one(upstream: UpstreamFactory) -> None:
+def test_dead_replica_is_retried_on_the_live_one(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
         dead = _dead_url()
-        async with _harness(upstream=upstream, targets=lambda urls: (dead, urls[1])) as h:
+        async with _harness(server, upstream=upstream, targets=lambda urls: (dead, urls[1])) as h:
             for _ in range(4):  # round robin puts the dead one first every other request
                 assert (await h.get_json("/r"))["id"] == "b1"
             async with h.client.post(h.lb_url + "/r", data=b"x" * 1000) as response:
@@ -542,7 +575,7 @@ def test_dead_replica_is_retried_on_the_live_one(upstream: UpstreamFactory) -> N
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("streamed", "status"), [(False, 200), (True, 502)], ids=["buffered", "streamed"])
 def test_a_connection_reset_before_the_answer_is_retried_only_with_a_replayable_body(
-    upstream: UpstreamFactory, streamed: bool, status: int
+    upstream: UpstreamFactory, server: ServerKind, streamed: bool, status: int
 ) -> None:
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -555,7 +588,7 @@ def test_a_connection_reset_before_the_answer_is_retried_only_with_a_replayable_
             lb = LoadBalancer(
                 "svc", MutableSource(LbView((backend.url,), "round_robin")), None, FakeClock(START), upstream=upstream
             )
-            lb_url = await stack.enter_async_context(_run_app(lb.make_app()))
+            lb_url = await stack.enter_async_context(_run_lb(lb, server))
             client = await stack.enter_async_context(aiohttp.ClientSession())
             async with client.post(lb_url + "/r", data=chunks() if streamed else b"replayable") as response:
                 assert response.status == status
@@ -571,10 +604,10 @@ def test_a_connection_reset_before_the_answer_is_retried_only_with_a_replayable_
 
 
 @pytest.mark.timeout(60)
-def test_all_targets_dead_gives_502(upstream: UpstreamFactory) -> None:
+def test_all_targets_dead_gives_502(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
         dead = (_dead_url(), _dead_url())
-        async with _harness(upstream=upstream, targets=lambda urls: dead) as h:
+        async with _harness(server, upstream=upstream, targets=lambda urls: dead) as h:
             async with h.client.get(h.lb_url + "/") as response:
                 assert response.status == 502
                 text = await response.text()
@@ -586,9 +619,11 @@ def test_all_targets_dead_gives_502(upstream: UpstreamFactory) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_no_target_within_hold_seconds_gives_503_naming_the_status_command(upstream: UpstreamFactory) -> None:
+def test_no_target_within_hold_seconds_gives_503_naming_the_status_command(
+    upstream: UpstreamFactory, server: ServerKind
+) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream, targets=lambda urls: (), hold_seconds=0.3) as h:
+        async with _harness(server, upstream=upstream, targets=lambda urls: (), hold_seconds=0.3) as h:
             started = time.monotonic()
             async with h.client.get(h.lb_url + "/") as response:
                 assert response.status == 503
@@ -601,9 +636,9 @@ def test_no_target_within_hold_seconds_gives_503_naming_the_status_command(upstr
 
 
 @pytest.mark.timeout(60)
-def test_target_and_policy_changes_are_picked_up_after_refresh(upstream: UpstreamFactory) -> None:
+def test_target_and_policy_changes_are_picked_up_after_refresh(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream, targets=lambda urls: (urls[0],), hold_seconds=0) as h:
+        async with _harness(server, upstream=upstream, targets=lambda urls: (urls[0],), hold_seconds=0) as h:
             assert {(await h.get_json())["id"] for _ in range(3)} == {"b0"}
             h.source.view = LbView(ready_urls=(h.backends[1].url,), policy="round_robin")
             await h.wait_refreshes()
@@ -624,9 +659,9 @@ def test_target_and_policy_changes_are_picked_up_after_refresh(upstream: Upstrea
 
 
 @pytest.mark.timeout(60)
-def test_unknown_policy_in_the_view_keeps_the_previous_one(upstream: UpstreamFactory) -> None:
+def test_unknown_policy_in_the_view_keeps_the_previous_one(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             h.source.view = LbView(ready_urls=tuple(b.url for b in h.backends), policy="random")
             await h.wait_refreshes()
             ids = [(await h.get_json())["id"] for _ in range(4)]
@@ -639,10 +674,12 @@ def test_unknown_policy_in_the_view_keeps_the_previous_one(upstream: UpstreamFac
 
 
 @pytest.mark.timeout(60)
-def test_a_held_request_is_answered_once_a_target_appears(upstream: UpstreamFactory) -> None:
+def test_a_held_request_is_answered_once_a_target_appears(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
         # refresh_seconds 30: only the reads that holding triggers can find the new target in time
-        async with _harness(upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=10) as h:
+        async with _harness(
+            server, upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=10
+        ) as h:
             reads_at_start = h.source.reads
             held = asyncio.create_task(h.get_json("/woken"))
             await _wait_for(lambda: h.lb.waiting == 1)
@@ -658,10 +695,10 @@ def test_a_held_request_is_answered_once_a_target_appears(upstream: UpstreamFact
 
 
 @pytest.mark.timeout(60)
-def test_beyond_max_waiting_a_request_gets_503_at_once(upstream: UpstreamFactory) -> None:
+def test_beyond_max_waiting_a_request_gets_503_at_once(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
         async with _harness(
-            upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=20, max_waiting=2
+            server, upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=20, max_waiting=2
         ) as h:
             held = [asyncio.create_task(h.get_json(f"/held{i}")) for i in range(2)]
             await _wait_for(lambda: h.lb.waiting == 2)
@@ -677,9 +714,13 @@ def test_beyond_max_waiting_a_request_gets_503_at_once(upstream: UpstreamFactory
 
 
 @pytest.mark.timeout(60)
-def test_held_requests_are_counted_on_arrival_and_reported_as_waiting(upstream: UpstreamFactory) -> None:
+def test_held_requests_are_counted_on_arrival_and_reported_as_waiting(
+    upstream: UpstreamFactory, server: ServerKind
+) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=20) as h:
+        async with _harness(
+            server, upstream=upstream, targets=lambda urls: (), refresh_seconds=30, hold_seconds=20
+        ) as h:
             held = [asyncio.create_task(h.get_json()) for _ in range(3)]
             await _wait_for(lambda: bool(h.sink.reports) and h.sink.reports[-1].waiting == 3)
             assert h.sink.reports[-1].in_flight == ()
@@ -700,10 +741,12 @@ def test_held_requests_are_counted_on_arrival_and_reported_as_waiting(upstream: 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ready", [True, False], ids=["ready", "no-replica"])
 def test_requests_counted_per_second_and_flushed_once_the_second_is_over(
-    ready: bool, upstream: UpstreamFactory
+    ready: bool, upstream: UpstreamFactory, server: ServerKind
 ) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream, targets=None if ready else (lambda urls: ()), hold_seconds=0) as h:
+        async with _harness(
+            server, upstream=upstream, targets=None if ready else (lambda urls: ()), hold_seconds=0
+        ) as h:
             second = int(START)
             for _ in range(5):
                 async with h.client.get(h.lb_url + "/") as response:
@@ -742,12 +785,12 @@ class FlakySink:
 
 
 @pytest.mark.timeout(60)
-def test_counts_refused_by_the_sink_are_handed_over_later(upstream: UpstreamFactory) -> None:
+def test_counts_refused_by_the_sink_are_handed_over_later(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             sink = FlakySink()
             lb = LoadBalancer("svc", h.source, sink, h.clock, refresh_seconds=0.02, upstream=upstream)
-            async with _run_app(lb.make_app()) as lb_url:
+            async with _run_lb(lb, server) as lb_url:
                 for _ in range(3):
                     async with h.client.get(lb_url + "/"):
                         pass
@@ -793,9 +836,11 @@ def test_is_report_due_table(
 
 
 @pytest.mark.timeout(60)
-def test_load_report_shows_a_slow_request_in_flight_until_it_ends(upstream: UpstreamFactory) -> None:
+def test_load_report_shows_a_slow_request_in_flight_until_it_ends(
+    upstream: UpstreamFactory, server: ServerKind
+) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream, policy="least_load") as h:
+        async with _harness(server, upstream=upstream, policy="least_load") as h:
             b0, b1 = (b.url for b in h.backends)
             await _wait_for(lambda: len(h.sink.reports) >= 1)
             assert h.sink.reports[0] == LbReport(reported_at=START, in_flight=tuple(sorted(((b0, 0), (b1, 0)))))
@@ -812,9 +857,9 @@ def test_load_report_shows_a_slow_request_in_flight_until_it_ends(upstream: Upst
 
 
 @pytest.mark.timeout(60)
-def test_unchanged_load_is_reported_again_after_two_seconds_only(upstream: UpstreamFactory) -> None:
+def test_unchanged_load_is_reported_again_after_two_seconds_only(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
-        async with _harness(upstream=upstream) as h:
+        async with _harness(server, upstream=upstream) as h:
             await _wait_for(lambda: len(h.sink.reports) >= 1)
             h.clock.advance(1.9)
             await h.wait_refreshes(5)
@@ -833,7 +878,9 @@ def test_unchanged_load_is_reported_again_after_two_seconds_only(upstream: Upstr
 
 
 @pytest.mark.timeout(60)
-def test_source_returning_none_stops_serve_and_answers_held_requests(upstream: UpstreamFactory) -> None:
+def test_source_returning_none_stops_serve_and_answers_held_requests(
+    upstream: UpstreamFactory, server: ServerKind
+) -> None:
     async def body() -> None:
         source = MutableSource(LbView(ready_urls=(), policy="round_robin"))
         sink = RecordingSink()
@@ -842,7 +889,7 @@ def test_source_returning_none_stops_serve_and_answers_held_requests(upstream: U
             "svc", source, sink, clock, refresh_seconds=0.02, upstream=upstream
         )  # holds for the default 30 s
         port = _free_port()
-        task = asyncio.create_task(serve(lb, "127.0.0.1", port, asyncio.Event()))
+        task = asyncio.create_task(serve(lb, "127.0.0.1", port, asyncio.Event(), server=server))
         await _wait_for_port(port)
         async with aiohttp.ClientSession() as client:
             held = asyncio.create_task(client.get(f"http://127.0.0.1:{port}/"))
@@ -861,12 +908,12 @@ def test_source_returning_none_stops_serve_and_answers_held_requests(upstream: U
 
 
 @pytest.mark.timeout(60)
-def test_held_requests_get_503_when_serve_is_stopped(upstream: UpstreamFactory) -> None:
+def test_held_requests_get_503_when_serve_is_stopped(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
         lb = LoadBalancer("svc", MutableSource(LbView((), "round_robin")), None, FakeClock(START), upstream=upstream)
         port = _free_port()
         stop = asyncio.Event()
-        task = asyncio.create_task(serve(lb, "127.0.0.1", port, stop))
+        task = asyncio.create_task(serve(lb, "127.0.0.1", port, stop, server=server))
         await _wait_for_port(port)
         async with aiohttp.ClientSession() as client:
             held = asyncio.create_task(client.get(f"http://127.0.0.1:{port}/"))
@@ -882,7 +929,7 @@ def test_held_requests_get_503_when_serve_is_stopped(upstream: UpstreamFactory) 
 
 
 @pytest.mark.timeout(60)
-def test_serve_proxies_until_the_stop_event_is_set(upstream: UpstreamFactory) -> None:
+def test_serve_proxies_until_the_stop_event_is_set(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
         backend = Backend("only")
         async with _run_app(_backend_app(backend)) as backend_url:
@@ -891,7 +938,7 @@ def test_serve_proxies_until_the_stop_event_is_set(upstream: UpstreamFactory) ->
             )
             port = _free_port()
             stop = asyncio.Event()
-            task = asyncio.create_task(serve(lb, "127.0.0.1", port, stop))
+            task = asyncio.create_task(serve(lb, "127.0.0.1", port, stop, server=server))
             async with aiohttp.ClientSession() as client:
                 await _wait_for_listening(client, f"http://127.0.0.1:{port}/")
                 async with client.put(f"http://127.0.0.1:{port}/p?q=1", data=b"through serve") as response:
@@ -910,14 +957,16 @@ def test_serve_proxies_until_the_stop_event_is_set(upstream: UpstreamFactory) ->
 
 
 @pytest.mark.timeout(60)
-def test_serve_raises_oserror_when_the_port_is_taken(upstream: UpstreamFactory) -> None:
+def test_serve_raises_oserror_when_the_port_is_taken(upstream: UpstreamFactory, server: ServerKind) -> None:
     async def body() -> None:
         lb = LoadBalancer("svc", MutableSource(LbView((), "round_robin")), None, FakeClock(START), upstream=upstream)
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
             taken.listen()
             with pytest.raises(OSError):
-                await asyncio.wait_for(serve(lb, "127.0.0.1", taken.getsockname()[1], asyncio.Event()), 10)
+                await asyncio.wait_for(
+                    serve(lb, "127.0.0.1", taken.getsockname()[1], asyncio.Event(), server=server), 10
+                )
 
     _run(body)
 
@@ -956,13 +1005,22 @@ def test_main_exits_1_with_a_message_when_the_port_is_taken(tmp_path: Path, caps
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        Store.open(tmp_path).close()
         code = lb_main.main(["--home", str(tmp_path), "--service", "svc", "--port", str(port)])
     assert code == 1
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
+def test_main_never_creates_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = lb_main.main(["--home", str(tmp_path / "home"), "--service", "svc", "--port", str(_free_port())])
+    assert code == 1
+    assert "no state store at" in capsys.readouterr().err
+    assert not (tmp_path / "home").exists()
+
+
 @pytest.mark.timeout(60)
 def test_main_exits_0_when_the_service_does_not_exist(tmp_path: Path) -> None:
+    Store.open(tmp_path).close()
     code = lb_main.main(["--home", str(tmp_path), "--service", "nosuch", "--port", str(_free_port())])
     assert code == 0
 
@@ -998,6 +1056,9 @@ def test_store_adapters_pass_the_store_values_through() -> None:
 
         def get_lb_view(self, service: str) -> LbView | None:
             return view if service == "svc" else None
+
+        def is_current(self) -> bool:
+            return True
 
         def record_request_counts(self, service: str, counts: Mapping[int, int]) -> None:
             self.recorded.append((service, dict(counts)))
