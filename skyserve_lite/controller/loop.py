@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -20,6 +20,8 @@ from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError
 from skyserve_lite.providers import make_providers
+from skyserve_lite.providers.base import Provider
+from skyserve_lite.providers.local import LocalProvider
 from skyserve_lite.state.store import Store, prepare_home
 
 log = logging.getLogger(__name__)
@@ -69,10 +71,11 @@ def is_controller_running(home: Path) -> bool:
     return False
 
 
-def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> Reconciler:
+def build_reconciler(home: Path, store: Store, settings: ControllerSettings,
+                     providers: Mapping[str, Provider] | None = None) -> Reconciler:
     clock = SystemClock()
-    return Reconciler(store, make_providers(home, clock, store.controller_id), HttpProber(),
-                      ProcessLoadBalancerRunner(home), clock, settings)
+    providers = make_providers(home, clock, store.controller_id) if providers is None else providers
+    return Reconciler(store, providers, HttpProber(), ProcessLoadBalancerRunner(home), clock, settings)
 
 
 def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:
@@ -106,11 +109,21 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
     with controller_lock(home, timeout_seconds=0):
         (home / PID_FILE).write_text(f"{os.getpid()}\n")
         store = Store.open(home)
-        reconciler = build_reconciler(home, store, settings)
+        providers = make_providers(home, SystemClock(), store.controller_id)
+        reconciler = build_reconciler(home, store, settings, providers)
         log.info("controller %s running for %s, every %.1fs", store.controller_id, home,
                  settings.interval_seconds)
         try:
             while not stop.is_set():
+                if not store.is_current():
+                    # The state directory was deleted under us: nothing can be reconciled any more, and
+                    # relaunching "vanished" replicas into a deleted directory would only leak processes.
+                    log.error("%s was deleted or replaced; stopping, with the processes this controller started",
+                              store.path)
+                    local = providers.get("local")
+                    if isinstance(local, LocalProvider):
+                        local.terminate_started()
+                    break
                 started = time.monotonic()
                 try:
                     reconciler.reconcile_once()

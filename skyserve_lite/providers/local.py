@@ -124,6 +124,13 @@ class LocalProvider:
             os.replace(directory / INSTANCE_FILE, directory / TERMINATED_FILE)
         self._reap()
 
+    def terminate_started(self) -> None:
+        """Stop every process group this object started and that still runs (its bookkeeping files may be
+        gone, e.g. when the state directory was deleted)."""
+        self._reap()
+        procs.terminate_groups(list(self._children), self._grace_seconds)
+        self._reap()
+
     def release_service(self, service: str) -> None:
         shutil.rmtree(self._root / service, ignore_errors=True)
 

@@ -56,12 +56,19 @@ class Store:
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         self._db = connection
         self.path = path
+        self._identity = _file_identity(path)
 
     @classmethod
-    def open(cls, home: Path) -> Store:
-        """Open (creating and migrating when needed) the store under ``home``."""
-        prepare_home(home)
+    def open(cls, home: Path, *, create: bool = True) -> Store:
+        """Open (creating and migrating when needed) the store under ``home``.
+
+        With ``create=False`` a missing store raises ``NotFoundError`` instead: processes the controller
+        starts (load balancers) must never create an empty store where a deleted one was.
+        """
         path = home / DB_NAME
+        if not create and not path.exists():
+            raise NotFoundError(f"no state store at {path}")
+        prepare_home(home)
         if not path.exists():
             # Create the file with 0600 before SQLite writes anything into it.
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
@@ -76,6 +83,11 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+    def is_current(self) -> bool:
+        """False once the database file was deleted or replaced by another file since this store opened it:
+        this connection then reads a state nobody else sees."""
+        return _file_identity(self.path) == self._identity
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -341,6 +353,14 @@ _SERVICE_SELECT = (
     " next_replica_id, active_versions"
 )
 _VERSION_SELECT = "service, version, text, source, created_at, mode, note"
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _service(row: tuple[Any, ...]) -> ServiceRecord:

@@ -138,3 +138,24 @@ def test_invalid_task_changes_nothing(sky: SkyLite, tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr == f"Error: {task}: service.replicas: must be at least 1, got 0\n"
     assert not sky.home.exists()
+
+
+def test_deleting_the_state_directory_stops_the_controller_and_its_replicas(sky: SkyLite, tmp_path: Path) -> None:
+    import shutil
+
+    task = write_task(tmp_path, "sleeper", FAST_PROBE.format(delay=600, replicas=2, run="exec sleep 300"))
+    sky.run("serve", "up", str(task), "--no-wait")
+    wait_until(lambda: sum(1 for p in sky.processes() if _cmdline(p) == b"sleep\x00300\x00") == 2,
+               timeout=30, message="two replica processes")
+    shutil.rmtree(sky.home)
+    # Nothing is left to reconcile: the controller stops and takes the replicas it started with it,
+    # instead of relaunching "vanished" replicas into a deleted directory; the load balancer stops too.
+    wait_until(lambda: sky.processes() == [], timeout=30,
+               message="controller, load balancer and replicas gone")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -125,3 +125,18 @@ def test_deleting_a_service_drops_versions_and_replicas(tmp_path: Path) -> None:
     # The name is free again, and its ids start over with the new service.
     store.create_service("svc", task(), 30001, now=6.0)
     assert store.add_replicas("svc", 1, template())[0].replica_id == 1
+
+
+def test_a_store_notices_its_file_deleted_or_replaced(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    assert store.is_current()
+    (tmp_path / "state.db").unlink()
+    assert not store.is_current()
+    Store.open(tmp_path).close()  # someone creates a new, empty store at the same path
+    assert not store.is_current()
+
+
+def test_open_without_create_refuses_a_missing_store(tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError, match="no state store"):
+        Store.open(tmp_path / "gone", create=False)
+    assert not (tmp_path / "gone").exists()
