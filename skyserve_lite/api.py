@@ -7,6 +7,7 @@ over SSH is another implementation of the same protocol. The CLI never opens the
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from skyserve_lite.errors import (
     UsageError,
     WaitTimeoutError,
 )
+from skyserve_lite.lb.settings import hold_seconds_from_env
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan, plan_update
 from skyserve_lite.providers import check_task_for_cloud
@@ -179,8 +181,7 @@ class LocalController:
 
     def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
         check_service_name(name)
-        check_cloud_available(task)
-        ControllerSettings.from_env()  # a bad SKY_LITE_* value fails here, before anything is stored
+        check_submission(task)
         store = self._open()
         try:
             port = _pick_lb_port(store.used_lb_ports())
@@ -226,8 +227,7 @@ class LocalController:
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None) -> VersionRecord:
-        check_cloud_available(task)
-        ControllerSettings.from_env()
+        check_submission(task)
         store = self._open()
         try:
             version = store.add_version(name, task, mode.value, self._clock.now(), expect_version=expect_version,
@@ -288,8 +288,12 @@ class LocalController:
         return path
 
 
-def check_cloud_available(task: SubmittedTask) -> None:
+def check_submission(task: SubmittedTask) -> None:
+    """Everything checked before a task is stored: the cloud can run it, and every SKY_LITE_* setting the
+    controller and load balancers will read is valid (so a typo fails here, not in a background process)."""
     check_task_for_cloud(task)
+    ControllerSettings.from_env()
+    hold_seconds_from_env(os.environ)
 
 
 def plan_update_of(state: RolloutState, task: SubmittedTask, mode: UpdateMode) -> UpdatePlan:

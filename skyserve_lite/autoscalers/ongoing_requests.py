@@ -124,7 +124,9 @@ class OngoingRequestsAutoscaler:
         ongoing = metrics.ongoing_requests
         average = sum(ongoing) / len(ongoing) if ongoing else None
         if not ongoing:
-            target = max(1, state.target) if metrics.waiting_requests > 0 else state.target
+            # No replica reports (scaled to zero, or none READY yet): wake on any demand, held or counted.
+            demand = metrics.waiting_requests > 0 or (state.target == 0 and metrics.requests_in_window > 0)
+            target = max(1, state.target) if demand else state.target
             new = AutoscalerState(state.version, target, last_decision_at=metrics.now)
             changed = target != state.target
             return Decision(new if changed else state, raw_target=target, decided=changed)

@@ -98,7 +98,8 @@ def requests_between(trace: Sequence[TraceRow], start: float, end: float) -> flo
 def simulate(policy: ReplicaPolicy, trace: Sequence[TraceRow], period_seconds: float | None = None
              ) -> list[SimulatedDecision]:
     autoscaler = make_autoscaler(policy, period_seconds)
-    period = autoscaler.period_seconds or 20.0
+    # A fixed policy has no period of its own: show it at the asked period, or the request-rate one.
+    period = period_seconds or autoscaler.period_seconds or 20.0
     state = autoscaler.initial_state(version=1)
     decisions = []
     steps = int(trace[-1].time_s // period) + 1

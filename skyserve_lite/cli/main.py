@@ -154,6 +154,7 @@ def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, 
 
 def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
             yes: bool, output: str, note: str | None) -> None:
+    api.check_submission(task)  # before the plan and the question, so a "yes" is never answered with an error
     controller = make_controller()
     state = controller.get_rollout_state(name)
     if expect_version is not None and state.service.current_version != expect_version:

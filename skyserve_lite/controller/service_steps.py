@@ -79,7 +79,8 @@ def plan_scale_down(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: fl
         in_market = [r for r in live if r.is_spot == is_spot]
         surplus = len(in_market) - markets.for_market(is_spot)
         victims.update(r.replica_id for r in find_scale_down_order(in_market)[:max(0, surplus)])
-    return [_shut_down_step(s, now, f"scaling down to {target} replicas") if s.record.replica_id in victims
+    reason = f"scaling down to {target} {'replica' if target == 1 else 'replicas'}"
+    return [_shut_down_step(s, now, reason) if s.record.replica_id in victims
             else s for s in steps]
 
 

@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import importlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -27,30 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skyserve_lite.clock import SystemClock
-from skyserve_lite.errors import SkyLiteError, UsageError
-from skyserve_lite.lb.server import DEFAULT_HOLD_SECONDS, LbReport, LbView, LoadBalancer, serve
+from skyserve_lite.errors import SkyLiteError
+from skyserve_lite.lb.server import LbReport, LbView, LoadBalancer, serve
+from skyserve_lite.lb.settings import hold_seconds_from_env
 
 if TYPE_CHECKING:
     from skyserve_lite.state.store import Store
 
 log = logging.getLogger("skyserve_lite.lb")
 
-HOLD_SECONDS_VARIABLE = "SKY_LITE_LB_HOLD_SECONDS"
-
-
-def hold_seconds_from_env(environ: Mapping[str, str]) -> float:
-    """``SKY_LITE_LB_HOLD_SECONDS`` as a number of seconds (0 or more); ``DEFAULT_HOLD_SECONDS`` when unset
-    or empty. Raises ``UsageError`` naming the variable for anything else ("abc", "-1", "inf")."""
-    text = environ.get(HOLD_SECONDS_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_HOLD_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{HOLD_SECONDS_VARIABLE} must be a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise UsageError(f"{HOLD_SECONDS_VARIABLE} must be a finite number of seconds >= 0, got {text!r}")
-    return value
 
 
 class StoreTargetSource:

@@ -45,6 +45,7 @@ from multidict import CIMultiDict, CIMultiDictProxy, istr
 from skyserve_lite.clock import Clock
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
+from skyserve_lite.lb.settings import DEFAULT_HOLD_SECONDS
 from skyserve_lite.lb.upstream import (
     UpstreamClient,
     UpstreamConnectError,
@@ -104,7 +105,6 @@ HOLD_REFRESH_SECONDS: Final = 0.1
 # Defaults for holding requests while no replica is READY. 30 s covers a local replica that starts in
 # seconds and stays within common client timeouts (60 s in nginx, browsers, requests' usual settings);
 # 256 held requests cost one coroutine and one socket each, and beyond them a burst gets 503 at once.
-DEFAULT_HOLD_SECONDS: Final = 30.0
 DEFAULT_MAX_WAITING: Final = 256
 
 # RFC 9110 section 7.6.1, plus Proxy-Connection, which old clients still send and which means the same.

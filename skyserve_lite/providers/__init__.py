@@ -30,7 +30,9 @@ def check_task_for_cloud(task: SubmittedTask) -> None:
     spec = task.spec
     cloud = spec.resources.cloud
     if cloud.value not in available_clouds():
-        hint = " (install it with `pip install 'skyserve-lite[aws]'`)" if cloud is Cloud.AWS else ""
+        hint = ""
+        if cloud is Cloud.AWS:
+            hint = " (install boto3: `pip install '.[aws]'` from a checkout, or `pip install boto3`)"
         raise SpecError(task.source, "resources.cloud",
                         f"cloud {cloud.value!r} is not available here{hint}; available: "
                         + ", ".join(available_clouds()))

@@ -118,3 +118,15 @@ def test_controller_form_keeps_the_counter_in_its_state() -> None:
     # int(20 / 10) = 2 periods must pass; the change lands on the third consecutive decision.
     assert targets == [2, 2, 8]
     assert decision.average_ongoing == 20.0
+
+
+@pytest.mark.parametrize(
+    ("target", "requests", "waiting", "expected"),
+    [(0, 0, 0, 0), (0, 3, 0, 1), (0, 0, 2, 1), (2, 3, 0, 2)],
+    ids=["idle-zero-stays", "counted-request-wakes", "held-request-wakes", "nonzero-waits-for-reports"],
+)
+def test_controller_form_wakes_from_zero(target: int, requests: int, waiting: int, expected: int) -> None:
+    scaler = OngoingRequestsAutoscaler(0, 4, target_ongoing_requests_per_replica=1, upscale_delay_seconds=60,
+                                       downscale_delay_seconds=60)
+    metrics = Metrics(now=5.0, requests_in_window=requests, waiting_requests=waiting)
+    assert scaler.decide(AutoscalerState(version=1, target=target), metrics).state.target == expected

@@ -54,3 +54,9 @@ def test_bad_traces_name_file_line_and_column(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message) as info:
         parse_trace(text, "trace.csv")
     assert str(info.value).startswith("trace.csv: ")
+
+
+def test_a_fixed_policy_is_shown_at_the_asked_period() -> None:
+    decisions = simulate(ReplicaPolicy(min_replicas=2, max_replicas=2), parse_trace("time_s,qps\n0,1\n30,1\n", "t"),
+                         period_seconds=10)
+    assert [(d.time_s, d.target_replicas) for d in decisions] == [(0, 2), (10, 2), (20, 2), (30, 2)]

@@ -140,3 +140,19 @@ def test_help_does_not_import_cloud_sdks_or_aiohttp() -> None:
             "print(sorted(m for m in ('boto3', 'botocore', 'google.cloud', 'aiohttp') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [("SKY_LITE_LB_HOLD_SECONDS", "soon", "SKY_LITE_LB_HOLD_SECONDS must be a number of seconds, got 'soon'"),
+     ("SKY_LITE_DRAIN_SECONDS", "-3", "SKY_LITE_DRAIN_SECONDS must be at least 0")],
+)
+def test_bad_settings_fail_up_before_anything_is_stored(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        variable: str, value: str, message: str) -> None:
+    monkeypatch.setenv(variable, value)
+    path = tmp_path / "task.yaml"
+    path.write_text(TASK)
+    exit_code, _, stderr = invoke("serve", "up", str(path), "-n", "svc")
+    assert exit_code == 2
+    assert message in stderr
+    assert not (home / "state.db").exists()

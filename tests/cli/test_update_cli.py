@@ -156,3 +156,14 @@ def test_refused_rollbacks(home: Path, args: list[str], message: str) -> None:
     assert code == 1
     assert message in stderr
     assert versions(home) == [1]
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []])
+def test_a_task_the_cloud_cannot_run_is_refused_before_the_plan(home: Path, tmp_path: Path,
+                                                                dry_run: list[str]) -> None:
+    new = write(tmp_path, V1.replace("image_id: img-1", "cloud: gcp"))
+    code, stdout, stderr = invoke("serve", "update", "svc", new, *dry_run, input="y\n")
+    assert code == 2
+    assert "resources.cloud: cloud 'gcp' is not available here" in stderr
+    assert stdout == "" and "Apply this update?" not in stderr
+    assert versions(home) == [1]
