@@ -298,11 +298,11 @@ def test_strip_hop_by_hop_table(given: dict[str, str], kept: dict[str, str]) -> 
     [
         (
             {"Host": "lb:8080", "Accept": "*/*"},
-            "10.0.0.7",
+            "192.0.2.7",
             "http",
             {
                 "Accept": "*/*",
-                "X-Forwarded-For": "10.0.0.7",
+                "X-Forwarded-For": "192.0.2.7",
                 "X-Forwarded-Host": "lb:8080",
                 "X-Forwarded-Proto": "http",
             },
@@ -314,10 +314,10 @@ def test_strip_hop_by_hop_table(given: dict[str, str], kept: dict[str, str]) -> 
                 "X-Forwarded-Proto": "https",
                 "Expect": "100-continue",
             },
-            "10.0.0.7",
+            "192.0.2.7",
             "http",
             {
-                "X-Forwarded-For": "1.2.3.4, 10.0.0.7",
+                "X-Forwarded-For": "1.2.3.4, 192.0.2.7",
                 "X-Forwarded-Host": "lb",
                 "X-Forwarded-Proto": "http",
             },

@@ -72,3 +72,15 @@ def test_cloud_states_other_than_running_pass_through(tmp_path: Path) -> None:
     (instance,) = provider.list_instances()
     assert instance.state is InstanceState.PENDING
     assert provider._local.list_instances() == []
+
+
+def test_cloud_providers_are_built_on_first_use(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from skyserve_lite.clock import SystemClock; "
+            "from skyserve_lite.providers import make_providers; "
+            f"p = make_providers(Path({str(tmp_path)!r}), SystemClock(), 'c1'); "
+            "print(sorted(p), 'boto3' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["['aws',", "'local']", "False"]
