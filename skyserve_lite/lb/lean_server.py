@@ -52,6 +52,7 @@ from skyserve_lite.lb.server import (
     LocalAnswer,
     compute_upstream_headers,
     is_buffered_response,
+    wait_until_stopped,
 )
 from skyserve_lite.lb.upstream import UpstreamError, UpstreamResponse
 
@@ -431,12 +432,7 @@ async def serve_lean(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event
         addresses = await server.start(host, port)
         bound = ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
         log.info("load balancer for service %s listening on %s (lean server)", lb.service, bound)
-        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lb.wait_source_gone())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
+        await wait_until_stopped(lb, stop)
     finally:
         # Stop accepting, answer the held requests and finish the ones in flight first, then close the
         # upstream client they use.

@@ -720,15 +720,20 @@ async def serve(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event, ser
         await site.start()
         bound = ", ".join(f"{address[0]}:{address[1]}" for address in runner.addresses)
         log.info("load balancer for service %s listening on %s", lb.service, bound)
-        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lb.wait_source_gone())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
+        await wait_until_stopped(lb, stop)
     finally:
         # Stop accepting, answer the held requests and finish the ones in flight first, then close the
         # upstream client they use.
         lb.stop_holding()
         await runner.cleanup()
         await lb.close()
+
+
+async def wait_until_stopped(lb: LoadBalancer, stop: asyncio.Event) -> None:
+    """Return when ``stop`` is set or the service is gone from the store, whichever comes first."""
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lb.wait_source_gone())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
