@@ -19,7 +19,7 @@ from skyserve_lite import procs
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
-from skyserve_lite.controller.lb_runner import lb_log_path
+from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START, find_lb_port, lb_log_path
 from skyserve_lite.controller.loop import is_controller_running
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import (
@@ -45,9 +45,6 @@ from skyserve_lite.state.models import (
     VersionRecord,
 )
 from skyserve_lite.state.store import Store
-
-LB_PORT_START = 30001
-LB_PORT_END = 30999
 
 
 @dataclass(frozen=True)
@@ -353,10 +350,10 @@ def default_service_name(task: SubmittedTask) -> str:
 
 
 def _pick_lb_port(used: set[int]) -> int:
-    for port in range(LB_PORT_START, LB_PORT_END + 1):
-        if port not in used and procs.is_port_free(port):
-            return port
-    raise ControllerError(f"no free port for a load balancer between {LB_PORT_START} and {LB_PORT_END}")
+    port = find_lb_port(used, procs.is_port_free)
+    if port is None:
+        raise ControllerError(f"no free port for a load balancer between {LB_PORT_START} and {LB_PORT_END}")
+    return port
 
 
 @dataclass(frozen=True)

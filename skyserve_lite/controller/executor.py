@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from skyserve_lite.clock import Clock
-from skyserve_lite.controller.lb_runner import LoadBalancerRunner
+from skyserve_lite.controller.lb_runner import LoadBalancerRunner, find_lb_port
 from skyserve_lite.controller.plan import Event, LaunchBatch, PassPlan
 from skyserve_lite.errors import ProviderError, TransientProviderError
 from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider
@@ -48,7 +48,7 @@ class Executor:
         self._store.delete_replicas(plan.removals)
         for batch in plan.launches:
             self._launch(batch, events)
-        self._apply_load_balancers(plan)
+        self._apply_load_balancers(plan, events)
         for name, status, reason in plan.status_changes:
             self._store.set_service_status(name, status, reason)
         self._store.put_autoscaler_states([u for u in plan.autoscaler_updates if u[0] not in plan.deletions])
@@ -143,7 +143,23 @@ class Executor:
                 events.append(Event(row.service, row.replica_id, "provider", f"launch failed: {outcome.error}"))
         self._store.put_replicas(updated)
 
-    def _apply_load_balancers(self, plan: PassPlan) -> None:
+    def _lb_port(self, name: str, port: int, events: list[Event]) -> int | None:
+        """The service's port, or a new one when another process took it since `serve up` chose it: a
+        load balancer that cannot bind would otherwise be restarted on every pass, and the service would
+        never answer. The move is recorded as an event (status shows the new endpoint)."""
+        if self._lb_runner.is_port_free(port):
+            return port
+        used = {s.lb_port for s in self._store.list_services()}
+        moved = find_lb_port(used, self._lb_runner.is_port_free)
+        if moved is None:
+            events.append(Event(name, None, "load_balancer", f"port {port} is taken and no other port is free"))
+            return None
+        self._store.set_lb_port(name, moved)
+        events.append(Event(name, None, "load_balancer",
+                            f"port {port} is taken by another process; the endpoint moved to port {moved}"))
+        return moved
+
+    def _apply_load_balancers(self, plan: PassPlan, events: list[Event]) -> None:
         for name, pid in plan.stop_lbs:
             self._lb_runner.stop(pid)
             service = self._store.find_service(name)
@@ -154,8 +170,12 @@ class Executor:
             service = self._store.find_service(name)
             if service is None:
                 continue
-            pid = self._lb_runner.start(name, service.lb_port)
+            port = self._lb_port(service.name, service.lb_port, events)
+            if port is None:
+                continue
+            pid = self._lb_runner.start(name, port)
             self._store.set_load_balancer(name, pid, policies.pop(name, service.lb_policy))
+            events.append(Event(name, None, "load_balancer", f"load balancer started on port {port} (pid {pid})"))
         for name, policy in policies.items():
             service = self._store.find_service(name)
             if service is not None:

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Protocol
 
 from skyserve_lite import procs
 
 _LB_MODULE = "skyserve_lite.lb"
+
+# Load balancer endpoints: the first free port from 30001 up.
+LB_PORT_START = 30001
+LB_PORT_END = 30999
+
+
+def find_lb_port(used: Collection[int], is_free: Callable[[int], bool]) -> int | None:
+    """The first port from ``LB_PORT_START`` that no service uses and ``is_free`` accepts; None if none."""
+    for port in range(LB_PORT_START, LB_PORT_END + 1):
+        if port not in used and is_free(port):
+            return port
+    return None
 
 
 class LoadBalancerRunner(Protocol):
@@ -19,6 +32,10 @@ class LoadBalancerRunner(Protocol):
 
     def is_alive(self, pid: int) -> bool:
         """Whether ``pid`` is a running load balancer (not some process that reused the pid)."""
+        ...
+
+    def is_port_free(self, port: int) -> bool:
+        """Whether a load balancer could listen on ``port`` now."""
         ...
 
     def stop(self, pid: int) -> None:
@@ -57,6 +74,9 @@ class ProcessLoadBalancerRunner:
         if self.is_alive(pid):
             procs.terminate_groups([pid])
 
+    def is_port_free(self, port: int) -> bool:
+        return procs.is_port_free(port, self._host)
+
 
 class FakeLoadBalancerRunner:
     """Records starts and stops; every started pid stays alive until stopped."""
@@ -64,8 +84,12 @@ class FakeLoadBalancerRunner:
     def __init__(self) -> None:
         self.started: list[tuple[str, int]] = []
         self.stopped: list[int] = []
+        self.taken_ports: set[int] = set()  # ports some other process holds
         self._alive: set[int] = set()
         self._next_pid = 50_000
+
+    def is_port_free(self, port: int) -> bool:
+        return port not in self.taken_ports
 
     def start(self, service: str, port: int) -> int:
         self._next_pid += 1

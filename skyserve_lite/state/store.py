@@ -212,6 +212,14 @@ class Store:
             db.execute("UPDATE services SET status = ?, status_reason = ? WHERE name = ?",
                        (status.value, reason, name))
 
+    def set_lb_port(self, name: str, port: int) -> None:
+        """Move the service's endpoint to ``port``. Raises ``StateConflictError`` if another service has it."""
+        with self._write() as db:
+            other = db.execute("SELECT name FROM services WHERE lb_port = ? AND name != ?", (port, name)).fetchone()
+            if other is not None:
+                raise StateConflictError(f"port {port} is already the endpoint of service {other[0]!r}")
+            db.execute("UPDATE services SET lb_port = ? WHERE name = ?", (port, name))
+
     def set_load_balancer(self, name: str, pid: int | None, policy: str) -> None:
         with self._write() as db:
             db.execute("UPDATE services SET lb_pid = ?, lb_policy = ? WHERE name = ?", (pid, policy, name))

@@ -239,3 +239,22 @@ def test_launch_details_from_the_provider_are_recorded(harness: Harness) -> None
     harness.provider.launch = launch_with_detail  # type: ignore[method-assign]
     harness.tick()
     assert "launched in zone-b; no capacity in zone-a" in [e.message for e in harness.store.list_events("svc")]
+
+
+def test_a_taken_port_moves_the_endpoint_instead_of_restarting_forever(harness: Harness) -> None:
+    harness.create(replicas=1)
+    harness.lbs.taken_ports.add(30001)
+    harness.tick()
+    assert harness.lbs.started == [("svc", 30002)]
+    assert harness.service().lb_port == 30002
+    messages = [e.message for e in harness.store.list_events("svc")]
+    assert "port 30001 is taken by another process; the endpoint moved to port 30002" in messages
+    harness.tick()
+    assert harness.lbs.started == [("svc", 30002)]  # started once; the moved port holds
+
+
+def test_a_service_with_a_free_port_keeps_it(harness: Harness) -> None:
+    harness.create(replicas=1)
+    harness.tick()
+    assert harness.lbs.started == [("svc", 30001)]
+    assert "load balancer started on port 30001 (pid 50001)" in [e.message for e in harness.store.list_events("svc")]
