@@ -30,22 +30,26 @@ class ReplicaStatus(str, Enum):
     FAILED_PROVISION = "FAILED_PROVISION"
     PREEMPTED = "PREEMPTED"
 
+    # Set once per member below: these are asked for every replica several times per pass (6,000 times
+    # for 1,000 replicas), and an Enum's hash in a set lookup is a Python-level call.
+    _terminal: bool
+    _live: bool
+
     @property
     def is_terminal(self) -> bool:
-        return self in _TERMINAL
+        return self._terminal
 
     @property
     def is_live(self) -> bool:
-        return not self.is_terminal and self is not ReplicaStatus.SHUTTING_DOWN
+        return self._live
 
 
-_TERMINAL = frozenset({
-    ReplicaStatus.FAILED,
-    ReplicaStatus.FAILED_INITIAL_DELAY,
-    ReplicaStatus.FAILED_PROBING,
-    ReplicaStatus.FAILED_PROVISION,
-    ReplicaStatus.PREEMPTED,
-})
+_TERMINAL_NAMES = ("FAILED", "FAILED_INITIAL_DELAY", "FAILED_PROBING", "FAILED_PROVISION", "PREEMPTED")
+for _status in ReplicaStatus:
+    _status._terminal = _status.name in _TERMINAL_NAMES
+    _status._live = not _status._terminal and _status.name != "SHUTTING_DOWN"
+# Status by stored text, without the Enum's lookup machinery (rows are read every pass).
+REPLICA_STATUS_BY_VALUE = {status.value: status for status in ReplicaStatus}
 
 
 class ServiceStatus(str, Enum):
