@@ -666,3 +666,68 @@ def test_terminate_drops_ids_aws_does_not_know(provider: AwsProvider, api: Api) 
     assert [c.params["InstanceIds"] for c in api.named("TerminateInstances")] == [
         [outcome.instance.instance_id, "i-0000000000000beef"], [outcome.instance.instance_id]]
     assert describe(outcome.instance.instance_id)["State"]["Name"] in ("shutting-down", "terminated")
+
+
+# --- crash recovery through the controller ------------------------------------------------------------------
+def _controller(tmp_path: Path, provider: AwsProvider) -> tuple[Any, Any]:
+    from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
+    from skyserve_lite.controller.probe import FakeProber
+    from skyserve_lite.controller.reconcile import Reconciler
+    from skyserve_lite.controller.settings import ControllerSettings
+    from skyserve_lite.spec.model import SubmittedTask
+    from skyserve_lite.spec.parse import parse_task
+    from skyserve_lite.state.store import Store
+
+    store = Store.open(tmp_path / "home")
+    text = (f"resources:\n  cloud: aws\n  region: {REGION}\n  zone: us-east-1a\n  image_id: {ami()}\n"
+            "service:\n  replicas: 2\nrun: python -m http.server 8080\n")
+    store.create_service("svc", SubmittedTask(text, "/svc.yaml", parse_task(text)), 30001, 0.0)
+    reconciler = Reconciler(store, {"aws": provider}, FakeProber(), FakeLoadBalancerRunner(), FakeClock(),
+                            ControllerSettings())
+    return store, reconciler
+
+
+def _intent(store: Any) -> list[Any]:
+    """What the executor writes before it calls RunInstances: PROVISIONING rows with the batch's token."""
+    from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+
+    template = ReplicaRecord(service="svc", replica_id=0, version=1, status=ReplicaStatus.PROVISIONING, cloud="aws",
+                             launched_at=FakeClock().now(), status_since=FakeClock().now(), launch_token="tok-crash")
+    return list(store.add_replicas("svc", 2, template))
+
+
+def test_crash_between_intent_and_launch_launches_once(tmp_path: Path, provider: AwsProvider, api: Api) -> None:
+    store, reconciler = _controller(tmp_path, provider)
+    rows = _intent(store)  # ... and the controller died before RunInstances
+    reconciler.reconcile_once()
+    reconciler.reconcile_once()
+    assert api.count("RunInstances") == 1
+    adopted = {r.replica_id: r.instance_id for r in store.list_replicas("svc")}
+    assert sorted(adopted) == [r.replica_id for r in rows] and all(adopted.values())
+    assert api.count("TerminateInstances") == 0
+
+
+def test_crash_between_launch_and_recording_adopts_without_launching_again(tmp_path: Path, provider: AwsProvider,
+                                                                         api: Api) -> None:
+    store, reconciler = _controller(tmp_path, provider)
+    rows = _intent(store)
+    version = store.get_version("svc", 1)
+    outcomes = provider.launch([request(r.replica_id, version.spec, token=r.launch_token) for r in rows])
+    launched = {o.replica_id: o.instance.instance_id for o in outcomes if o.instance}
+    # ... and the controller died before writing the instance ids.
+    assert all(r.instance_id is None for r in store.list_replicas("svc"))
+    reconciler.reconcile_once()
+    assert api.count("RunInstances") == 1
+    assert {r.replica_id: r.instance_id for r in store.list_replicas("svc")} == launched
+    assert api.count("TerminateInstances") == 0
+
+
+def test_instances_no_row_claims_are_terminated(tmp_path: Path, provider: AwsProvider, api: Api) -> None:
+    store, reconciler = _controller(tmp_path, provider)
+    rows = _intent(store)
+    version = store.get_version("svc", 1)
+    provider.launch([request(r.replica_id, version.spec, token=r.launch_token) for r in rows])
+    store.delete_replicas([("svc", r.replica_id) for r in rows])  # the rows are gone: nothing claims them
+    reconciler.reconcile_once()
+    terminated = {i for call in api.named("TerminateInstances") for i in call.params["InstanceIds"]}
+    assert len(terminated) == 2
