@@ -279,9 +279,33 @@ class LocalController:
             raise UsageError("name a replica id, or pass --controller or --load-balancer")
         from skyserve_lite.providers.local import LocalProvider
 
-        path = LocalProvider(self.home, self._clock).replica_log(name, replica_id)
+        store = self._open()
+        try:
+            replica = next((r for r in store.list_replicas(name) if r.replica_id == replica_id), None)
+            controller_id = store.controller_id
+        finally:
+            store.close()
+        cloud = replica.cloud if replica is not None else "local"
+        # Local replicas, and cloud instances emulated here, keep their output in a file of their own.
+        root = self.home if cloud == "local" else self.home / "emulated" / cloud
+        path = LocalProvider(root, self._clock).replica_log(name, replica_id)
+        if path is None and replica is not None and replica.instance_id and cloud == "aws":
+            path = self._fetch_console_output(name, replica, controller_id)
         if path is None:
             raise NotFoundError(f"service {name!r} has no log for replica {replica_id}")
+        return path
+
+    def _fetch_console_output(self, name: str, replica: ReplicaRecord, controller_id: str) -> Path | None:
+        """An EC2 instance's console output, saved under the home's logs so it prints like any log."""
+        from skyserve_lite.providers.aws import AwsProvider
+
+        assert replica.instance_id is not None
+        output = AwsProvider(controller_id, self._clock).read_console_output(replica.instance_id, replica.region)
+        if output is None:
+            return None
+        path = self.home / "logs" / f"console-{name}-{replica.replica_id}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(output)
         return path
 
 

@@ -701,6 +701,21 @@ class AwsProvider:
         return instance
 
     # --- boto3 -----------------------------------------------------------------------------------------------
+    def read_console_output(self, instance_id: str, region: str | None) -> str | None:
+        """The instance's serial console output as EC2 last captured it (cloud-init and the replica's
+        service log to it); None when there is none yet. Raises ``ProviderError``."""
+        region = region or self._find_default_region()
+        if region is None:
+            return None
+        response = self._call(self._client("ec2", region), "get_console_output", InstanceId=instance_id)
+        output = response.get("Output")
+        if not output:
+            return None
+        try:
+            return base64.b64decode(output).decode(errors="replace")
+        except ValueError:
+            return str(output)  # some endpoints return the text undecoded
+
     def read_user_data(self, instance: Instance) -> str | None:
         """The user data ``instance`` was launched with (instance emulation boots from it); None when it
         cannot be read now (the caller tries again on a later pass)."""

@@ -731,3 +731,18 @@ def test_instances_no_row_claims_are_terminated(tmp_path: Path, provider: AwsPro
     reconciler.reconcile_once()
     terminated = {i for call in api.named("TerminateInstances") for i in call.params["InstanceIds"]}
     assert len(terminated) == 2
+
+
+def test_console_output_of_an_instance_is_readable(tmp_path: Path, provider: AwsProvider) -> None:
+    store, reconciler = _controller(tmp_path, provider)
+    reconciler.reconcile_once()
+    (row, *_rest) = store.list_replicas("svc")
+    assert row.instance_id is not None
+    output = provider.read_console_output(row.instance_id, row.region)
+    assert output  # moto answers with a fixed text; EC2 with the serial console
+
+    from skyserve_lite.api import LocalController
+
+    path = LocalController(tmp_path / "home", FakeClock(), start_daemon=False).log_path("svc", row.replica_id)
+    assert path.name == f"console-svc-{row.replica_id}.log"
+    assert path.read_text() == output
