@@ -149,8 +149,7 @@ class Executor:
         never answer. The move is recorded as an event (status shows the new endpoint)."""
         if self._lb_runner.is_port_free(port):
             return port
-        used = {s.lb_port for s in self._store.list_services()}
-        moved = find_lb_port(used, self._lb_runner.is_port_free)
+        moved = find_lb_port(self._store.used_lb_ports(), self._lb_runner.is_port_free)
         if moved is None:
             events.append(Event(name, None, "load_balancer", f"port {port} is taken and no other port is free"))
             return None

@@ -83,8 +83,8 @@ def _unique(urls: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
-class RoundRobinPolicy:
-    """Targets in turn, skipping excluded ones; the turn moves past the target chosen."""
+class _Rotation:
+    """The target list and the turn position both policies keep."""
 
     def __init__(self) -> None:
         self._targets: list[str] = []
@@ -95,6 +95,10 @@ class RoundRobinPolicy:
         # Keep the turn position: going from [A, B, C] with the turn at C (index 2) to [A, B] restarts at A
         # rather than raising IndexError or always favouring the first target after every change.
         self._next = self._next % len(self._targets) if self._targets else 0
+
+
+class RoundRobinPolicy(_Rotation):
+    """Targets in turn, skipping excluded ones; the turn moves past the target chosen."""
 
     def select(self, exclude: Collection[str] = ()) -> str | None:
         targets = self._targets
@@ -109,7 +113,7 @@ class RoundRobinPolicy:
         return None
 
 
-class LeastLoadPolicy:
+class LeastLoadPolicy(_Rotation):
     """The eligible target with the fewest requests in flight in ``in_flight``; ties are broken round-robin.
 
     Ties in turn: with A and B both idle, sequential requests go A, B, A, B. With A at 3 in flight and B
@@ -117,13 +121,8 @@ class LeastLoadPolicy:
     """
 
     def __init__(self, in_flight: InFlight) -> None:
+        super().__init__()
         self._in_flight = in_flight
-        self._targets: list[str] = []
-        self._next = 0
-
-    def set_targets(self, urls: Sequence[str]) -> None:
-        self._targets = _unique(urls)
-        self._next = self._next % len(self._targets) if self._targets else 0
 
     def select(self, exclude: Collection[str] = ()) -> str | None:
         targets = self._targets

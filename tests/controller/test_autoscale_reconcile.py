@@ -103,16 +103,20 @@ def test_update_reclips_the_target_at_once(harness: Harness) -> None:
     assert state is not None and (state[0].version, state[0].target) == (2, 2)
 
 
+def report_in_flight(h: Harness, count: int, age: float) -> None:
+    """An in-flight service with one READY replica, whose load balancer reported ``count`` in flight
+    ``age`` seconds ago."""
+    with_period(h, 10)
+    h.create(text=AUTO.format(min=1, max=5, up=0, down=600).replace("target_qps_per_replica",
+                                                                    "target_ongoing_requests_per_replica"))
+    h.tick()
+    h.tick()
+    (replica,) = h.replicas()
+    h.store.record_lb_report("svc", LbReport(reported_at=h.clock.now() - age, in_flight=((replica.url or "", count),)))
+
+
 def test_in_flight_policy_reads_the_load_balancer_report(harness: Harness) -> None:
-    with_period(harness, 10)
-    text = AUTO.format(min=1, max=5, up=0, down=600).replace("target_qps_per_replica",
-                                                             "target_ongoing_requests_per_replica")
-    harness.create(text=text)
-    harness.tick()
-    harness.tick()
-    (replica,) = harness.replicas()
-    report = LbReport(reported_at=harness.clock.now(), in_flight=((replica.url or "", 4),))
-    harness.store.record_lb_report("svc", report)
+    report_in_flight(harness, 4, age=0)
     harness.tick(10)
     assert live(harness) == 4
     observed = harness.store.get_autoscaler_state("svc")
@@ -120,15 +124,7 @@ def test_in_flight_policy_reads_the_load_balancer_report(harness: Harness) -> No
 
 
 def test_a_stale_report_is_ignored(harness: Harness) -> None:
-    with_period(harness, 10)
-    text = AUTO.format(min=1, max=5, up=0, down=600).replace("target_qps_per_replica",
-                                                             "target_ongoing_requests_per_replica")
-    harness.create(text=text)
-    harness.tick()
-    harness.tick()
-    (replica,) = harness.replicas()
-    harness.store.record_lb_report("svc", LbReport(reported_at=harness.clock.now() - 60,
-                                                   in_flight=((replica.url or "", 40),)))
+    report_in_flight(harness, 40, age=60)
     harness.tick(10)
     assert live(harness) == 1
 

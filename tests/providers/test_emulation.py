@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-import urllib.request
 from pathlib import Path
 
 from skyserve_lite.clock import SystemClock
@@ -11,6 +9,7 @@ from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest
 from skyserve_lite.providers.emulation import BootSpec, EmulatedProvider
 from skyserve_lite.providers.fake import FakeProvider
 from skyserve_lite.spec.parse import parse_task
+from tests.providers.http import get_text as get
 
 SERVER = BootSpec(envs=(("GREETING", "hi"),), setup="echo ready > ready.txt",
                   run="exec python3 -m http.server $PORT --bind 127.0.0.1")
@@ -20,18 +19,6 @@ def request(replica_id: int) -> LaunchRequest:
     spec = parse_task("service:\n  replicas: 1\nrun: irrelevant\n")
     return LaunchRequest(service="svc", replica_id=replica_id, version=1, spec=spec, launch_token="t",
                          is_spot=False)
-
-
-def get(url: str) -> str:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return str(response.read().decode())
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def test_running_instances_are_booted_locally_and_stopped_when_gone(tmp_path: Path) -> None:

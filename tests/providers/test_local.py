@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from skyserve_lite.clock import FakeClock, SystemClock
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest
 from skyserve_lite.providers.local import LocalProvider
 from skyserve_lite.spec.parse import parse_task
+from tests.providers.http import get_text as get
 
 SERVER = "exec python3 -m http.server $PORT --bind 127.0.0.1"
 
@@ -35,18 +35,6 @@ def wait_for(provider: LocalProvider, replica_id: int, state: InstanceState, tim
         if time.monotonic() > deadline:
             raise AssertionError(f"replica {replica_id} never reached {state}: {found}")
         time.sleep(0.05)
-
-
-def get(url: str, timeout: float = 10) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return str(response.read().decode())
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 @pytest.fixture
