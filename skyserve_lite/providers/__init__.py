@@ -10,11 +10,15 @@ import importlib.util
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.errors import SpecError
-from skyserve_lite.providers.base import Instance, LaunchOutcome, LaunchRequest, Provider
+from skyserve_lite.providers.base import Instance, LaunchOutcome, LaunchRequest, Provider, ReplicaLog
 from skyserve_lite.spec.model import Cloud, SubmittedTask
+
+if TYPE_CHECKING:
+    from skyserve_lite.state.models import VersionRecord
 
 
 def available_clouds() -> tuple[str, ...]:
@@ -45,12 +49,15 @@ def check_task_for_cloud(task: SubmittedTask) -> None:
                                 f"{source!r}: cloud aws copies local paths and s3:// sources only")
 
 
-def make_providers(home: Path, clock: Clock, controller_id: str,
-                   environ: Mapping[str, str] | None = None) -> dict[str, Provider]:
+def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mapping[str, str] | None = None, *,
+                   find_version: Callable[[str, int], VersionRecord | None] | None = None) -> dict[str, Provider]:
     """The providers a controller for ``home`` uses, by cloud name.
 
-    ``SKY_LITE_EMULATE_INSTANCES=1`` wraps cloud providers in instance emulation (see ``emulation``);
-    ``SKY_LITE_AWS_INSTANCE_PROFILE`` names the instance profile AWS replicas read S3 files with.
+    ``SKY_LITE_EMULATE_INSTANCES=1`` wraps cloud providers in instance emulation (see ``emulation``), which
+    boots each instance from its version as ``find_version`` returns it (the controller's store; None when
+    it has no such version). Without ``find_version`` emulation boots nothing, and still finds the logs of
+    what a controller booted. ``SKY_LITE_AWS_INSTANCE_PROFILE`` names the instance profile AWS replicas read
+    S3 files with.
     """
     from skyserve_lite.providers.local import LocalProvider
 
@@ -62,10 +69,18 @@ def make_providers(home: Path, clock: Clock, controller_id: str,
 
             profile = env.get("SKY_LITE_AWS_INSTANCE_PROFILE") or None
             aws = AwsProvider(controller_id, clock, instance_profile=profile)
-            return _emulated(aws, home, clock) if env.get("SKY_LITE_EMULATE_INSTANCES") == "1" else aws
+            if env.get("SKY_LITE_EMULATE_INSTANCES") != "1":
+                return aws
+            from skyserve_lite.providers.emulation import EmulatedProvider
+
+            return EmulatedProvider(aws, home, clock, find_version or _no_version)
 
         providers["aws"] = LazyProvider("aws", build_aws)
     return providers
+
+
+def _no_version(_service: str, _version: int) -> VersionRecord | None:
+    return None
 
 
 class LazyProvider:
@@ -95,19 +110,11 @@ class LazyProvider:
     def release_service(self, service: str) -> None:
         self.provider.release_service(service)
 
+    def read_log(self, service: str, replica_id: int, instance_id: str | None,
+                 region: str | None) -> ReplicaLog | None:
+        return self.provider.read_log(service, replica_id, instance_id, region)
 
-def _emulated(aws: Provider, home: Path, clock: Clock) -> Provider:
-    from skyserve_lite.providers.aws import AwsProvider
-    from skyserve_lite.providers.aws_userdata import decode_emulation_header
-    from skyserve_lite.providers.emulation import BootSpec, EmulatedProvider
-
-    assert isinstance(aws, AwsProvider)
-
-    def boot_spec_of(instance: Instance) -> BootSpec | None:
-        user_data = aws.read_user_data(instance)
-        header = decode_emulation_header(user_data) if user_data else None
-        if header is None:
-            return None
-        return BootSpec(envs=tuple(header.envs), setup=header.setup, run=header.run)
-
-    return EmulatedProvider(aws, home, clock, boot_spec_of)
+    def abandon(self) -> None:
+        # A provider never built started nothing: building it now would only load its SDK.
+        if self._provider is not None:
+            self._provider.abandon()

@@ -21,13 +21,19 @@ Files: a local ``workdir`` or ``file_mounts`` source is uploaded once per servic
 ``sky-lite-<controller>-<service>`` (prefix ``v<version>/``); the instance fetches it, and any ``s3://``
 source, with its own role (the constructor's ``instance_profile``). See ``aws_userdata`` for the boot script.
 
-Errors of botocore are translated in exactly one place, ``translate_error``; ``_call`` retries throttling and
-5xx answers a few times with a short backoff before giving up with a ``TransientProviderError``.
+Errors: boto3's and botocore's exceptions are translated by one function, ``translate_error``, at one
+boundary, ``_translated``: every public method runs inside it (so a session that cannot be built, e.g. for
+an ``AWS_PROFILE`` that names no profile, is a ``PermanentProviderError`` too), and so does each API call in
+``_call``, which needs the translated error to decide: it retries throttling and 5xx answers a few times
+with a short backoff before giving up with a ``TransientProviderError``, and a failure of one launch batch
+becomes that batch's outcomes instead of failing the others.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -37,19 +43,25 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import boto3
+from boto3.exceptions import Boto3Error
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConfigNotFound,
+    ConfigParseError,
     ConnectTimeoutError,
     EndpointConnectionError,
     HTTPClientError,
+    InvalidConfigError,
     NoCredentialsError,
     NoRegionError,
     PartialCredentialsError,
+    ProfileNotFound,
+    UnknownCredentialError,
 )
 
 from skyserve_lite.clock import Clock
@@ -57,12 +69,12 @@ from skyserve_lite.errors import PermanentProviderError, ProviderError, Transien
 from skyserve_lite.providers.aws_userdata import (
     USER_DATA_LIMIT_BYTES,
     WORKDIR,
-    EmulationSpec,
+    BootBatch,
     Fetch,
     find_mount_destination,
     render_user_data,
 )
-from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
 from skyserve_lite.spec.model import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -105,6 +117,11 @@ _CREDENTIAL_CODES = frozenset({
 })
 _CREDENTIAL_CHAIN = ("configure the standard AWS credential chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                      "AWS_PROFILE or ~/.aws/credentials, SSO (aws sso login), or an instance role")
+# What boto3 and botocore raise: everything ``translate_error`` turns into a ProviderError.
+_VENDOR_ERRORS = (BotoCoreError, ClientError, Boto3Error)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 # --- errors ----------------------------------------------------------------------------------------------------
@@ -132,11 +149,24 @@ def translate_error(exc: Exception, operation: str) -> AwsTransientError | AwsPe
     """The one translation of botocore's exceptions into sky-lite's ``ProviderError`` tree.
 
     Throttling, 5xx answers and lost connections are transient; capacity errors are ``AwsCapacityError``;
-    missing credentials, permissions and invalid parameters are permanent with a hint of what to fix;
-    unknown 4xx codes are permanent, unknown 5xx transient.
+    missing credentials, a missing profile or unreadable configuration, permissions and invalid parameters
+    are permanent with a hint of what to fix; unknown 4xx codes are permanent, unknown 5xx transient. A
+    ``ValueError`` is botocore's answer to a malformed endpoint url while it builds a client.
     """
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return AwsPermanentError(f"no usable AWS credentials: {_CREDENTIAL_CHAIN}", type(exc).__name__)
+    if isinstance(exc, ProfileNotFound):
+        return AwsPermanentError(f"the AWS profile {exc.kwargs.get('profile')!r} (from AWS_PROFILE) is in neither "
+                                 "the AWS config nor the credentials file (~/.aws/config, ~/.aws/credentials, or "
+                                 "AWS_CONFIG_FILE and AWS_SHARED_CREDENTIALS_FILE): set AWS_PROFILE to a profile "
+                                 f"that exists, or unset it and {_CREDENTIAL_CHAIN}", "ProfileNotFound")
+    if isinstance(exc, (ConfigNotFound, ConfigParseError, InvalidConfigError, UnknownCredentialError)):
+        return AwsPermanentError(f"the AWS configuration cannot be used ({exc}): fix ~/.aws/config (or "
+                                 f"AWS_CONFIG_FILE) and the profile AWS_PROFILE names, or {_CREDENTIAL_CHAIN}",
+                                 type(exc).__name__)
+    if isinstance(exc, ValueError):
+        return AwsPermanentError(f"{operation}: cannot build an AWS client ({exc}): check AWS_ENDPOINT_URL and "
+                                 "the endpoint_url of the AWS profile", "InvalidEndpoint")
     if isinstance(exc, NoRegionError):
         return AwsPermanentError("no AWS region: set resources.region in the task or AWS_DEFAULT_REGION",
                                  "NoRegionError")
@@ -182,6 +212,38 @@ def translate_error(exc: Exception, operation: str) -> AwsTransientError | AwsPe
     if status >= 500:
         return AwsTransientError(f"{operation}: AWS failed {said}", code)
     return AwsPermanentError(f"{operation} failed {said}", code)
+
+
+@contextlib.contextmanager
+def _translated(operation: str) -> Iterator[None]:
+    """The provider's error boundary: what boto3 and botocore raise inside leaves as ``translate_error``'s
+    answer, ``raise ... from`` the original."""
+    try:
+        yield
+    except _VENDOR_ERRORS as exc:
+        raise translate_error(exc, operation) from exc
+
+
+def _boundary(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A public method of the provider: nothing but ``ProviderError`` leaves it, whatever the step that
+    failed (building the session, a client, an API call)."""
+
+    @functools.wraps(method)
+    def translated(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with _translated(method.__name__):
+            return method(*args, **kwargs)
+
+    return translated
+
+
+@contextlib.contextmanager
+def _reading(field_path: str, path: Path) -> Iterator[None]:
+    """Reading a task's local file to upload it: an ``OSError`` is a permanent error naming the field."""
+    try:
+        yield
+    except OSError as exc:
+        raise AwsPermanentError(f"{field_path}: cannot read {exc.filename or path}: {exc.strerror or exc}",
+                                "UnreadableSource") from exc
 
 
 # --- pure helpers ----------------------------------------------------------------------------------------------
@@ -357,6 +419,7 @@ class AwsProvider:
         self._bucket_regions: dict[str, str] = {}
 
     # --- Provider ------------------------------------------------------------------------------------------
+    @_boundary
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
         default_region = self._find_default_region()
         outcomes: dict[tuple[str, int], LaunchOutcome] = {}
@@ -387,6 +450,7 @@ class AwsProvider:
                 outcomes.update(zip(map(_key, group.requests), self._launch_group(group), strict=True))
         return [outcomes[_key(r)] for r in requests]
 
+    @_boundary
     def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
         """Every instance tagged with this controller id in ``regions`` and the default region, in any state.
 
@@ -401,6 +465,7 @@ class AwsProvider:
                 instances.append(self._remember(instance_from_ec2(raw, region), raw))
         return instances
 
+    @_boundary
     def terminate(self, instance_ids: Sequence[str]) -> None:
         """Terminate these instances: one ``TerminateInstances`` per region.
 
@@ -417,25 +482,48 @@ class AwsProvider:
         for region, ids in sorted(by_region.items()):
             self._terminate_in(region, ids)
 
+    @_boundary
     def release_service(self, service: str) -> None:
         """Delete the service's bucket and every object in it. Idempotent: a missing bucket is fine."""
         bucket = compute_bucket_name(self._controller_id, service)
         region = self._bucket_regions.get(service) or self._find_default_region() or "us-east-1"
-        s3 = self._client("s3", region)
         try:
             while True:
-                listing = self._call(s3, "list_objects_v2", Bucket=bucket, MaxKeys=1000)
+                listing = self._call("s3", region, "list_objects_v2", Bucket=bucket, MaxKeys=1000)
                 keys = [{"Key": item["Key"]} for item in listing.get("Contents", [])]
                 if keys:
-                    self._call(s3, "delete_objects", Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+                    self._call("s3", region, "delete_objects", Bucket=bucket,
+                               Delete={"Objects": keys, "Quiet": True})
                 if not listing.get("IsTruncated"):
                     break
-            self._call(s3, "delete_bucket", Bucket=bucket)
+            self._call("s3", region, "delete_bucket", Bucket=bucket)
         except AwsPermanentError as exc:
             if exc.code != "NoSuchBucket":
                 raise
         self._staged = {key: value for key, value in self._staged.items() if key[0] != service}
         self._bucket_regions.pop(service, None)
+
+    @_boundary
+    def read_log(self, service: str, replica_id: int, instance_id: str | None,
+                 region: str | None) -> ReplicaLog | None:
+        """The instance's serial console output as EC2 last captured it (cloud-init and the replica's
+        service log to it): a snapshot. None when no instance is known or EC2 has captured nothing yet."""
+        if instance_id is None:
+            return None
+        region = region or self._find_default_region()
+        if region is None:
+            return None
+        output = self._call("ec2", region, "get_console_output", InstanceId=instance_id).get("Output")
+        if not output:
+            return None
+        try:
+            return ReplicaLog(text=base64.b64decode(output).decode(errors="replace"))
+        except ValueError:
+            return ReplicaLog(text=str(output))  # some endpoints return the text undecoded
+
+    def abandon(self) -> None:
+        """Nothing to stop: every instance carries this controller's tag, so a controller with the state
+        finds it (and so does `aws ec2 describe-instances` filtered on ``tag:sky-lite:controller``)."""
 
     # --- launching -----------------------------------------------------------------------------------------
     def _find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:
@@ -459,11 +547,11 @@ class AwsProvider:
             zones = (group.zone,) if group.zone else self._list_zones(group.region)
         except ProviderError as exc:
             return [_failed(r, exc) for r in group.requests]
-        ec2 = self._client("ec2", group.region)
         full: list[str] = []
         for zone in zones:
             try:
-                response = self._call(ec2, "run_instances", **params, Placement={"AvailabilityZone": zone},
+                response = self._call("ec2", group.region, "run_instances", **params,
+                                      Placement={"AvailabilityZone": zone},
                                       ClientToken=compute_client_token(group, zone))
             except AwsCapacityError as exc:
                 full.append(f"{zone}: {exc.code}")
@@ -502,9 +590,9 @@ class AwsProvider:
             raise AwsPermanentError(f"resources.image_id: AWS needs an AMI id (ami-...) of {group.region}",
                                     "MissingImage")
         port = find_service_port(spec)
-        emulation = EmulationSpec(service=first.service, version=first.version, replica_ids=group.replica_ids,
-                                  envs=spec.envs, setup=spec.setup, run=spec.run, port=port)
-        user_data = render_user_data(emulation, self._stage_files(first, group.region).fetches)
+        batch = BootBatch(service=first.service, version=first.version, replica_ids=group.replica_ids,
+                          envs=spec.envs, setup=spec.setup, run=spec.run, port=port)
+        user_data = render_user_data(batch, self._stage_files(first, group.region).fetches)
         if len(user_data.encode()) > USER_DATA_LIMIT_BYTES:
             raise AwsPermanentError(f"setup, run and envs make {len(user_data.encode())} bytes of EC2 user data, "
                                     f"over AWS's {USER_DATA_LIMIT_BYTES}: move long scripts into workdir",
@@ -541,7 +629,7 @@ class AwsProvider:
 
     def _list_zones(self, region: str) -> tuple[str, ...]:
         if region not in self._zones:
-            response = self._call(self._client("ec2", region), "describe_availability_zones",
+            response = self._call("ec2", region, "describe_availability_zones",
                                   Filters=[{"Name": "state", "Values": ["available"]}])
             self._zones[region] = tuple(sorted(
                 z["ZoneName"] for z in response.get("AvailabilityZones", [])
@@ -553,7 +641,7 @@ class AwsProvider:
     def _root_device(self, region: str, image_id: str) -> str:
         key = (region, image_id)
         if key not in self._root_devices:
-            images = self._call(self._client("ec2", region), "describe_images", ImageIds=[image_id]).get("Images", [])
+            images = self._call("ec2", region, "describe_images", ImageIds=[image_id]).get("Images", [])
             if not images or not images[0].get("RootDeviceName"):
                 raise AwsPermanentError(f"resources.image_id: {image_id} is not an AMI visible in {region}",
                                         "InvalidAMIID.NotFound")
@@ -564,9 +652,8 @@ class AwsProvider:
         """The controller's security group in ``region``'s default VPC, allowing ``service_port`` from the VPC
         and ``open_ports`` from anywhere. Idempotent: found by name, created once, rules added when missing."""
         group = self._groups.get(region)
-        ec2 = self._client("ec2", region)
         if group is None:
-            group = self._find_or_create_group(ec2, region)
+            group = self._find_or_create_group(region)
             self._groups[region] = group
         wanted = {(service_port, group.vpc_cidr)} | {(port, _OPEN_TO_ALL) for port in open_ports}
         missing = sorted(wanted - group.rules)
@@ -575,7 +662,7 @@ class AwsProvider:
                             "IpRanges": [{"CidrIp": cidr, "Description": "sky-lite replicas"}]}
                            for port, cidr in missing]
             try:
-                self._call(ec2, "authorize_security_group_ingress", GroupId=group.group_id,
+                self._call("ec2", region, "authorize_security_group_ingress", GroupId=group.group_id,
                            IpPermissions=permissions)
             except AwsPermanentError as exc:
                 if exc.code != "InvalidPermission.Duplicate":
@@ -583,18 +670,19 @@ class AwsProvider:
             group.rules |= set(missing)
         return group.group_id
 
-    def _find_or_create_group(self, ec2: Any, region: str) -> _SecurityGroup:
-        vpcs = self._call(ec2, "describe_vpcs", Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
+    def _find_or_create_group(self, region: str) -> _SecurityGroup:
+        vpcs = self._call("ec2", region, "describe_vpcs",
+                          Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
         if not vpcs:
             raise AwsPermanentError(f"{region} has no default VPC, which sky-lite launches into: create one "
                                     "(aws ec2 create-default-vpc) or pick another resources.region", "NoDefaultVpc")
         vpc_id, cidr = str(vpcs[0]["VpcId"]), str(vpcs[0]["CidrBlock"])
         name = f"sky-lite-{self._controller_id}"
         filters = [{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
-        found = self._call(ec2, "describe_security_groups", Filters=filters).get("SecurityGroups", [])
+        found = self._call("ec2", region, "describe_security_groups", Filters=filters).get("SecurityGroups", [])
         if not found:
             try:
-                created = self._call(ec2, "create_security_group", GroupName=name, VpcId=vpc_id,
+                created = self._call("ec2", region, "create_security_group", GroupName=name, VpcId=vpc_id,
                                      Description=f"sky-lite controller {self._controller_id} replicas",
                                      TagSpecifications=[{"ResourceType": "security-group", "Tags": [
                                          {"Key": TAG_CONTROLLER, "Value": self._controller_id}]}])
@@ -602,7 +690,7 @@ class AwsProvider:
             except AwsPermanentError as exc:
                 if exc.code != "InvalidGroup.Duplicate":  # created meanwhile by another controller process
                     raise
-            found = self._call(ec2, "describe_security_groups", Filters=filters).get("SecurityGroups", [])
+            found = self._call("ec2", region, "describe_security_groups", Filters=filters).get("SecurityGroups", [])
         rules = {(int(p["FromPort"]), str(r["CidrIp"])) for p in found[0].get("IpPermissions", [])
                  if p.get("IpProtocol") == "tcp" and p.get("FromPort") == p.get("ToPort")
                  for r in p.get("IpRanges", [])}
@@ -616,7 +704,7 @@ class AwsProvider:
         spec = request.spec
         base = Path(request.source_dir) if request.source_dir else Path.cwd()
         bucket = compute_bucket_name(self._controller_id, request.service)
-        uploads: list[tuple[Path, str]] = []  # (local path, key prefix or key)
+        uploads: list[tuple[str, Path, str]] = []  # (field, local path, key prefix or key)
         fetches: list[Fetch] = []
         sources = [("workdir", spec.workdir, WORKDIR)] if spec.workdir else []
         sources += [(f"file_mounts.{destination}", source, find_mount_destination(destination))
@@ -630,14 +718,16 @@ class AwsProvider:
                                         "UnsupportedSource")
             path = Path(source).expanduser()
             path = path if path.is_absolute() else base / path
-            if not path.exists():
+            with _reading(field_path, path):
+                exists, is_dir = path.exists(), path.is_dir()
+            if not exists:
                 raise AwsPermanentError(f"{field_path}: {path} does not exist", "MissingSource")
             prefix = f"v{request.version}/{index}-{'workdir' if field_path == 'workdir' else 'mount'}"
-            if path.is_dir():
-                uploads.append((path, prefix + "/"))
+            if is_dir:
+                uploads.append((field_path, path, prefix + "/"))
                 fetches.append(Fetch(f"s3://{bucket}/{prefix}/", destination, True))
             else:
-                uploads.append((path, f"{prefix}/{path.name}"))
+                uploads.append((field_path, path, f"{prefix}/{path.name}"))
                 fetches.append(Fetch(f"s3://{bucket}/{prefix}/{path.name}", destination, False))
         if fetches and not self._instance_profile:
             raise AwsPermanentError("workdir/file_mounts: instances fetch files from S3 with their own role, and "
@@ -648,29 +738,30 @@ class AwsProvider:
         self._staged[key] = _Staged(tuple(fetches))
         return self._staged[key]
 
-    def _upload(self, bucket: str, region: str, service: str, uploads: Sequence[tuple[Path, str]]) -> None:
-        s3 = self._client("s3", region)
+    def _upload(self, bucket: str, region: str, service: str, uploads: Sequence[tuple[str, Path, str]]) -> None:
         create: dict[str, Any] = {"Bucket": bucket}
         if region != "us-east-1":  # us-east-1 is S3's default location and refuses to be named
             create["CreateBucketConfiguration"] = {"LocationConstraint": region}
         try:
-            self._call(s3, "create_bucket", **create)
+            self._call("s3", region, "create_bucket", **create)
         except AwsPermanentError as exc:
             if exc.code != "BucketAlreadyOwnedByYou":
                 raise
         self._bucket_regions.setdefault(service, region)
-        for path, target in uploads:
-            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for field_path, path, target in uploads:
+            with _reading(field_path, path):
+                files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
             for file in files:
                 object_key = target + file.relative_to(path).as_posix() if path.is_dir() else target
-                self._call(s3, "put_object", Bucket=bucket, Key=object_key, Body=file.read_bytes())
+                with _reading(field_path, file):
+                    body = file.read_bytes()
+                self._call("s3", region, "put_object", Bucket=bucket, Key=object_key, Body=body)
 
     # --- inventory and termination -------------------------------------------------------------------------
     def _describe_instances(self, region: str, filters: list[dict[str, Any]]) -> Iterator[Mapping[str, Any]]:
-        ec2 = self._client("ec2", region)
         params: dict[str, Any] = {"Filters": filters, "MaxResults": self._page_size}
         while True:
-            page = self._call(ec2, "describe_instances", **params)
+            page = self._call("ec2", region, "describe_instances", **params)
             for reservation in page.get("Reservations", []):
                 yield from reservation.get("Instances", [])
             if not page.get("NextToken"):
@@ -678,9 +769,8 @@ class AwsProvider:
             params["NextToken"] = page["NextToken"]
 
     def _terminate_in(self, region: str, instance_ids: list[str]) -> None:
-        ec2 = self._client("ec2", region)
         try:
-            self._call(ec2, "terminate_instances", InstanceIds=instance_ids)
+            self._call("ec2", region, "terminate_instances", InstanceIds=instance_ids)
         except AwsPermanentError as exc:
             if exc.code != "InvalidInstanceID.NotFound":
                 raise
@@ -701,36 +791,6 @@ class AwsProvider:
         return instance
 
     # --- boto3 -----------------------------------------------------------------------------------------------
-    def read_console_output(self, instance_id: str, region: str | None) -> str | None:
-        """The instance's serial console output as EC2 last captured it (cloud-init and the replica's
-        service log to it); None when there is none yet. Raises ``ProviderError``."""
-        region = region or self._find_default_region()
-        if region is None:
-            return None
-        response = self._call(self._client("ec2", region), "get_console_output", InstanceId=instance_id)
-        output = response.get("Output")
-        if not output:
-            return None
-        try:
-            return base64.b64decode(output).decode(errors="replace")
-        except ValueError:
-            return str(output)  # some endpoints return the text undecoded
-
-    def read_user_data(self, instance: Instance) -> str | None:
-        """The user data ``instance`` was launched with (instance emulation boots from it); None when it
-        cannot be read now (the caller tries again on a later pass)."""
-        region = instance.region or self._find_default_region()
-        if region is None:
-            return None
-        try:
-            response = self._call(self._client("ec2", region), "describe_instance_attribute",
-                                  InstanceId=instance.instance_id, Attribute="userData")
-        except ProviderError as exc:
-            log.warning("cannot read the user data of %s: %s", instance.instance_id, exc)
-            return None
-        value = response.get("UserData", {}).get("Value")
-        return base64.b64decode(value).decode() if value else None
-
     def _find_default_region(self) -> str | None:
         if self._default_region is None:
             self._default_region = self._get_session().region_name or None
@@ -747,19 +807,23 @@ class AwsProvider:
             # botocore's own retries are off: _call retries, so call counts and delays stay ours to bound.
             config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10,
                             read_timeout=60)
-            self._clients[key] = self._get_session().client(service, region_name=region, config=config)
+            try:
+                self._clients[key] = self._get_session().client(service, region_name=region, config=config)
+            except ValueError as exc:  # a malformed endpoint url
+                raise translate_error(exc, f"{service} client for {region}") from exc
         return self._clients[key]
 
-    def _call(self, client: Any, operation: str, **params: Any) -> dict[str, Any]:
-        """Call ``operation``; retry transient failures after each of ``RETRY_DELAYS``; raise translated."""
+    def _call(self, service: str, region: str, operation: str, **params: Any) -> dict[str, Any]:
+        """Call ``operation`` of ``service`` in ``region`` (building the client on first use); retry transient
+        failures after each of ``RETRY_DELAYS``. Raises ``AwsTransientError`` or ``AwsPermanentError``."""
         for delay in (*RETRY_DELAYS, None):
             try:
-                response: dict[str, Any] = getattr(client, operation)(**params)
+                with _translated(_api_name(operation)):
+                    response: dict[str, Any] = getattr(self._client(service, region), operation)(**params)
                 return response
-            except (ClientError, BotoCoreError) as exc:
-                error = translate_error(exc, _api_name(operation))
-                if delay is None or not isinstance(error, AwsTransientError) or isinstance(error, AwsCapacityError):
-                    raise error from exc
+            except AwsTransientError as error:
+                if delay is None or isinstance(error, AwsCapacityError):
+                    raise
                 log.info("%s: %s; retrying in %.2fs", operation, error, delay)
                 self._sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")

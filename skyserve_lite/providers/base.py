@@ -1,15 +1,23 @@
 """The provider interface: the only way the controller touches machines.
 
-Three calls and a clean-up, the same for every cloud:
+Four calls that act, one that reads and one for a lost state, the same for every cloud:
 
 - ``launch(requests)`` starts one instance per request and says, per request, what happened;
 - ``list_instances()`` reports every instance this controller owns, whatever state it is in;
 - ``terminate(instance_ids)`` stops instances;
-- ``release_service(service)`` drops what a provider kept for a service once it has no instance left.
+- ``release_service(service)`` drops what a provider kept for a service once it has no instance left;
+- ``read_log(...)`` finds a replica's output, for `serve logs`;
+- ``abandon()`` stops what only this object can still find, once the state that records it is gone.
 
 Instances carry the service, replica id and version they were launched for (as cloud tags, or in the
 local provider's metadata files), so the controller can adopt an instance launched just before a crash
 and terminate one that no replica row claims. Providers hold no replica state of their own.
+
+Errors: every method raises only ``ProviderError`` subclasses, ``TransientProviderError`` (a later pass
+may succeed: throttling, a busy API, a full disk) or ``PermanentProviderError`` (retrying will not help:
+no credentials, a missing profile). Each provider translates its vendor's exceptions (botocore's,
+``OSError``) in one place, at its boundary, so one cloud's failure is one ``ProviderError`` that the
+controller records and the pass goes on.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Protocol
 
 from skyserve_lite.spec.model import TaskSpec
@@ -48,6 +57,13 @@ class LaunchRequest:
     source_dir: str | None = None
 
 
+def find_source_dir(source: str) -> str | None:
+    """The ``source_dir`` of a task submitted from the file ``source``; None when it is no absolute path
+    (a task read from a string: relative sources then resolve against the working directory)."""
+    path = Path(source)
+    return str(path.parent) if path.is_absolute() else None
+
+
 @dataclass(frozen=True)
 class Instance:
     """What a provider observes of one instance."""
@@ -77,8 +93,18 @@ class LaunchOutcome:
     permanent: bool = False
 
 
+@dataclass(frozen=True)
+class ReplicaLog:
+    """Where a replica's output is: ``path``, a file that grows while the replica runs (so it can be
+    followed), or ``text``, a snapshot (an EC2 instance's console output as the cloud last captured it)."""
+
+    path: Path | None = None
+    text: str | None = None
+
+
 class Provider(Protocol):
-    """A place to run replicas. Implementations: ``fake``, ``local``; clouds are peers of these."""
+    """A place to run replicas. Implementations: ``fake``, ``local``, ``aws``, and ``emulation`` around a
+    cloud; each is a peer of the others."""
 
     name: str
 
@@ -86,8 +112,10 @@ class Provider(Protocol):
         """Start one instance per request; return one outcome per request, in order.
 
         Idempotent per (service, replica_id, launch_token): a request whose instance exists already
-        returns that instance. Errors of single requests come back as outcomes; the call raises
-        ``ProviderError`` only when nothing could be attempted.
+        returns that instance. Errors of single requests come back as outcomes (``permanent`` when the
+        request itself is at fault, naming its field: ``file_mounts./data``), and a failed request leaves
+        no instance behind that the inventory would report running. The call raises ``ProviderError``
+        only when nothing could be attempted (no credentials, an unreadable inventory).
         """
         ...
 
@@ -96,14 +124,35 @@ class Provider(Protocol):
 
         ``regions`` names every region this controller has a replica or a service in (clouds list one page
         set per region); providers without regions ignore it. Raises ``TransientProviderError`` when the
-        inventory cannot be read; the controller then skips decisions that depend on it for this pass.
+        inventory cannot be read now, ``PermanentProviderError`` when it never will be as configured; the
+        controller then skips decisions that depend on it for this pass.
         """
         ...
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
-        """Stop these instances. Idempotent: unknown or already-stopped ids are ignored."""
+        """Stop these instances. Idempotent: unknown or already-stopped ids are ignored.
+
+        Raises ``ProviderError`` when some could not be stopped; the next pass asks again.
+        """
         ...
 
     def release_service(self, service: str) -> None:
-        """Drop what is kept for a service that has no instance left (files, buckets). Idempotent."""
+        """Drop what is kept for a service that has no instance left (files, buckets). Idempotent: a
+        service with nothing kept is fine. Raises ``ProviderError`` when something is left; the caller
+        keeps the service and asks again on a later pass."""
+        ...
+
+    def read_log(self, service: str, replica_id: int, instance_id: str | None,
+                 region: str | None) -> ReplicaLog | None:
+        """The output of replica ``replica_id`` of ``service`` (its instance and region as the controller
+        recorded them, None when unknown). Reads only; None means "no log": no such replica here, or
+        nothing captured yet. Raises ``ProviderError`` when it cannot be looked for (transient: a busy API, a
+        disk error; permanent: no credentials)."""
+        ...
+
+    def abandon(self) -> None:
+        """The state that records this provider's instances is gone (the state directory was deleted):
+        stop whatever only this object can still find, e.g. processes it spawned whose bookkeeping files
+        went with the state. Instances others can find (a cloud's, by their tags) are left alone.
+        Idempotent; raises ``ProviderError`` when something could not be stopped."""
         ...

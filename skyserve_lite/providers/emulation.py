@@ -2,9 +2,16 @@
 
 For testing a cloud provider end to end against an API emulator (moto) whose instances do not exist:
 switched on by ``SKY_LITE_EMULATE_INSTANCES=1``. Each instance the cloud reports RUNNING is booted here by
-running its workload (the same setup/run/envs its user data would run) on a free 127.0.0.1 port, and its
-url is replaced by that local one, so probes and the load balancer never contact the instance's private
-address. When the cloud reports the instance gone, the local process is stopped.
+running its workload on a free 127.0.0.1 port, and its url is replaced by that local one, so probes and the
+load balancer never contact the instance's private address. When the cloud reports the instance gone, the
+local process is stopped.
+
+What an instance runs comes from the controller's own records, not from the instance: its tags name its
+service, version and replica id (they are on every ``Instance``), and ``find_version`` returns that
+version's task as the controller stored it. The instance is launched on a ``LocalProvider`` with the
+task's full spec and the directory of its task file, so ``envs``, ``setup``, ``run``, ``workdir`` and local
+``file_mounts`` all work as they do for local replicas. Nothing of this reaches the cloud: the user data
+an instance is launched with is exactly what a real instance needs.
 
 The wrapper is a ``Provider`` itself: the controller cannot tell it apart from the cloud it wraps.
 """
@@ -14,39 +21,49 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from skyserve_lite.clock import Clock
-from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, Provider
+from skyserve_lite.providers.base import (
+    Instance,
+    InstanceState,
+    LaunchOutcome,
+    LaunchRequest,
+    Provider,
+    ReplicaLog,
+    find_source_dir,
+)
 from skyserve_lite.providers.local import LocalProvider
-from skyserve_lite.spec.model import ReadinessProbe, ServiceSpec, TaskSpec
+from skyserve_lite.state.models import VersionRecord
 
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "SKY_LITE_EMULATE_INSTANCES"
 
+# (service, version) -> the stored task of that version; None when the controller has no such version.
+FindVersion = Callable[[str, int], VersionRecord | None]
 
-@dataclass(frozen=True)
-class BootSpec:
-    """What an instance would run: decoded from its user data."""
 
-    envs: tuple[tuple[str, str], ...]
-    setup: str | None
-    run: str
+def compute_boot_request(instance: Instance, version: VersionRecord) -> LaunchRequest:
+    """The local launch that plays ``instance``: its own replica, the version's task, resolved where the
+    task file was. The instance id is the launch token: one local process per cloud instance."""
+    return LaunchRequest(service=instance.service, replica_id=instance.replica_id, version=instance.version,
+                         spec=version.spec, launch_token=instance.instance_id, is_spot=instance.is_spot,
+                         source_dir=find_source_dir(version.source))
 
 
 class EmulatedProvider:
-    """Wraps a cloud provider; see the module docstring. ``boot_spec_of`` reads an instance's user data
-    (``None`` when it cannot be read yet: the instance is then reported as PENDING)."""
+    """Wraps a cloud provider; see the module docstring. Emulated processes live under ``home/emulated/NAME/``.
 
-    def __init__(self, inner: Provider, home: Path, clock: Clock,
-                 boot_spec_of: Callable[[Instance], BootSpec | None]) -> None:
+    A running instance whose version ``find_version`` does not know (an orphan whose service is gone) is
+    reported PENDING without a url: nothing is booted for it, and the controller terminates it.
+    """
+
+    def __init__(self, inner: Provider, home: Path, clock: Clock, find_version: FindVersion) -> None:
         self.name = inner.name
         self._inner = inner
-        self._boot_spec_of = boot_spec_of
+        self._find_version = find_version
         self._local = LocalProvider(home / "emulated" / inner.name, clock, grace_seconds=2.0)
-        self._specs: dict[str, BootSpec] = {}  # instance id -> what it runs (user data never changes)
 
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
         # Booting happens when the cloud reports the instance running (list_instances), as on a real VM.
@@ -71,28 +88,28 @@ class EmulatedProvider:
         self._inner.release_service(service)
         self._local.release_service(service)
 
+    def read_log(self, service: str, replica_id: int, instance_id: str | None,
+                 region: str | None) -> ReplicaLog | None:
+        """The emulated process's log (it grows like a local replica's), else what the cloud keeps."""
+        emulated = self._local.read_log(service, replica_id, None, None)
+        return emulated if emulated is not None else self._inner.read_log(service, replica_id, instance_id, region)
+
+    def abandon(self) -> None:
+        self._inner.abandon()
+        self._local.abandon()
+
     def _emulate_one(self, instance: Instance, local: dict[tuple[str, int], Instance]) -> Instance:
         if instance.state is not InstanceState.RUNNING:
             return instance
         process = local.get((instance.service, instance.replica_id))
         if process is None:
-            spec = self._specs.get(instance.instance_id) or self._boot_spec_of(instance)
-            if spec is None:
+            version = self._find_version(instance.service, instance.version)
+            if version is None:
                 return dataclasses.replace(instance, state=InstanceState.PENDING, url=None)
-            self._specs[instance.instance_id] = spec
-            process = self._boot(instance, spec)
-            if process is None:
+            (outcome,) = self._local.launch([compute_boot_request(instance, version)])
+            if outcome.instance is None:
+                log.warning("emulating %s failed: %s", instance.instance_id, outcome.error)
                 return dataclasses.replace(instance, state=InstanceState.EXITED, url=None,
-                                           detail="emulation could not start the workload")
-        state = InstanceState.RUNNING if process.state is InstanceState.RUNNING else process.state
-        return dataclasses.replace(instance, url=process.url, state=state, detail=process.detail)
-
-    def _boot(self, instance: Instance, spec: BootSpec) -> Instance | None:
-        task = TaskSpec(run=spec.run, setup=spec.setup, envs=spec.envs,
-                        service=ServiceSpec(readiness_probe=ReadinessProbe()))
-        request = LaunchRequest(service=instance.service, replica_id=instance.replica_id, version=instance.version,
-                                spec=task, launch_token=instance.instance_id, is_spot=instance.is_spot)
-        (outcome,) = self._local.launch([request])
-        if outcome.instance is None:
-            log.warning("emulating %s failed: %s", instance.instance_id, outcome.error)
-        return outcome.instance
+                                           detail=f"emulation could not start the workload: {outcome.error}")
+            process = outcome.instance
+        return dataclasses.replace(instance, url=process.url, state=process.state, detail=process.detail)

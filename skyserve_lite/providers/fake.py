@@ -2,7 +2,8 @@
 
 It is a peer of the real providers: the controller cannot tell it apart. Tests drive it with
 ``set_state`` (a process exits, a spot instance is preempted), ``fail_next_launch`` (the next launch
-outcomes fail) and ``fail_inventory`` (the next ``list_instances`` raises), then assert on ``calls``.
+outcomes fail), ``fail_inventory`` (the next ``list_instances`` raises) and ``logs`` (what ``read_log``
+finds), then assert on ``calls``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from skyserve_lite.errors import TransientProviderError
-from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class FakeProvider:
     instances: dict[str, Instance] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
+    logs: dict[tuple[str, int], ReplicaLog] = field(default_factory=dict)  # (service, replica id) -> its log
     _next_id: int = 1
     _launch_failures: list[tuple[str, bool]] = field(default_factory=list)
     _inventory_failures: int = 0
@@ -99,3 +101,11 @@ class FakeProvider:
     def release_service(self, service: str) -> None:
         self.calls.append(Call("release_service", (service,)))
         self.released.append(service)
+
+    def read_log(self, service: str, replica_id: int, instance_id: str | None,
+                 region: str | None) -> ReplicaLog | None:
+        self.calls.append(Call("read_log", (service, replica_id, instance_id, region)))
+        return self.logs.get((service, replica_id))
+
+    def abandon(self) -> None:
+        self.calls.append(Call("abandon"))

@@ -15,29 +15,49 @@ lands at ``data/x`` or ``x`` below the replica's working directory.
 
 Termination kills the process group and renames ``instance.json`` to ``instance.terminated.json``: the
 inventory stops reporting it, the log stays for ``serve logs`` until the service is released.
+
+Errors: no ``OSError`` leaves the provider. A launch request that cannot be prepared (a file mount
+landing on a file) becomes a permanent ``LaunchOutcome`` (a transient one when the machine ran short: a full
+disk, no memory) whose error names the field the
+failing step served (``_step``), and its half-made directory is removed; anywhere else the boundary of
+every public method (``_os_errors_are_transient``) makes it a ``TransientProviderError``. Without a
+``workdir`` the replica directory is the working directory, so a file mount onto one of the files above
+is refused rather than overwriting it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from skyserve_lite import procs
 from skyserve_lite.clock import Clock
-from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
+from skyserve_lite.errors import TransientProviderError
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
 
 INSTANCE_FILE = "instance.json"
 TERMINATED_FILE = "instance.terminated.json"
 LOG_FILE = "replica.log"
+# What the provider keeps in a replica directory. Without a `workdir` that directory is also the working
+# directory, so a file mount landing on one of these would overwrite (or, as a directory, break) it.
+_OWN_FILES = frozenset({INSTANCE_FILE, TERMINATED_FILE, LOG_FILE, "instance.tmp", "pid", "pid.tmp", "exit_code",
+                        "exit_code.tmp", "setup.sh", "run.sh", "wrapper.sh"})
 # A replica whose wrapper has not written its pid this long after launch never started.
 _SPAWN_GRACE_SECONDS = 30.0
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _WRAPPER = """\
 echo $$ > pid.tmp && mv pid.tmp pid
@@ -72,6 +92,20 @@ class _Record:
     launched_at: float
 
 
+def _os_errors_are_transient(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """The provider's boundary: an ``OSError`` (a file removed meanwhile, a full disk, a permission) leaves
+    a public method as a ``TransientProviderError``, and the next pass tries again."""
+
+    @functools.wraps(method)
+    def translated(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except OSError as exc:
+            raise TransientProviderError(f"local provider: {method.__name__}: {_describe(exc)}") from exc
+
+    return translated
+
+
 class LocalProvider:
     """Processes on this machine. See the module docstring for the layout and the contract."""
 
@@ -86,6 +120,7 @@ class LocalProvider:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # --- Provider --------------------------------------------------------------------------------
+    @_os_errors_are_transient
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
         existing = {(i.service, i.replica_id): i for i in self.list_instances()}
         outcomes = []
@@ -100,88 +135,96 @@ class LocalProvider:
                 outcomes.append(LaunchOutcome(request.replica_id, error=str(exc), permanent=exc.permanent))
         return outcomes
 
+    @_os_errors_are_transient
     def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
         self._reap()
-        if not self._root.is_dir():
-            return []
         instances = []
-        for meta_path in sorted(self._root.glob(f"*/*/{INSTANCE_FILE}")):
+        for meta_path in self._find_records():
             record = _read_record(meta_path)
             if record is not None:
                 instances.append(self._observe(meta_path.parent, record))
         return instances
 
+    @_os_errors_are_transient
     def terminate(self, instance_ids: Sequence[str]) -> None:
         wanted = set(instance_ids)
         directories = []
-        for meta_path in self._root.glob(f"*/*/{INSTANCE_FILE}") if self._root.is_dir() else ():
+        for meta_path in self._find_records():
             record = _read_record(meta_path)
             if record is not None and record.instance_id in wanted:
                 directories.append(meta_path.parent)
         pgids = [pid for pid in (_read_pid(d) for d in directories) if pid is not None]
         procs.terminate_groups(pgids, self._grace_seconds)
         for directory in directories:
-            os.replace(directory / INSTANCE_FILE, directory / TERMINATED_FILE)
+            with contextlib.suppress(FileNotFoundError):  # terminated meanwhile by another call
+                os.replace(directory / INSTANCE_FILE, directory / TERMINATED_FILE)
         self._reap()
 
-    def terminate_started(self) -> None:
-        """Stop every process group this object started and that still runs (its bookkeeping files may be
-        gone, e.g. when the state directory was deleted)."""
+    @_os_errors_are_transient
+    def release_service(self, service: str) -> None:
+        directory = self._root / service
+        try:
+            shutil.rmtree(directory)
+        except FileNotFoundError:
+            pass  # nothing kept, or removed meanwhile
+        except OSError:
+            if directory.exists():
+                raise
+
+    @_os_errors_are_transient
+    def read_log(self, service: str, replica_id: int, instance_id: str | None,
+                 region: str | None) -> ReplicaLog | None:
+        """The newest ``replica.log`` of the replica (it grows while the replica runs, and stays after it
+        is terminated until the service is released); None if it has none."""
+        logs = sorted((self._root / service).glob(f"{replica_id}-*/{LOG_FILE}"), key=lambda p: p.stat().st_mtime)
+        return ReplicaLog(path=logs[-1]) if logs else None
+
+    @_os_errors_are_transient
+    def abandon(self) -> None:
+        """Stop every process group this object started and that still runs: their bookkeeping files may
+        be gone with the state directory, so nothing else would find them."""
         self._reap()
         procs.terminate_groups(list(self._children), self._grace_seconds)
         self._reap()
 
-    def release_service(self, service: str) -> None:
-        shutil.rmtree(self._root / service, ignore_errors=True)
-
     # --- helpers ---------------------------------------------------------------------------------
-    def replica_log(self, service: str, replica_id: int) -> Path | None:
-        """The newest log of a replica, for `serve logs`; None if it has none."""
-        logs = sorted((self._root / service).glob(f"{replica_id}-*/{LOG_FILE}"),
-                      key=lambda p: p.stat().st_mtime)
-        return logs[-1] if logs else None
+    def _find_records(self) -> list[Path]:
+        return sorted(self._root.glob(f"*/*/{INSTANCE_FILE}")) if self._root.is_dir() else []
 
     def _launch_one(self, request: LaunchRequest) -> Instance:
-        spec = request.spec
+        """Start one replica; raises ``_LaunchError`` (having removed what it made) when it cannot."""
         instance_id = f"local-{self._new_id()}"
         directory = self._root / request.service / f"{request.replica_id}-{instance_id.removeprefix('local-')}"
-        directory.mkdir(parents=True, mode=0o700)
-        cwd = directory
-        base = Path(request.source_dir) if request.source_dir else Path.cwd()
-        if spec.workdir:
-            cwd = directory / "workdir"
-            _copy(_resolve(spec.workdir, base), cwd, "workdir")
-        for destination, source in spec.file_mounts:
-            _copy(_resolve(source, base), cwd / _mount_target(destination), f"file_mounts.{destination}")
-        (directory / "setup.sh").write_text(spec.setup or "")
-        (directory / "run.sh").write_text(spec.run)
-        (directory / "wrapper.sh").write_text(_WRAPPER.format(
-            cwd=shlex.quote(str(cwd)), setup=shlex.quote(str(directory / "setup.sh")),
-            run=shlex.quote(str(directory / "run.sh")), exit_file=shlex.quote(str(directory / "exit_code"))))
-        port = procs.find_free_port()
-        record = _Record(instance_id, request.service, request.replica_id, request.version,
-                         request.launch_token, port, self._clock.now())
-        _write_json(directory / INSTANCE_FILE, record.__dict__)
-        env = dict(os.environ)
-        env.update(dict(spec.envs))
-        env.update({"PORT": str(port), "SKY_LITE_REPLICA_ID": str(request.replica_id),
-                    "SKY_LITE_SERVICE": request.service})
+        with _step(f"replica directory {directory}", "cannot create it"):
+            directory.mkdir(parents=True, mode=0o700)
         try:
-            child = procs.spawn_detached(["bash", str(directory / "wrapper.sh")], cwd=directory, env=env,
-                                         log_path=directory / LOG_FILE)
-        except OSError as exc:
-            os.replace(directory / INSTANCE_FILE, directory / TERMINATED_FILE)
-            raise _LaunchError(f"cannot start bash: {exc}", permanent=True) from exc
+            with _step(f"replica directory {directory}"):  # any step below that names no field of its own
+                _prepare(directory, request)
+                with _step("PORT", "no free port on 127.0.0.1"):
+                    port = procs.find_free_port()
+                record = _Record(instance_id, request.service, request.replica_id, request.version,
+                                 request.launch_token, port, self._clock.now())
+                _write_json(directory / INSTANCE_FILE, record.__dict__)
+                env = dict(os.environ)
+                env.update(dict(request.spec.envs))
+                env.update({"PORT": str(port), "SKY_LITE_REPLICA_ID": str(request.replica_id),
+                            "SKY_LITE_SERVICE": request.service})
+                with _step("run", "cannot start bash"):
+                    child = procs.spawn_detached(["bash", str(directory / "wrapper.sh")], cwd=directory, env=env,
+                                                 log_path=directory / LOG_FILE)
+        except _LaunchError:
+            _discard(directory)
+            raise
         self._children[child.pid] = child
         return self._observe(directory, record)
 
     def _observe(self, directory: Path, record: _Record) -> Instance:
         pid = _read_pid(directory)
-        exit_path = directory / "exit_code"
+        exit_reason = _read_exit_reason(directory)
         if pid is not None and procs.is_alive(pid):
             state, detail = InstanceState.RUNNING, None
-        elif exit_path.exists():
-            state, detail = InstanceState.EXITED, exit_path.read_text().strip()
+        elif exit_reason is not None:
+            state, detail = InstanceState.EXITED, exit_reason
         elif pid is not None:
             state, detail = InstanceState.EXITED, "killed by a signal"
         elif self._clock.now() - record.launched_at < _SPAWN_GRACE_SECONDS:
@@ -200,14 +243,78 @@ class LocalProvider:
 
 
 class _LaunchError(Exception):
-    def __init__(self, message: str, *, permanent: bool) -> None:
+    """A launch request that cannot be carried out: an outcome whose message starts with the field at
+    fault. Permanent unless the machine itself ran short (``permanent`` False: a later pass tries again,
+    and a full disk does not count toward the launch circuit breaker)."""
+
+    def __init__(self, message: str, *, permanent: bool = True) -> None:
         super().__init__(message)
         self.permanent = permanent
 
 
-def _resolve(source: str, base: Path) -> Path:
+# The machine ran short, not the task at fault: a full disk or quota, no memory, no file descriptors.
+_SHORTAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EAGAIN})
+
+
+@contextlib.contextmanager
+def _step(field: str, doing: str = "") -> Iterator[None]:
+    """One step of preparing a replica: its ``OSError`` becomes a ``_LaunchError`` naming the field the step
+    serves (``workdir``, ``file_mounts./data``), so the replica's status says what to fix."""
+    try:
+        yield
+    except OSError as exc:
+        raise _LaunchError(f"{field}: {_describe(exc, doing)}", permanent=exc.errno not in _SHORTAGE_ERRNOS) from exc
+
+
+def _describe(exc: OSError, doing: str = "") -> str:
+    reason = exc.strerror or str(exc)
+    if exc.strerror and exc.filename is not None and str(exc.filename) not in doing:
+        reason = f"{reason}: {exc.filename}"
+    return f"{doing}: {reason}" if doing else reason
+
+
+def _prepare(directory: Path, request: LaunchRequest) -> Path:
+    """Fill a new replica directory: ``workdir`` and ``file_mounts`` copies and the scripts the wrapper runs.
+    Returns the working directory of ``setup`` and ``run``. Raises ``_LaunchError`` or ``OSError``."""
+    spec = request.spec
+    base = Path(request.source_dir) if request.source_dir else Path.cwd()
+    cwd = directory
+    if spec.workdir:
+        cwd = directory / "workdir"
+        source = _resolve(spec.workdir, base, "workdir")
+        with _step("workdir", f"cannot copy {source}"):
+            _copy(source, cwd)
+    for destination, source_text in spec.file_mounts:
+        field = f"file_mounts.{destination}"
+        target = _mount_target(destination)
+        top = Path(target).parts[:1]
+        if cwd == directory and top and top[0] in _OWN_FILES:
+            raise _LaunchError(f"{field}: lands on {top[0]}, which the local provider keeps for the replica: "
+                               "choose another destination, or set workdir")
+        source = _resolve(source_text, base, field)
+        with _step(field, f"cannot copy {source}"):
+            _copy(source, cwd / target)
+    with _step("setup"):
+        (directory / "setup.sh").write_text(spec.setup or "")
+    with _step("run"):
+        (directory / "run.sh").write_text(spec.run)
+    (directory / "wrapper.sh").write_text(_WRAPPER.format(
+        cwd=shlex.quote(str(cwd)), setup=shlex.quote(str(directory / "setup.sh")),
+        run=shlex.quote(str(directory / "run.sh")), exit_file=shlex.quote(str(directory / "exit_code"))))
+    return cwd
+
+
+def _discard(directory: Path) -> None:
+    """Remove what a failed launch made. Its record goes first: should the rest not go, the inventory still
+    never reports it (a directory without ``instance.json`` is no instance)."""
+    with contextlib.suppress(OSError):
+        (directory / INSTANCE_FILE).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _resolve(source: str, base: Path, field: str) -> Path:
     if "://" in source:
-        raise _LaunchError(f"{source}: the local provider copies local paths only", permanent=True)
+        raise _LaunchError(f"{field}: {source}: the local provider copies local paths only")
     path = Path(source).expanduser()
     return path if path.is_absolute() else base / path
 
@@ -217,15 +324,19 @@ def _mount_target(destination: str) -> str:
     return destination.removeprefix("~").lstrip("/") or "."
 
 
-def _copy(source: Path, target: Path, field: str) -> None:
+def _copy(source: Path, target: Path) -> None:
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def _read_exit_reason(directory: Path) -> str | None:
     try:
-        if source.is_dir():
-            shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    except OSError as exc:
-        raise _LaunchError(f"{field}: cannot copy {source}: {exc.strerror or exc}", permanent=True) from exc
+        return (directory / "exit_code").read_text().strip()
+    except OSError:
+        return None  # not exited (or not yet written: the wrapper renames it into place)
 
 
 def _read_record(path: Path) -> _Record | None:

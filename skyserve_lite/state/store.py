@@ -197,6 +197,13 @@ class Store:
             raise NotFoundError(f"service {name!r} has no version {version}")
         return VersionRecord(*row)
 
+    def find_version(self, name: str, version: int) -> VersionRecord | None:
+        """The stored version, or None when there is no such version."""
+        try:
+            return self.get_version(name, version)
+        except NotFoundError:
+            return None
+
     def list_versions(self, name: str) -> list[VersionRecord]:
         rows = self._db.execute(
             f"SELECT {_VERSION_SELECT} FROM versions"

@@ -118,7 +118,7 @@ def test_up_update_scale_preempt_down_against_moto(moto: str, sky: SkyLite, tmp_
     assert len(instances("running")) == 3
 
     # A spot interruption: the replica becomes PREEMPTED and is replaced.
-    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.core.models import DEFAULT_ACCOUNT_ID
     from moto.ec2.models import ec2_backends
     from moto.ec2.models.instances import StateReason
 

@@ -18,9 +18,9 @@ import boto3
 import botocore.session
 import pytest
 from botocore.credentials import CredentialResolver
-from botocore.exceptions import ClientError, NoCredentialsError
+from botocore.exceptions import ClientError, ConfigParseError, NoCredentialsError, ProfileNotFound
 from moto import mock_aws
-from moto.core import DEFAULT_ACCOUNT_ID
+from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import StateReason
 
@@ -43,12 +43,7 @@ from skyserve_lite.providers.aws import (
     plan_launch_groups,
     translate_error,
 )
-from skyserve_lite.providers.aws_userdata import (
-    EmulationSpec,
-    Fetch,
-    decode_emulation_header,
-    render_user_data,
-)
+from skyserve_lite.providers.aws_userdata import USER_DATA_LIMIT_BYTES, BootBatch, Fetch, render_user_data
 from skyserve_lite.providers.base import InstanceState, LaunchRequest
 from skyserve_lite.spec.model import Resources, ServiceSpec, TaskSpec
 
@@ -266,6 +261,9 @@ def test_compute_state_maps_ec2_states_and_spot_interruptions(
     (client_error("InvalidParameterValue"), AwsPermanentError, "instance_type"),
     (client_error("SomethingNew"), AwsPermanentError, "SomethingNew"),
     (NoCredentialsError(), AwsPermanentError, "credential chain"),
+    (ProfileNotFound(profile="missing"), AwsPermanentError, "AWS profile 'missing' (from AWS_PROFILE)"),
+    (ConfigParseError(path="/root/.aws/config"), AwsPermanentError, "AWS configuration cannot be used"),
+    (ValueError("Invalid endpoint: not a url"), AwsPermanentError, "AWS_ENDPOINT_URL"),
 ])
 def test_translate_error_sorts_botocore_errors(exc: Exception, kind: type[Exception], hint: str) -> None:
     error = translate_error(exc, "RunInstances")
@@ -281,8 +279,8 @@ def test_bucket_name_is_a_valid_s3_name_even_for_long_names() -> None:
 
 
 # --- pure: user data ----------------------------------------------------------------------------------------------
-EMULATION = EmulationSpec(service="svc", version=3, replica_ids=(4, 5, 6), envs=(("GREETING", "it's 'quoted'"),),
-                          setup="pip install -r requirements.txt", run="python3 app.py --port $PORT", port=9000)
+BATCH = BootBatch(service="svc", version=3, replica_ids=(4, 5, 6), envs=(("GREETING", "it's 'quoted'"),),
+                  setup="pip install -r requirements.txt", run="python3 app.py --port $PORT", port=9000)
 
 
 @pytest.mark.parametrize(("fetches", "present", "absent"), [
@@ -297,8 +295,8 @@ EMULATION = EmulationSpec(service="svc", version=3, replica_ids=(4, 5, 6), envs=
                  [], id="files"),
 ])
 def test_render_user_data(fetches: tuple[Fetch, ...], present: list[str], absent: list[str]) -> None:
-    text = render_user_data(EMULATION, fetches)
-    assert text.startswith("#!/bin/bash\n# sky-lite-emulation: ")
+    text = render_user_data(BATCH, fetches)
+    assert text.startswith("#!/bin/bash\n# sky-lite replica bootstrap: service svc, version 3, replicas 4,5,6\n")
     for piece in present:
         assert piece in text
     for piece in absent:
@@ -314,12 +312,14 @@ def test_render_user_data(fetches: tuple[Fetch, ...], present: list[str], absent
         assert text.index("fetch s3://") < text.index("setup.sh); then")
 
 
-def test_emulation_header_round_trips_and_absent_or_broken_headers_are_told_apart() -> None:
-    assert decode_emulation_header(render_user_data(EMULATION)) == EMULATION
-    assert EMULATION.replica_id_for(2) == 6
-    assert decode_emulation_header("#!/bin/bash\necho hi\n") is None
-    with pytest.raises(ValueError, match="malformed"):
-        decode_emulation_header("# sky-lite-emulation: bm90IGpzb24=\n")  # "not json"
+def test_user_data_is_only_the_boot_script_so_a_6000_byte_run_fits() -> None:
+    run = "echo " + "x" * 5995  # 6,000 bytes
+    text = render_user_data(dataclasses.replace(BATCH, run=run))
+    assert "emulation" not in text
+    # `run` is in the script once, base64-encoded (8,000 bytes): 9,598 bytes in all. With a header that repeated
+    # envs, setup and run, the same batch made 17,821 bytes, over the 16,384 EC2 accepts.
+    assert text.count(base64.b64encode(run.encode()).decode()) == 1
+    assert len(text.encode()) == 9_598 < USER_DATA_LIMIT_BYTES
 
 
 # --- launch ---------------------------------------------------------------------------------------------------------
@@ -394,7 +394,7 @@ def test_disk_size_sets_the_root_device_of_the_ami(provider: AwsProvider, api: A
     assert [v["Size"] for v in volumes] == [120]
 
 
-def test_user_data_has_no_credentials_and_its_header_decodes_to_the_batch(provider: AwsProvider) -> None:
+def test_user_data_has_no_credentials_and_is_exactly_the_boot_script_of_the_batch(provider: AwsProvider) -> None:
     task = spec(image_id=ami(), envs=(("MODEL", "small"),), setup="echo setup", port=9000)
     outcomes = provider.launch([request(7, task), request(8, task)])
     assert outcomes[0].instance is not None
@@ -403,10 +403,23 @@ def test_user_data_has_no_credentials_and_its_header_decodes_to_the_batch(provid
     user_data = base64.b64decode(attribute["UserData"]["Value"]).decode()
     for secret in (SECRET, "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"):
         assert secret not in user_data
-    assert decode_emulation_header(user_data) == EmulationSpec(
-        service="svc", version=1, replica_ids=(7, 8), envs=(("MODEL", "small"),), setup="echo setup",
-        run=task.run, port=9000)
+    assert user_data == render_user_data(BootBatch(service="svc", version=1, replica_ids=(7, 8),
+                                                   envs=(("MODEL", "small"),), setup="echo setup", run=task.run,
+                                                   port=9000))
     assert outcomes[0].instance.url is not None and outcomes[0].instance.url.endswith(":9000")
+
+
+@pytest.mark.parametrize(("run_bytes", "accepted"), [(6_000, True), (12_500, False)])
+def test_the_user_data_limit_counts_only_what_the_instance_runs(provider: AwsProvider, api: Api, run_bytes: int,
+                                                                accepted: bool) -> None:
+    # 6,000 bytes of `run` used to be refused (a header repeating it doubled the user data); 12,500 bytes are
+    # 16,668 in base64, over 16,384 whatever else the script holds.
+    [outcome] = provider.launch([request(1, spec(image_id=ami(), run="#" * run_bytes))])
+    assert (outcome.instance is not None) is accepted
+    assert api.count("RunInstances") == (1 if accepted else 0)
+    if not accepted:
+        assert outcome.permanent and outcome.error is not None
+        assert "bytes of EC2 user data, over AWS's 16384: move long scripts into workdir" in outcome.error
 
 
 # --- inventory ------------------------------------------------------------------------------------------------------
@@ -733,16 +746,87 @@ def test_instances_no_row_claims_are_terminated(tmp_path: Path, provider: AwsPro
     assert len(terminated) == 2
 
 
-def test_console_output_of_an_instance_is_readable(tmp_path: Path, provider: AwsProvider) -> None:
+def test_read_log_is_the_console_output_of_the_instance(tmp_path: Path, provider: AwsProvider, api: Api) -> None:
     store, reconciler = _controller(tmp_path, provider)
     reconciler.reconcile_once()
     (row, *_rest) = store.list_replicas("svc")
     assert row.instance_id is not None
-    output = provider.read_console_output(row.instance_id, row.region)
-    assert output  # moto answers with a fixed text; EC2 with the serial console
+    log = provider.read_log("svc", row.replica_id, row.instance_id, row.region)
+    assert log is not None and log.path is None
+    assert log.text  # moto answers with a fixed text; EC2 with the serial console
+    assert provider.read_log("svc", row.replica_id, None, None) is None  # no instance: nothing to ask
+    assert [c.params["InstanceId"] for c in api.named("GetConsoleOutput")] == [row.instance_id]
 
     from skyserve_lite.api import LocalController
 
-    path = LocalController(tmp_path / "home", FakeClock(), start_daemon=False).log_path("svc", row.replica_id)
-    assert path.name == f"console-svc-{row.replica_id}.log"
-    assert path.read_text() == output
+    assert LocalController(tmp_path / "home", FakeClock(), start_daemon=False).read_log("svc", row.replica_id) == log
+
+
+def test_abandon_leaves_the_instances_and_calls_nothing(provider: AwsProvider, api: Api) -> None:
+    provider.launch([request(1, spec(image_id=ami()))])
+    api.calls.clear()
+    provider.abandon()
+    assert api.calls == []
+    assert [i.state for i in provider.list_instances()] == [InstanceState.RUNNING]
+
+
+# --- configuration errors at the boundary ------------------------------------------------------------------------
+@pytest.fixture
+def missing_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """AWS_PROFILE names a profile that no configuration file has; nothing may leave this machine."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda p: p.list_instances([REGION]), id="list_instances"),
+    pytest.param(lambda p: p.launch([request(1, spec())]), id="launch"),
+    pytest.param(lambda p: p.release_service("svc"), id="release_service"),
+    pytest.param(lambda p: p.read_log("svc", 1, "i-0123456789abcdef0", REGION), id="read_log"),
+])
+def test_a_missing_aws_profile_is_a_permanent_error_naming_it_from_every_method(
+        missing_profile: None, call: Callable[[AwsProvider], object]) -> None:
+    provider = AwsProvider(CONTROLLER, FakeClock(), sleep=lambda _: None)  # builds its own session
+    with pytest.raises(PermanentProviderError) as raised:
+        call(provider)
+    message = str(raised.value)
+    assert "AWS_PROFILE" in message and "'no-such-profile'" in message and "credential chain" in message
+    assert isinstance(raised.value.__cause__, ProfileNotFound)
+
+
+def test_terminate_and_abandon_need_no_session(missing_profile: None) -> None:
+    provider = AwsProvider(CONTROLLER, FakeClock(), sleep=lambda _: None)
+    provider.terminate(["i-0123456789abcdef0"])  # never seen: nothing to ask, no session built
+    provider.abandon()
+
+
+def test_a_malformed_endpoint_url_is_a_permanent_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "not a url")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    provider = AwsProvider(CONTROLLER, FakeClock(), default_region=REGION, sleep=lambda _: None)
+    with pytest.raises(PermanentProviderError, match="AWS_ENDPOINT_URL"):
+        provider.list_instances()
+
+
+def test_an_unreadable_local_file_is_a_permanent_outcome_naming_its_field(
+        session: boto3.Session, api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boto3.client("iam", region_name=REGION).create_instance_profile(InstanceProfileName="replica-reader")
+    (tmp_path / "weights.bin").write_bytes(b"\x00")
+    read_bytes = Path.read_bytes
+
+    def unreadable(path: Path) -> bytes:
+        if path.name == "weights.bin":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    provider = make_provider(session, instance_profile="replica-reader")
+    [outcome] = provider.launch([request(1, spec(image_id=ami(), file_mounts=(("/data/w.bin", "weights.bin"),)),
+                                         source_dir=tmp_path)])
+    assert outcome.permanent and outcome.instance is None and outcome.error is not None
+    assert outcome.error.startswith("file_mounts./data/w.bin: cannot read ") and "Permission denied" in outcome.error
+    assert api.count("RunInstances") == 0

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import errno
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from skyserve_lite import procs
 from skyserve_lite.clock import FakeClock, SystemClock
-from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest
+from skyserve_lite.errors import TransientProviderError
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest, ReplicaLog
 from skyserve_lite.providers.local import LocalProvider
 from skyserve_lite.spec.parse import parse_task
 from tests.providers.http import get_text as get
@@ -89,8 +93,9 @@ def test_terminate_kills_the_whole_process_group_and_keeps_the_log(provider: Loc
     provider.terminate([instance.instance_id])
     assert provider.list_instances() == []
     assert not procs._group_alive(pgid)
-    log = provider.replica_log("svc", 1)
-    assert log is not None and "started" in log.read_text()
+    log = provider.read_log("svc", 1, instance.instance_id, None)
+    assert log is not None and log.path is not None and log.text is None
+    assert "started" in log.path.read_text()
     provider.terminate([instance.instance_id])  # idempotent
 
 
@@ -135,4 +140,171 @@ def test_release_service_removes_its_files(provider: LocalProvider) -> None:
     provider.terminate([outcome.instance.instance_id])
     provider.release_service("svc")
     assert not (provider._root / "svc").exists()
-    assert provider.replica_log("svc", 1) is None
+    assert provider.read_log("svc", 1, None, None) is None
+    provider.release_service("svc")  # idempotent
+
+
+def test_read_log_is_the_newest_log_of_the_replica_and_grows_while_it_runs(provider: LocalProvider) -> None:
+    assert provider.read_log("svc", 1, None, None) is None
+    (outcome,) = provider.launch([request("echo one; sleep 1; echo two; sleep 30")])
+    assert outcome.instance is not None
+    log = provider.read_log("svc", 1, outcome.instance.instance_id, None)
+    assert log is not None and log.path is not None
+    deadline = time.monotonic() + 10
+    while "two" not in log.path.read_text():
+        assert time.monotonic() < deadline, log.path.read_text()
+        time.sleep(0.05)
+    assert provider.read_log("svc", 2, None, None) is None
+
+
+def test_abandon_stops_the_processes_it_started_after_the_state_directory_is_gone(tmp_path: Path) -> None:
+    provider = LocalProvider(tmp_path / "home", SystemClock(), grace_seconds=2)
+    (outcome,) = provider.launch([request("sleep 300")])
+    assert outcome.instance is not None
+    directory = wait_for_directory(provider)
+    pgid = int((directory / "pid").read_text())
+    shutil.rmtree(tmp_path / "home")  # the state directory, bookkeeping files included
+    assert provider.list_instances() == []  # nothing else can find the process now
+
+    provider.abandon()
+
+    assert not procs._group_alive(pgid)
+    provider.abandon()  # idempotent
+
+
+def wait_for_directory(provider: LocalProvider, timeout: float = 15) -> Path:
+    """The replica directory of replica 1 once its wrapper wrote its pid."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [d for d in (provider._root / "svc").glob("1-*") if (d / "pid").exists()]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, "the wrapper never wrote its pid"
+        time.sleep(0.05)
+
+
+# --- errors: OSError becomes an outcome naming the field, or a transient error ----------------------
+def _fail(error: OSError) -> Callable[..., Any]:
+    def fail(*_args: object, **_kwargs: object) -> Any:
+        raise error
+    return fail
+
+
+def _no_space(*_args: object, **_kwargs: object) -> Any:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _mount_on_a_mounted_file(tmp_path: Path, _monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "b.txt").write_text("b")
+    return "file_mounts:\n  /data: a.txt\n  /data/b.txt: b.txt\n"
+
+
+def _replica_root_is_a_file(tmp_path: Path, _monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "home" / "replicas").mkdir(parents=True)
+    (tmp_path / "home" / "replicas" / "svc").write_text("not a directory")
+    return ""
+
+
+def _disk_full_when_writing_the_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    write_text = Path.write_text
+
+    def full(path: Path, *args: Any, **kwargs: Any) -> int:
+        if path.name == "setup.sh":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    return "setup: echo hi\n"
+
+
+def _disk_full_when_spawning(_tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(procs, "spawn_detached", _no_space)
+    return ""
+
+
+def _mount_on_the_providers_own_file(tmp_path: Path, _monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "x").write_text("x")
+    return "file_mounts:\n  /run.sh/x: x\n"
+
+
+@pytest.mark.parametrize(("arrange", "message", "others_launch", "permanent"), [
+    pytest.param(_mount_on_a_mounted_file, "file_mounts./data/b.txt: cannot copy", True, True,
+                 id="mount-onto-a-mounted-file"),
+    pytest.param(_mount_on_the_providers_own_file, "file_mounts./run.sh/x: lands on run.sh", True, True,
+                 id="own-file"),
+    # A full disk is the machine's shortage, not the task's fault: retried, and no strike for the breaker.
+    pytest.param(_disk_full_when_writing_the_setup, "setup: No space left on device", False, False,
+                 id="disk-full-setup"),
+    pytest.param(_disk_full_when_spawning, "run: cannot start bash: No space left on device", False, False,
+                 id="disk-full-spawn"),
+    pytest.param(_replica_root_is_a_file, "replica directory", False, True, id="replica-root-is-a-file"),
+])
+def test_a_launch_failing_with_an_os_error_is_an_outcome_naming_the_field_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arrange: Callable[[Path, pytest.MonkeyPatch], str],
+        message: str, others_launch: bool, permanent: bool) -> None:
+    provider = LocalProvider(tmp_path / "home", SystemClock(), grace_seconds=2)
+    extra = arrange(tmp_path, monkeypatch)
+    failed, other = provider.launch([request(SERVER, extra=extra, source_dir=tmp_path),
+                                     request("sleep 30", replica_id=2)])
+    monkeypatch.undo()
+
+    assert failed.instance is None and failed.permanent is permanent
+    assert failed.error is not None and message in failed.error, failed.error
+    service_root = provider._root / "svc"
+    assert not service_root.is_dir() or not list(service_root.glob("1-*"))  # the half-made directory is gone
+    # The batch's other request is launched all the same (it fails too where every launch would).
+    assert (other.instance is not None) is others_launch
+    assert [i.replica_id for i in provider.list_instances()] == ([2] if others_launch else [])
+    provider.terminate([i.instance_id for i in provider.list_instances()])
+
+
+def _break_liveness(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(procs, "is_alive", _fail(OSError(errno.EIO, "Input/output error")))
+
+
+def _break_signals(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(procs, "terminate_groups", _fail(PermissionError(errno.EPERM, "not allowed")))
+
+
+def _break_removal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "rmtree", _fail(OSError(errno.EBUSY, "Device or resource busy")))
+
+
+@pytest.mark.parametrize(("call", "arrange", "message"), [
+    pytest.param(lambda p, i: p.list_instances(), _break_liveness, "list_instances: Input/output error",
+                 id="list_instances"),
+    pytest.param(lambda p, i: p.launch([request("sleep 30", replica_id=2)]), _break_liveness,
+                 "Input/output error", id="launch-inventory"),
+    pytest.param(lambda p, i: p.terminate([i.instance_id]), _break_signals, "terminate: not allowed",
+                 id="terminate"),
+    pytest.param(lambda p, i: p.release_service("svc"), _break_removal, "release_service: Device or resource busy",
+                 id="release_service"),
+    pytest.param(lambda p, i: p.abandon(), _break_signals, "abandon: not allowed", id="abandon"),
+])
+def test_other_os_errors_are_transient_provider_errors(
+        provider: LocalProvider, monkeypatch: pytest.MonkeyPatch, call: Callable[[LocalProvider, Instance], object],
+        arrange: Callable[[pytest.MonkeyPatch], None], message: str) -> None:
+    provider.launch([request("sleep 30")])
+    instance = wait_for(provider, 1, InstanceState.RUNNING)
+    arrange(monkeypatch)
+    with pytest.raises(TransientProviderError, match=message) as raised:
+        call(provider, instance)
+    assert isinstance(raised.value.__cause__, OSError)
+
+
+def test_read_log_translates_an_unreadable_log(provider: LocalProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider.launch([request("sleep 30")])
+    stat = Path.stat
+
+    def failing_disk(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path.name == "replica.log":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", failing_disk)
+    with pytest.raises(TransientProviderError, match="read_log: Input/output error"):
+        provider.read_log("svc", 1, None, None)
+    monkeypatch.undo()
+    assert provider.read_log("svc", 1, None, None) == ReplicaLog(path=next((provider._root / "svc").glob("1-*"))
+                                                                 / "replica.log")
