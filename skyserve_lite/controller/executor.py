@@ -19,13 +19,12 @@ import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner, find_lb_port
 from skyserve_lite.controller.plan import Event, LaunchBatch, PassPlan
 from skyserve_lite.errors import ProviderError, TransientProviderError
-from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider
+from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider, find_source_dir
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
 
@@ -56,6 +55,15 @@ class Executor:
             self._delete_service(name)
         now = self._clock.now()
         self._store.add_events([(now, e.service, e.replica_id, e.kind, e.message) for e in events])
+
+    def abandon(self) -> None:
+        """The state directory was deleted under the controller: ask every provider to stop what only it
+        can still find (local processes it started), since no later pass will ever see them again."""
+        for cloud, provider in self._providers.items():
+            try:
+                provider.abandon()
+            except ProviderError as exc:
+                log.warning("abandoning %s failed: %s", cloud, exc)
 
     def _delete_service(self, name: str) -> None:
         """Release what the clouds the service used keep for it (files, buckets), then forget it. When a
@@ -109,7 +117,7 @@ class Executor:
             self._store.put_replicas(failed)
             return
         version = self._store.get_version(batch.service, batch.version)
-        source_dir = _source_dir(version.source)
+        source_dir = find_source_dir(version.source)
         requests = [LaunchRequest(service=r.service, replica_id=r.replica_id, version=r.version,
                                   spec=self._store.get_version(r.service, r.version).spec
                                   if r.version != batch.version else version.spec,
@@ -172,7 +180,11 @@ class Executor:
             port = self._lb_port(service.name, service.lb_port, events)
             if port is None:
                 continue
-            pid = self._lb_runner.start(name, port)
+            try:
+                pid = self._lb_runner.start(name, port)
+            except OSError as exc:  # e.g. no such interpreter; the next pass tries again
+                events.append(Event(name, None, "load_balancer", f"load balancer could not start: {exc}"))
+                continue
             self._store.set_load_balancer(name, pid, policies.pop(name, service.lb_policy))
             events.append(Event(name, None, "load_balancer", f"load balancer started on port {port} (pid {pid})"))
         for name, policy in policies.items():
@@ -180,7 +192,3 @@ class Executor:
             if service is not None:
                 self._store.set_load_balancer(name, service.lb_pid, policy)
 
-
-def _source_dir(source: str) -> str | None:
-    path = Path(source)
-    return str(path.parent) if path.is_absolute() else None

@@ -8,11 +8,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.lb_runner import ProcessLoadBalancerRunner
 from skyserve_lite.controller.probe import HttpProber
@@ -20,8 +22,6 @@ from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError
 from skyserve_lite.providers import make_providers
-from skyserve_lite.providers.base import Provider
-from skyserve_lite.providers.local import LocalProvider
 from skyserve_lite.state.store import Store, prepare_home
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,13 @@ PID_FILE = "controller.pid"
 
 
 @contextmanager
-def controller_lock(home: Path, timeout_seconds: float) -> Iterator[None]:
+def controller_lock(home: Path, timeout_seconds: float,
+                    give_up: Callable[[], bool] = lambda: False) -> Iterator[None]:
     """Hold the state directory's controller lock; at most one holder (a loop or a tick) at a time.
 
-    Raises ``ControllerError`` if it is still held by someone else after ``timeout_seconds``
-    (0: do not wait).
+    Raises ``ControllerError`` if it is still held by someone else after ``timeout_seconds`` (0: do not
+    wait), or as soon as ``give_up()`` says waiting is pointless (a loop holds it for its whole life).
+    Nothing else ever takes this lock: liveness probes read the pid file (``is_controller_running``).
     """
     prepare_home(home)
     fd = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
@@ -46,7 +48,7 @@ def controller_lock(home: Path, timeout_seconds: float) -> Iterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or give_up():
                     raise ControllerError(
                         f"another controller holds {home / LOCK_FILE}; only one may run per state directory"
                     ) from None
@@ -56,33 +58,63 @@ def controller_lock(home: Path, timeout_seconds: float) -> Iterator[None]:
         os.close(fd)
 
 
-def is_controller_running(home: Path) -> bool:
-    """True while some process holds the controller lock."""
-    path = home / LOCK_FILE
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDWR)
+@dataclass(frozen=True)
+class ControllerProcess:
+    """What a running loop writes to ``controller.pid``: its pid and the kernel's start time of it, so a
+    pid reused by another process after a crash is not taken for the controller."""
+
+    pid: int
+    start_time: int | None
+
+    def to_text(self) -> str:
+        return f"{self.pid} {'' if self.start_time is None else self.start_time}".strip() + "\n"
+
+    @classmethod
+    def parse(cls, text: str) -> ControllerProcess | None:
+        fields = text.split()
+        try:
+            return cls(int(fields[0]), int(fields[1]) if len(fields) > 1 else None)
+        except (IndexError, ValueError):
+            return None
+
+    def is_alive(self) -> bool:
+        return procs.is_alive(self.pid, self.start_time)
+
+
+def find_controller(home: Path) -> ControllerProcess | None:
+    """The controller loop running for ``home``, or None. Takes no lock, so probing it in a loop never
+    gets in the way of a controller that is starting (it reads the pid file and checks that process)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+        recorded = ControllerProcess.parse((home / PID_FILE).read_text())
+    except OSError:
+        return None
+    return recorded if recorded is not None and recorded.is_alive() else None
 
 
-def build_reconciler(home: Path, store: Store, settings: ControllerSettings,
-                     providers: Mapping[str, Provider] | None = None) -> Reconciler:
+def is_controller_running(home: Path) -> bool:
+    """True while a controller loop runs for ``home`` (a `controller tick` does not count)."""
+    return find_controller(home) is not None
+
+
+def read_controller_pid(home: Path) -> int | None:
+    """The pid of the running controller loop, or None."""
+    found = find_controller(home)
+    return found.pid if found is not None else None
+
+
+def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> Reconciler:
+    """The controller of ``home`` wired to the real providers, prober and load balancer processes."""
     clock = SystemClock()
-    providers = make_providers(home, clock, store.controller_id) if providers is None else providers
+    providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
     return Reconciler(store, providers, HttpProber(), ProcessLoadBalancerRunner(home), clock, settings)
 
 
 def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:
     """One pass under the lock. A running loop holds the lock for its whole life, so a tick then refuses
     at once (``ControllerError``); another tick in progress is waited for up to ``lock_timeout_seconds``."""
-    if is_controller_running(home) and read_controller_pid(home) is not None:
-        raise ControllerError(f"a controller loop (pid {read_controller_pid(home)}) is running for {home} and "
+    running = find_controller(home)
+    if running is not None:
+        raise ControllerError(f"a controller loop (pid {running.pid}) is running for {home} and "
                               "already reconciles on its interval; `controller tick` is for when none runs")
     with controller_lock(home, lock_timeout_seconds):
         store = Store.open(home)
@@ -92,7 +124,8 @@ def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: flo
             store.close()
 
 
-def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | None = None) -> None:
+def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | None = None,
+             lock_timeout_seconds: float = 10.0) -> None:
     """Reconcile every ``settings.interval_seconds`` until SIGTERM/SIGINT (or ``stop``) asks to end.
 
     A failing pass is logged with its context and the loop goes on: the next pass sees the same level.
@@ -106,11 +139,12 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-    with controller_lock(home, timeout_seconds=0):
-        (home / PID_FILE).write_text(f"{os.getpid()}\n")
+    # A tick may hold the lock for a moment: wait for it, but not for another loop (it never lets go).
+    with controller_lock(home, timeout_seconds=lock_timeout_seconds, give_up=lambda: is_controller_running(home)):
+        me = ControllerProcess(os.getpid(), procs.process_start_time(os.getpid()))
+        _write_atomically(home / PID_FILE, me.to_text())
         store = Store.open(home)
-        providers = make_providers(home, SystemClock(), store.controller_id)
-        reconciler = build_reconciler(home, store, settings, providers)
+        reconciler = build_reconciler(home, store, settings)
         log.info("controller %s running for %s, every %.1fs", store.controller_id, home,
                  settings.interval_seconds)
         try:
@@ -120,9 +154,7 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
                     # relaunching "vanished" replicas into a deleted directory would only leak processes.
                     log.error("%s was deleted or replaced; stopping, with the processes this controller started",
                               store.path)
-                    local = providers.get("local")
-                    if isinstance(local, LocalProvider):
-                        local.terminate_started()
+                    reconciler.abandon()
                     break
                 started = time.monotonic()
                 try:
@@ -132,12 +164,12 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
                 stop.wait(max(0.0, settings.interval_seconds - (time.monotonic() - started)))
         finally:
             store.close()
-            (home / PID_FILE).unlink(missing_ok=True)
+            if read_controller_pid(home) == os.getpid():
+                (home / PID_FILE).unlink(missing_ok=True)
             log.info("controller stopped")
 
 
-def read_controller_pid(home: Path) -> int | None:
-    try:
-        return int((home / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)

@@ -1,12 +1,14 @@
 """One controller pass, decided: desired state (store) + observed state (inventory, probes) -> ``PassPlan``.
 
-Pure: no I/O, no clock reads; the executor applies the plan. Level-based: the plan depends only on the
+A pass is ``plan_service_pass`` for each service plus ``plan_orphans``, merged (``merge_plans``); the
+``Reconciler`` composes them, and ``controller.forecast`` runs ``plan_service_pass`` forward to plan an
+update. Pure: no I/O, no clock reads; the executor applies the plan. Level-based: the plan depends only on the
 snapshot, never on what the previous pass did, so a pass after a crash simply continues.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.autoscalers.dispatch import compute_target_replicas
@@ -39,11 +41,14 @@ from skyserve_lite.state.models import (
     ServiceStatus,
 )
 
-__all__ = ["Event", "LaunchBatch", "Observation", "PassPlan", "ProbeTarget", "ReplicaKey", "ServiceSnapshot",
-           "find_probe_targets", "plan_pass", "plan_service_status"]
+__all__ = ["Event", "InstanceIndex", "LaunchBatch", "Observation", "PassPlan", "ProbeTarget", "ReplicaKey",
+           "ServiceSnapshot", "find_probe_targets", "merge_plans", "plan_orphans", "plan_service_pass",
+           "plan_service_status"]
 
 
-class _InstanceIndex:
+class InstanceIndex:
+    """The observed instances, found by id or (for a launch never confirmed) by the tags they carry."""
+
     def __init__(self, observation: Observation) -> None:
         self.known_clouds = observation.known_clouds
         self.by_id = {(cloud, i.instance_id): i for cloud, i in observation.instances}
@@ -59,7 +64,7 @@ class _InstanceIndex:
 def find_probe_targets(snapshots: Sequence[ServiceSnapshot], observation: Observation
                        ) -> list[ProbeTarget]:
     """Replicas worth probing this pass: live, with a running instance that has a url."""
-    index = _InstanceIndex(observation)
+    index = InstanceIndex(observation)
     targets = []
     for snapshot in snapshots:
         for replica in snapshot.replicas:
@@ -73,16 +78,12 @@ def find_probe_targets(snapshots: Sequence[ServiceSnapshot], observation: Observ
     return targets
 
 
-def plan_pass(snapshots: Sequence[ServiceSnapshot], observation: Observation, now: float,
-              settings: ControllerSettings) -> PassPlan:
-    """Decide everything one pass does. See the module docstring."""
-    index = _InstanceIndex(observation)
-    parts = [_plan_service(snapshot, index, observation.probes, now, settings) for snapshot in snapshots]
-    orphans = _find_orphans(snapshots, observation)
+def merge_plans(parts: Sequence[PassPlan]) -> PassPlan:
+    """One plan holding every part's decisions, in order; terminations once each."""
     return PassPlan(
         replica_updates=tuple(r for p in parts for r in p.replica_updates),
         removals=tuple(k for p in parts for k in p.removals),
-        terminations=tuple(sorted(set(t for p in parts for t in p.terminations) | set(orphans))),
+        terminations=tuple(sorted({t for p in parts for t in p.terminations})),
         launches=tuple(b for p in parts for b in p.launches),
         start_lbs=tuple(s for p in parts for s in p.start_lbs),
         stop_lbs=tuple(s for p in parts for s in p.stop_lbs),
@@ -91,29 +92,39 @@ def plan_pass(snapshots: Sequence[ServiceSnapshot], observation: Observation, no
         deletions=tuple(d for p in parts for d in p.deletions),
         active_version_changes=tuple(c for p in parts for c in p.active_version_changes),
         autoscaler_updates=tuple(u for p in parts for u in p.autoscaler_updates),
-        events=tuple(e for p in parts for e in p.events)
-        + tuple(Event(i.service, i.replica_id, "orphan", f"terminating {cloud} instance {i.instance_id} "
-                      "that no replica claims") for cloud, i in observation.instances
-                if (cloud, i.instance_id) in orphans),
+        events=tuple(e for p in parts for e in p.events),
     )
 
 
-def _find_orphans(snapshots: Sequence[ServiceSnapshot], observation: Observation) -> set[tuple[str, str]]:
-    """Instances no replica row claims (launched before a crash for a row that is gone): terminate them."""
+def plan_orphans(snapshots: Sequence[ServiceSnapshot], observation: Observation,
+                 unknown_services: Collection[str] = ()) -> PassPlan:
+    """Terminate instances no replica row claims (launched before a crash for a row that is gone).
+
+    Instances of ``unknown_services`` (services whose state could not be read this pass) are never
+    orphans: their rows exist, this pass just cannot see them.
+    """
     claimed_ids = {(r.cloud, r.instance_id) for s in snapshots for r in s.replicas if r.instance_id}
     adoptable = {(r.cloud, r.service, r.replica_id) for s in snapshots for r in s.replicas
                  if r.instance_id is None}
-    return {
-        (cloud, i.instance_id) for cloud, i in observation.instances
-        if i.state is not InstanceState.TERMINATED
+    unknown = set(unknown_services)
+    orphans = [
+        (cloud, i) for cloud, i in observation.instances
+        if i.state is not InstanceState.TERMINATED and i.service not in unknown
         and (cloud, i.instance_id) not in claimed_ids
         and (cloud, i.service, i.replica_id) not in adoptable
-    }
+    ]
+    return PassPlan(
+        terminations=tuple(sorted({(cloud, i.instance_id) for cloud, i in orphans})),
+        events=tuple(Event(i.service, i.replica_id, "orphan", f"terminating {cloud} instance {i.instance_id} "
+                           "that no replica claims") for cloud, i in orphans),
+    )
 
 
-def _plan_service(snapshot: ServiceSnapshot, index: _InstanceIndex,
-                  probes: Mapping[ReplicaKey, ProbeResult], now: float,
-                  settings: ControllerSettings) -> PassPlan:
+def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
+                      probes: Mapping[ReplicaKey, ProbeResult], now: float,
+                      settings: ControllerSettings) -> PassPlan:
+    """Everything one pass does for one service: each replica's next step, reuse, the autoscaler, scaling
+    per market, one rollout step, launches, the load balancer and the service status."""
     service = snapshot.service
     steps: list[ReplicaStep] = []
     for replica in snapshot.replicas:

@@ -5,90 +5,94 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from skyserve_lite.autoscalers.base import Metrics
 from skyserve_lite.clock import Clock
 from skyserve_lite.controller.executor import Executor
+from skyserve_lite.controller.guard import guard_provider
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner
 from skyserve_lite.controller.plan import (
+    InstanceIndex,
     Observation,
     PassPlan,
     ServiceSnapshot,
     find_probe_targets,
-    plan_pass,
+    merge_plans,
+    plan_orphans,
+    plan_service_pass,
 )
 from skyserve_lite.controller.probe import Prober
 from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
 from skyserve_lite.errors import ProviderError
-from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.providers.base import Instance, Provider
-from skyserve_lite.state.models import ReplicaRecord, VersionRecord
+from skyserve_lite.state.models import ReplicaRecord
 from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
 
-_REPORT_STALE_SECONDS = 10.0
-
 
 class Reconciler:
-    """Owns nothing but its dependencies; ``reconcile_once`` is the whole behaviour. Not thread-safe."""
+    """Owns nothing but its dependencies; ``reconcile_once`` is the whole behaviour. Not thread-safe.
+
+    Failures stay inside their boundary: a provider that raises anything (``GuardedProvider`` turns what is
+    not a ``ProviderError`` into a transient one) loses only that cloud's decisions for the pass, and a
+    service whose state cannot be read or planned is skipped while every other service's pass goes on.
+    """
 
     def __init__(self, store: Store, providers: Mapping[str, Provider], prober: Prober,
                  lb_runner: LoadBalancerRunner, clock: Clock, settings: ControllerSettings) -> None:
         self._store = store
-        self._providers = providers
+        self._providers = {cloud: guard_provider(provider) for cloud, provider in providers.items()}
         self._prober = prober
         self._lb_runner = lb_runner
         self._clock = clock
         self._settings = settings
-        self._executor = Executor(store, providers, lb_runner, clock)
-        # Versions never change once stored, so they (and their parsed specs) are cached across passes.
-        self._versions: dict[tuple[str, int, float], VersionRecord] = {}
+        self._executor = Executor(store, self._providers, lb_runner, clock)
+        self._versions = VersionCache()
 
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
-        snapshots = self._read()
+        snapshots, unreadable = self._read()
         observation = self._observe(snapshots)
-        plan = plan_pass(snapshots, observation, self._clock.now(), self._settings)
+        plan = self._plan(snapshots, unreadable, observation)
         if not plan.is_empty:
             self._executor.apply(plan)
         return plan
 
-    def _read(self) -> list[ServiceSnapshot]:
+    def abandon(self) -> None:
+        """The state directory is gone: stop what only the providers' own memory can still find."""
+        self._executor.abandon()
+
+    def _read(self) -> tuple[list[ServiceSnapshot], set[str]]:
+        """Every service's snapshot, and the names of those that could not be read this pass."""
         replicas_by_service: dict[str, list[ReplicaRecord]] = {}
         for replica in self._store.list_replicas():
             replicas_by_service.setdefault(replica.service, []).append(replica)
-        snapshots = []
-        for service in self._store.list_services():
-            replicas = tuple(replicas_by_service.get(service.name, ()))
-            versions = {v: self._version(service.name, v, service.created_at)
-                        for v in {service.current_version, *(r.version for r in replicas)}}
-            lb_alive = service.lb_pid is not None and self._lb_runner.is_alive(service.lb_pid)
-            mode = UpdateMode.of_version(versions[service.current_version].mode)
-            stored = self._store.get_autoscaler_state(service.name)
-            snapshots.append(ServiceSnapshot(
-                service, {v: record.spec for v, record in versions.items()}, replicas, lb_alive, mode,
-                autoscaler=stored[0] if stored else None, observed=stored[1] if stored else None,
-                metrics=self._metrics(service.name)))
-        return snapshots
-
-    def _metrics(self, service: str) -> Metrics:
-        """Requests of the last minute, and the load balancer's report if it is fresh (a report older than
-        10 s belongs to a load balancer that is gone, and its in-flight counts mean nothing now)."""
+        snapshots, unreadable = [], set()
         now = self._clock.now()
-        window = self._settings.autoscaler_window_seconds
-        requests = self._store.count_requests(service, since_second=int(now - window))
-        report = self._store.get_lb_report(service)
-        if report is None or now - report.reported_at > _REPORT_STALE_SECONDS:
-            return Metrics(now=now, requests_in_window=requests, window_seconds=window)
-        return Metrics(now=now, requests_in_window=requests, window_seconds=window, waiting_requests=report.waiting,
-                       ongoing_requests_by_url=report.in_flight)
+        for service in self._store.list_services():
+            try:
+                snapshots.append(read_snapshot(self._store, service, replicas_by_service.get(service.name, ()), now,
+                                               self._settings, self._lb_runner.is_alive, self._versions))
+            except Exception:  # one service's unreadable state must not stop the others' passes
+                log.exception("cannot read service %s; leaving it alone this pass", service.name)
+                unreadable.add(service.name)
+        return snapshots, unreadable
 
-    def _version(self, service: str, version: int, created_at: float) -> VersionRecord:
-        # created_at tells a re-created service of the same name apart from the one it replaced.
-        key = (service, version, created_at)
-        if key not in self._versions:
-            self._versions[key] = self._store.get_version(service, version)
-        return self._versions[key]
+    def _plan(self, snapshots: Sequence[ServiceSnapshot], unreadable: set[str], observation: Observation
+              ) -> PassPlan:
+        """``plan_pass``, one service at a time: a service whose planning raises is left alone (and its
+        instances are not orphans) while the others are planned."""
+        index = InstanceIndex(observation)
+        now = self._clock.now()
+        parts = []
+        for snapshot in snapshots:
+            try:
+                parts.append(plan_service_pass(snapshot, index, observation.probes, now, self._settings))
+            except Exception:  # a planning bug for one service must not stop the others' passes
+                log.exception("planning service %s failed; leaving it alone this pass", snapshot.service.name)
+                unreadable.add(snapshot.service.name)
+        parts.append(plan_orphans(snapshots, observation, unreadable))
+        return merge_plans(parts)
 
     def _observe(self, snapshots: Sequence[ServiceSnapshot]) -> Observation:
         instances: list[tuple[str, Instance]] = []

@@ -1,48 +1,151 @@
-"""At most one controller per state directory; a tick waits for the lock."""
+"""At most one controller per state directory; a tick waits for the lock; liveness is probed without it."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from skyserve_lite.controller.loop import controller_lock, is_controller_running, run_loop, run_tick
+from skyserve_lite import procs
+from skyserve_lite.controller.loop import (
+    controller_lock,
+    is_controller_running,
+    read_controller_pid,
+    run_loop,
+    run_tick,
+)
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, UsageError
+from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.spec.parse import parse_task
+from skyserve_lite.state.models import ServiceStatus
+from skyserve_lite.state.store import Store, prepare_home
 
 
-def test_second_controller_is_refused_while_one_holds_the_lock(tmp_path: Path) -> None:
-    with controller_lock(tmp_path, timeout_seconds=0):
-        assert is_controller_running(tmp_path)
+def test_a_loop_waits_for_a_tick_but_gives_up_after_its_timeout(tmp_path: Path) -> None:
+    with controller_lock(tmp_path, timeout_seconds=0):  # a tick in progress
+        assert not is_controller_running(tmp_path)  # a tick is not a running controller loop
         with pytest.raises(ControllerError, match="only one may run per state directory"):
-            run_loop(tmp_path, ControllerSettings(interval_seconds=0.1))
+            run_loop(tmp_path, ControllerSettings(interval_seconds=0.1), lock_timeout_seconds=0.3)
     assert not is_controller_running(tmp_path)
+
+
+def run_in_thread(home: Path, stop: threading.Event, interval: float = 0.05) -> threading.Thread:
+    thread = threading.Thread(target=run_loop, args=(home, ControllerSettings(interval_seconds=interval), stop))
+    thread.start()
+    for _ in range(200):
+        if is_controller_running(home):
+            break
+        stop.wait(0.05)
+    return thread
 
 
 def test_loop_runs_passes_until_stopped_and_releases_the_lock(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = Store.open(home)
+    task = SubmittedTask(text="service: {replicas: 1}\nrun: sleep 600\n", source="/t.yaml",
+                         spec=parse_task("service: {replicas: 1}\nrun: sleep 600\n"))
+    store.create_service("svc", task, 30001, 0.0)
     stop = threading.Event()
-    thread = threading.Thread(target=run_loop, args=(tmp_path, ControllerSettings(interval_seconds=0.05), stop))
-    thread.start()
+    thread = run_in_thread(home, stop)
     try:
-        for _ in range(100):
-            if (tmp_path / "controller.pid").exists():
+        assert is_controller_running(home)
+        assert read_controller_pid(home) == os.getpid()
+        for _ in range(200):  # a pass ran: it launched the replica and recorded the launch
+            if store.list_replicas("svc"):
                 break
             stop.wait(0.05)
-        assert is_controller_running(tmp_path)
+        (replica,) = store.list_replicas("svc")
+        assert replica.instance_id is not None
+        assert store.get_service("svc").status is not ServiceStatus.CONTROLLER_INIT
     finally:
         stop.set()
         thread.join(10)
+        for directory in (home / "replicas" / "svc").glob("*"):
+            pid = (directory / "pid").read_text().strip() if (directory / "pid").exists() else None
+            if pid:
+                procs.terminate_groups([int(pid)], grace_seconds=2)
+        store.close()
     assert not thread.is_alive()
-    assert not is_controller_running(tmp_path)
-    assert not (tmp_path / "controller.pid").exists()
+    assert not is_controller_running(home)
+    assert not (home / "controller.pid").exists()
+    # The lock is free again: a tick can take it at once.
+    with controller_lock(home, timeout_seconds=0):
+        pass
+
+
+def test_a_second_loop_is_refused_at_once(tmp_path: Path) -> None:
+    stop = threading.Event()
+    thread = run_in_thread(tmp_path, stop)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ControllerError, match="only one may run per state directory"):
+            run_loop(tmp_path, ControllerSettings(interval_seconds=0.1), lock_timeout_seconds=30)
+        assert time.monotonic() - started < 5  # it did not wait out the 30 s: a loop never lets go
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 def test_tick_refuses_while_a_loop_runs(tmp_path: Path) -> None:
-    with controller_lock(tmp_path, timeout_seconds=0):
-        (tmp_path / "controller.pid").write_text("4242\n")
-        with pytest.raises(ControllerError, match=r"a controller loop \(pid 4242\) is running"):
+    stop = threading.Event()
+    thread = run_in_thread(tmp_path, stop)
+    try:
+        with pytest.raises(ControllerError, match=rf"a controller loop \(pid {os.getpid()}\) is running"):
             run_tick(tmp_path, ControllerSettings())
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+@pytest.mark.parametrize(
+    ("content", "running"),
+    [
+        pytest.param(None, False, id="no-pid-file"),
+        pytest.param("garbage\n", False, id="unreadable"),
+        pytest.param("999999999 1\n", False, id="dead-pid"),
+        pytest.param("{pid} 1\n", False, id="pid-reused-by-another-process"),
+        pytest.param("{pid} {start}\n", True, id="this-process"),
+    ],
+)
+def test_liveness_reads_the_pid_file_and_checks_that_process(tmp_path: Path, content: str | None,
+                                                             running: bool) -> None:
+    if content is not None:
+        start = procs.process_start_time(os.getpid())
+        (tmp_path / "controller.pid").write_text(content.format(pid=os.getpid(), start=start))
+    assert is_controller_running(tmp_path) is running
+
+
+def test_probing_liveness_never_gets_in_the_way_of_a_starting_controller(tmp_path: Path) -> None:
+    """A status probe looping next to 500 lock attempts: every attempt gets the lock at once."""
+    prepare_home(tmp_path)
+    done = threading.Event()
+    probes = 0
+
+    def probe() -> None:
+        nonlocal probes
+        while not done.is_set():
+            is_controller_running(tmp_path)
+            probes += 1
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    refused = 0
+    try:
+        for _ in range(500):
+            try:
+                with controller_lock(tmp_path, timeout_seconds=0):
+                    pass
+            except ControllerError:
+                refused += 1
+    finally:
+        done.set()
+        prober.join(10)
+    assert probes > 0
+    assert refused == 0
 
 
 @pytest.mark.parametrize(

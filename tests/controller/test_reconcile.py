@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from skyserve_lite.controller.replica_rules import ProbeResult
-from skyserve_lite.providers.base import Instance, InstanceState
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
 from skyserve_lite.providers.fake import Call
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 
@@ -231,10 +232,12 @@ def test_launch_details_from_the_provider_are_recorded(harness: Harness) -> None
     harness.create(replicas=1)
     original = harness.provider.launch
 
-    def launch_with_detail(requests):  # type: ignore[no-untyped-def]
+    def launch_with_detail(requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
+        outcomes = original(requests)
+        assert all(o.instance is not None for o in outcomes)
         return [dataclasses.replace(o, instance=dataclasses.replace(o.instance, detail="launched in zone-b; no "
                                                                     "capacity in zone-a"))
-                for o in original(requests)]
+                for o in outcomes if o.instance is not None]
 
     harness.provider.launch = launch_with_detail  # type: ignore[method-assign]
     harness.tick()
