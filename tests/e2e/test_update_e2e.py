@@ -81,7 +81,7 @@ def test_scale_only_update_then_replacing_update_then_rollback(sky: SkyLite, tmp
         v3 = tmp_path / "v3.yaml"
         v3.write_text(TASK.format(replicas=3, greeting="bonjour"))
         out = sky.run("serve", "update", "greeter", str(v3), "-y").stdout
-        assert "reuse 0, replace 3, launch 3, terminate 0" in out
+        assert "reuse 0, replace 3, launch 3, terminate 3" in out
         assert "envs.GREETING: hello -> bonjour" in out
         wait_until(lambda: settled(sky, 3, 3), timeout=90, message="version 3 with 3 READY replicas")
     finally:
