@@ -7,9 +7,9 @@ over SSH is another implementation of the same protocol. The CLI never opens the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,20 +19,25 @@ from skyserve_lite import procs
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
+from skyserve_lite.controller.forecast import forecast_update
+from skyserve_lite.controller.guard import guard_provider
 from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START, find_lb_port, lb_log_path
-from skyserve_lite.controller.loop import is_controller_running
+from skyserve_lite.controller.loop import read_controller_pid
 from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
 from skyserve_lite.errors import (
     ControllerError,
     NotFoundError,
+    ProviderError,
     StateConflictError,
     UsageError,
     WaitTimeoutError,
 )
 from skyserve_lite.lb.settings import hold_seconds_from_env
 from skyserve_lite.plan.rollout import UpdateMode
-from skyserve_lite.plan.update import UpdatePlan, plan_update
-from skyserve_lite.providers import check_task_for_cloud
+from skyserve_lite.plan.update import UpdatePlan
+from skyserve_lite.providers import check_task_for_cloud, make_providers
+from skyserve_lite.providers.base import ReplicaLog
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import is_valid_service_name
@@ -130,6 +135,13 @@ class HistoryEntry:
                 "summary": self.summary, "note": self.note}
 
 
+@dataclass(frozen=True)
+class ControllerStatus:
+    running: bool
+    pid: int | None = None
+    services: int = 0  # services stored; with none running, nobody reconciles them
+
+
 class Controller(Protocol):
     """The CLI's one door to a controller. Every method is safe to retry."""
 
@@ -145,10 +157,23 @@ class Controller(Protocol):
         """The service with every stored version and its replicas. Raises ``NotFoundError``."""
         ...
 
+    def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode) -> UpdatePlan:
+        """What making ``task`` the next version would do, replica by replica: the controller's own passes
+        run forward over the service's current state (``controller.forecast``). Changes nothing."""
+        ...
+
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None) -> VersionRecord:
         """Store ``task`` as the next version; the controller rolls it out. Raises ``StateConflictError``
         when ``expect_version`` is not the current version (nothing stored)."""
+        ...
+
+    def controller_status(self) -> ControllerStatus:
+        """Whether a controller acts on the stored services. A read: it starts nothing."""
+        ...
+
+    def start_controller(self) -> ControllerStatus:
+        """Start the controller if none runs (idempotent); the start is logged in its log."""
         ...
 
     def request_down(self, names: Sequence[str]) -> None:
@@ -159,9 +184,10 @@ class Controller(Protocol):
         """Wait until the services are gone; stop the background controller when none is left."""
         ...
 
-    def log_path(self, name: str, replica_id: int | None, *, controller: bool = False,
-                 load_balancer: bool = False) -> Path:
-        """The log file of a replica, the service's load balancer, or the controller."""
+    def read_log(self, name: str, replica_id: int | None, *, controller: bool = False,
+                 load_balancer: bool = False) -> ReplicaLog:
+        """The log of a replica (from its provider), the service's load balancer, or the controller.
+        Raises ``NotFoundError`` for an unknown service or a replica without a log."""
         ...
 
 
@@ -207,10 +233,32 @@ class LocalController:
                 ))
         finally:
             store.close()
-        if views and self._start_daemon and not is_controller_running(self.home):
-            # Status of services nobody reconciles would be stale: bring their controller back.
-            ensure_controller(self.home)
         return views
+
+    def controller_status(self) -> ControllerStatus:
+        pid = read_controller_pid(self.home)
+        store = self._open()
+        try:
+            services = len(store.list_services())
+        finally:
+            store.close()
+        return ControllerStatus(running=pid is not None, pid=pid, services=services)
+
+    def start_controller(self) -> ControllerStatus:
+        pid = ensure_controller(self.home)
+        return dataclasses.replace(self.controller_status(), running=True, pid=pid)
+
+    def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode) -> UpdatePlan:
+        settings = ControllerSettings.from_env()
+        store = self._open()
+        try:
+            service = store.get_service(name)
+            now = self._clock.now()
+            snapshot = read_snapshot(store, service, store.list_replicas(name), now, settings,
+                                     procs.is_alive, VersionCache())
+        finally:
+            store.close()
+        return forecast_update(snapshot, service.current_version + 1, task.spec, mode, now, settings)
 
     def get_rollout_state(self, name: str) -> RolloutState:
         store = self._open()
@@ -249,8 +297,8 @@ class LocalController:
         if self._start_daemon and names:
             ensure_controller(self.home)
 
-    def finish_down(self, names: Sequence[str], timeout_seconds: float) -> None:
-        deadline = time.monotonic() + timeout_seconds
+    def finish_down(self, names: Sequence[str], timeout_seconds: float, poll_seconds: float = 0.2) -> None:
+        deadline = self._clock.now() + timeout_seconds
         while True:
             store = self._open()
             try:
@@ -260,53 +308,42 @@ class LocalController:
                 store.close()
             if not left:
                 break
-            if time.monotonic() >= deadline:
+            if self._clock.now() >= deadline:
                 raise WaitTimeoutError(f"still shutting down after {timeout_seconds:g}s: {', '.join(left)}; "
                                        "the controller keeps working on it (see `sky-lite serve logs "
                                        f"{left[0]} --controller`)")
-            time.sleep(0.2)
-        if not anything_left:
+            self._clock.sleep(poll_seconds)
+        if not anything_left and self._start_daemon:
             stop_controller(self.home)
 
-    def log_path(self, name: str, replica_id: int | None, *, controller: bool = False,
-                 load_balancer: bool = False) -> Path:
-        self.get_status([name])  # NotFoundError for an unknown service
-        if controller:
-            return controller_log_path(self.home)
-        if load_balancer:
-            return lb_log_path(self.home, name)
-        if replica_id is None:
-            raise UsageError("name a replica id, or pass --controller or --load-balancer")
-        from skyserve_lite.providers.local import LocalProvider
-
+    def read_log(self, name: str, replica_id: int | None, *, controller: bool = False,
+                 load_balancer: bool = False) -> ReplicaLog:
         store = self._open()
         try:
+            store.get_service(name)  # NotFoundError for an unknown service
+            if controller:
+                return ReplicaLog(path=controller_log_path(self.home))
+            if load_balancer:
+                return ReplicaLog(path=lb_log_path(self.home, name))
+            if replica_id is None:
+                raise UsageError("name a replica id, or pass --controller or --load-balancer")
             replica = next((r for r in store.list_replicas(name) if r.replica_id == replica_id), None)
             controller_id = store.controller_id
         finally:
             store.close()
+        # A replica row is gone once its instance is; the local provider keeps the log until `serve down`.
         cloud = replica.cloud if replica is not None else "local"
-        # Local replicas, and cloud instances emulated here, keep their output in a file of their own.
-        root = self.home if cloud == "local" else self.home / "emulated" / cloud
-        path = LocalProvider(root, self._clock).replica_log(name, replica_id)
-        if path is None and replica is not None and replica.instance_id and cloud == "aws":
-            path = self._fetch_console_output(name, replica, controller_id)
-        if path is None:
+        provider = make_providers(self.home, self._clock, controller_id).get(cloud)
+        found = None
+        if provider is not None:
+            try:
+                found = guard_provider(provider).read_log(name, replica_id, replica.instance_id if replica else None,
+                                                          replica.region if replica else None)
+            except ProviderError as exc:
+                raise NotFoundError(f"cannot read the log of replica {replica_id} of {name!r}: {exc}") from exc
+        if found is None:
             raise NotFoundError(f"service {name!r} has no log for replica {replica_id}")
-        return path
-
-    def _fetch_console_output(self, name: str, replica: ReplicaRecord, controller_id: str) -> Path | None:
-        """An EC2 instance's console output, saved under the home's logs so it prints like any log."""
-        from skyserve_lite.providers.aws import AwsProvider
-
-        assert replica.instance_id is not None
-        output = AwsProvider(controller_id, self._clock).read_console_output(replica.instance_id, replica.region)
-        if output is None:
-            return None
-        path = self.home / "logs" / f"console-{name}-{replica.replica_id}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(output)
-        return path
+        return found
 
 
 def check_submission(task: SubmittedTask) -> None:
@@ -315,15 +352,6 @@ def check_submission(task: SubmittedTask) -> None:
     check_task_for_cloud(task)
     ControllerSettings.from_env()
     hold_seconds_from_env(os.environ)
-
-
-def plan_update_of(state: RolloutState, task: SubmittedTask, mode: UpdateMode) -> UpdatePlan:
-    """The plan of updating ``state``'s service to ``task``: what `--dry-run` shows. Pure."""
-    live_versions = {r.version for r in state.replicas if r.status.is_live}
-    specs = {v: state.version(v).spec for v in live_versions}
-    current = state.service.current_version
-    return plan_update(state.service.name, current, current + 1, mode, task.spec, specs, state.replicas,
-                       state.autoscaler)
 
 
 def rollback_task(state: RolloutState, to_version: int | None) -> tuple[SubmittedTask, int]:
@@ -396,14 +424,23 @@ def is_endpoint_listening(endpoint: str) -> bool:
         return False
 
 
-def wait_until_ready(controller: Controller, name: str, timeout_seconds: float,
+class StatusReader(Protocol):
+    """The part of ``Controller`` that waiting needs."""
+
+    def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
+        ...
+
+
+def wait_until_ready(controller: StatusReader, name: str, timeout_seconds: float,
                      on_progress: Callable[[ServiceView], None] = lambda _view: None,
                      poll_seconds: float = 0.5,
-                     is_listening: Callable[[str], bool] = is_endpoint_listening) -> ServiceView:
+                     is_listening: Callable[[str], bool] = is_endpoint_listening,
+                     clock: Clock | None = None) -> ServiceView:
     """Poll until the service can answer: READY, or scaled to zero (NO_REPLICA: the first request starts a
     replica), with its load balancer listening. Raises ``WaitTimeoutError`` (with what is stuck and why)
     on timeout, and ``WaitTimeoutError`` too when the service became FAILED (waiting cannot help)."""
-    deadline = time.monotonic() + timeout_seconds
+    clock = clock or SystemClock()
+    deadline = clock.now() + timeout_seconds
     while True:
         (view,) = controller.get_status([name])
         on_progress(view)
@@ -414,10 +451,10 @@ def wait_until_ready(controller: Controller, name: str, timeout_seconds: float,
         if view.service.status is ServiceStatus.FAILED:
             raise WaitTimeoutError(f"service {name} FAILED: {view.service.status_reason}. "
                                    f"See `sky-lite serve logs {name} REPLICA_ID`.")
-        if time.monotonic() >= deadline:
+        if clock.now() >= deadline:
             raise WaitTimeoutError(f"service {name} is not READY after {timeout_seconds:g}s: "
                                    + describe_stuck(view))
-        time.sleep(poll_seconds)
+        clock.sleep(poll_seconds)
 
 
 def describe_stuck(view: ServiceView) -> str:

@@ -12,10 +12,17 @@ class Clock(Protocol):
         """Seconds since the epoch (wall time, comparable across processes)."""
         ...
 
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``; polling loops wait through this so tests can run them without waiting."""
+        ...
+
 
 class SystemClock:
     def now(self) -> float:
         return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 class FakeClock:
@@ -23,12 +30,18 @@ class FakeClock:
 
     def __init__(self, start: float = 1_767_225_600.0) -> None:  # 2026-01-01T00:00:00Z
         self._now = start
+        self.sleeps: list[float] = []
 
     def now(self) -> float:
         return self._now
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        """Moves the clock instead of waiting; ``sleeps`` records each wait."""
+        self.sleeps.append(seconds)
+        self.advance(seconds)
 
 
 def format_timestamp(epoch: float | None) -> str | None:

@@ -38,8 +38,11 @@ def home_dir() -> Path:
     return Path(os.environ.get("SKY_LITE_HOME") or Path.home() / ".sky-lite").expanduser().resolve()
 
 
-def make_controller() -> api.Controller:
-    return api.LocalController(home_dir())
+def _controller() -> api.Controller:
+    """The controller the command talks to: ``main``'s context object (tests pass their own as ``obj``)."""
+    controller = click.get_current_context().find_root().obj
+    assert controller is not None, "main() sets the context object"
+    return controller  # type: ignore[no-any-return]
 
 
 @contextmanager
@@ -72,8 +75,11 @@ def _output_option(func: F) -> F:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sky-lite")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Serve an HTTP workload on replicas behind one endpoint."""
+    if ctx.obj is None:  # the CLI's controller: this machine's state directory (tests inject another)
+        ctx.obj = api.LocalController(home_dir())
 
 
 @main.group()
@@ -94,7 +100,7 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
     with _errors():
         task = load_task_file(task_file.resolve())
         name = name or api.default_service_name(task)
-        controller = make_controller()
+        controller = _controller()
         service = controller.create_service(name, task)
         if not wait:
             click.echo(f"Service {name} submitted; it will answer at {service.endpoint} once a replica is "
@@ -146,32 +152,44 @@ def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, 
                    yes: bool, output: str) -> None:
     """Update service NAME to an earlier version's stored task, with the same reuse rules."""
     with _errors():
-        state = make_controller().get_rollout_state(name)
+        state = _controller().get_rollout_state(name)
         task, target = api.rollback_task(state, to_version)
         _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
                 note=f"rollback to version {target}")
 
 
+# A concurrent update between our plan and our submit makes us plan again; three in a row is a fight.
+_REPLAN_ATTEMPTS = 3
+
+
 def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
             yes: bool, output: str, note: str | None) -> None:
     api.check_submission(task)  # before the plan and the question, so a "yes" is never answered with an error
-    controller = make_controller()
-    state = controller.get_rollout_state(name)
-    if expect_version is not None and state.service.current_version != expect_version:
-        raise StateConflictError(f"service {name!r} is at version {state.service.current_version}, not "
-                                 f"{expect_version}; nothing was changed")
-    plan = api.plan_update_of(state, task, mode)
-    if output == "json":
-        click.echo(json.dumps(plan.to_json(), indent=2))
-    else:
-        _stdout().print(plan_renderable(plan))
-    if dry_run:
+    controller = _controller()
+    for attempt in range(_REPLAN_ATTEMPTS):
+        plan = controller.plan_update(name, task, mode)
+        if expect_version is not None and plan.from_version != expect_version:
+            raise StateConflictError(f"service {name!r} is at version {plan.from_version}, not "
+                                     f"{expect_version}; nothing was changed")
+        if output == "json":
+            click.echo(json.dumps(plan.to_json(), indent=2))
+        else:
+            _stdout().print(plan_renderable(plan))
+        if dry_run:
+            return
+        if not yes:
+            click.confirm("Apply this update?", abort=True, err=True)
+        try:
+            # The plan shown is the plan of updating from_version: store it only on top of that version.
+            version = controller.submit_update(name, task, mode, expect_version=plan.from_version, note=note)
+        except StateConflictError:
+            if expect_version is not None or attempt == _REPLAN_ATTEMPTS - 1:
+                raise
+            click.echo(f"Service {name} was updated by someone else meanwhile; planning again.", err=True)
+            continue
+        click.echo(f"Service {name} is rolling out version {version.version} ({mode.value}); follow it with "
+                   f"`sky-lite serve status {name}`.", err=output == "json")
         return
-    if not yes:
-        click.confirm("Apply this update?", abort=True, err=True)
-    version = controller.submit_update(name, task, mode, expect_version=expect_version, note=note)
-    click.echo(f"Service {name} is rolling out version {version.version} ({mode.value}); follow it with "
-               f"`sky-lite serve status {name}`.", err=output == "json")
 
 
 @serve.command("history")
@@ -180,7 +198,7 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
 def serve_history(name: str, output: str) -> None:
     """List every version of service NAME and what each changed."""
     with _errors():
-        state = make_controller().get_rollout_state(name)
+        state = _controller().get_rollout_state(name)
         entries = api.describe_history(state.versions)
         if output == "json":
             click.echo(json.dumps({"service": name, "current_version": state.service.current_version,
@@ -219,11 +237,16 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
 def serve_status(names: tuple[str, ...], output: str) -> None:
     """Show services and their replicas (all services when no NAME is given)."""
     with _errors():
-        views = make_controller().get_status(names)
+        controller = _controller()
+        views = controller.get_status(names)
         if output == "json":
             click.echo(json.dumps(status_json(views), indent=2))
         else:
             _stdout().print(status_renderable(views, events=bool(names)))
+        state = controller.controller_status()
+        if views and not state.running:
+            click.echo("Warning: no controller is running, so nothing above is being kept up to date or acted "
+                       "on. Start it with `sky-lite controller start`.", err=True)
 
 
 @serve.command("down")
@@ -237,7 +260,7 @@ def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: f
     with _errors():
         if all_services == bool(names):
             raise click.UsageError("name the services to take down, or pass --all (not both)")
-        controller = make_controller()
+        controller = _controller()
         views = controller.get_status(names)
         targets = [view.service.name for view in views]
         if not targets:
@@ -263,8 +286,11 @@ def serve_logs(name: str, replica_id: int | None, controller_log: bool, lb_log: 
     with _errors():
         if controller_log and lb_log:
             raise click.UsageError("pass at most one of --controller and --load-balancer")
-        path = make_controller().log_path(name, replica_id, controller=controller_log, load_balancer=lb_log)
-        _print_file(path, follow)
+        log = _controller().read_log(name, replica_id, controller=controller_log, load_balancer=lb_log)
+        if log.path is not None:
+            _print_file(log.path, follow)
+        else:
+            click.echo(log.text or "", nl=False)
 
 
 def _print_file(path: Path, follow: bool) -> None:
@@ -289,6 +315,17 @@ def _print_file(path: Path, follow: bool) -> None:
 @main.group()
 def controller() -> None:
     """Run the controller (normally started for you by `serve up`)."""
+
+
+@controller.command("start")
+def controller_start() -> None:
+    """Start the background controller of this state directory if it is not running."""
+    with _errors():
+        controller = _controller()
+        before = controller.controller_status()
+        state = before if before.running else controller.start_controller()
+        said = "was already running" if before.running else "started"
+        click.echo(f"Controller {said} (pid {state.pid}).")
 
 
 @controller.command("tick")

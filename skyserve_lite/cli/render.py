@@ -114,7 +114,8 @@ _ACTION_STYLE = {ReplicaAction.REUSE: "green", ReplicaAction.REPLACE: "yellow", 
 
 
 def plan_renderable(plan: UpdatePlan) -> Group:
-    """The update plan: one row per live replica with its action and reasons, then the summary line."""
+    """The update plan: a row per live replica (action, reasons) and per replica launched, the steps the
+    controller takes, then the summary line."""
     title = (f"Update {plan.service}: version {plan.from_version} -> {plan.to_version} ({plan.mode.value}), "
              f"target {plan.target_replicas} replicas")
     table = _table("REPLICA", "VERSION", "ACTION", "REASONS")
@@ -123,9 +124,22 @@ def plan_renderable(plan: UpdatePlan) -> Group:
             "same replica config" if decision.action is ReplicaAction.REUSE else "")
         table.add_row(str(decision.replica_id), str(decision.version),
                       Text(decision.action.value, style=_ACTION_STYLE[decision.action]), reasons)
-    if not plan.replicas:
+    for launch in plan.launches:
+        market = "spot" if launch.is_spot else "on demand"
+        what = f"new replica ({market})" if launch.kept else (
+            f"new replica ({market}), terminated once the spot replicas are READY")
+        table.add_row(str(launch.replica_id), str(plan.to_version), Text("launch", style="cyan"), what)
+    if not plan.replicas and not plan.launches:
         table.add_row("-", "-", "-", "no live replica")
-    return Group(Text(title, style="bold"), table, Text(plan.summary(), style="bold"))
+    parts: list[Table | Text] = [Text(title, style="bold"), table]
+    if plan.steps:
+        lines = [f" {number}. {step.describe()}" for number, step in enumerate(plan.steps, start=1)]
+        parts.append(Text("Steps (each once the replicas launched before it are READY):\n" + "\n".join(lines)))
+    if not plan.converged:
+        parts.append(Text("Warning: the rollout did not settle in the forecast; the counts below are what the "
+                          "controller does first.", style="red"))
+    parts.append(Text(plan.summary(), style="bold"))
+    return Group(*parts)
 
 
 def history_table(name: str, entries: Sequence[HistoryEntry]) -> Group:

@@ -9,27 +9,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from skyserve_lite.api import LocalController
-from skyserve_lite.cli import main as cli_main
-from skyserve_lite.cli.main import main
+from skyserve_lite.api import ControllerStatus, LocalController
 from skyserve_lite.spec.parse import load_task_file
+
+from .runner import Cli
 
 TASK = "service:\n  replicas: 1\nrun: echo hi\n"
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "home"
-    monkeypatch.setenv("SKY_LITE_HOME", str(home))
-    monkeypatch.setattr(cli_main, "make_controller", lambda: LocalController(home, start_daemon=False))
-    return home
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
 
 
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
+@pytest.fixture
+def cli(home: Path) -> Cli:
+    return Cli(LocalController(home, start_daemon=False))
 
 
 def add_service(home: Path, tmp_path: Path, name: str) -> None:
@@ -51,9 +47,9 @@ def add_service(home: Path, tmp_path: Path, name: str) -> None:
         pytest.param(["serve", "status", "-o", "xml"], 2, "Invalid value for '-o'", id="bad-output"),
     ],
 )
-def test_errors_exit_with_a_message_and_no_traceback(home: Path, args: list[str], code: int,
+def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args: list[str], code: int,
                                                      message: str) -> None:
-    exit_code, _stdout, stderr = invoke(*args)
+    exit_code, _stdout, stderr = cli(*args)
     assert exit_code == code
     assert message in stderr
     assert "Traceback" not in stderr
@@ -76,22 +72,22 @@ def test_errors_exit_with_a_message_and_no_traceback(home: Path, args: list[str]
         pytest.param(TASK, ["-n", "Bad_Name"], "invalid service name 'Bad_Name'", id="invalid-name"),
     ],
 )
-def test_bad_input_to_up_exits_2_and_writes_nothing(home: Path, tmp_path: Path, text: str,
+def test_bad_input_to_up_exits_2_and_writes_nothing(cli: Cli, home: Path, tmp_path: Path, text: str,
                                                     name_args: list[str], message: str) -> None:
     path = tmp_path / "task.yaml"
     path.write_text(text)
-    exit_code, stdout, stderr = invoke("serve", "up", str(path), *name_args)
+    exit_code, stdout, stderr = cli("serve", "up", str(path), *name_args)
     assert exit_code == 2
     assert message in stderr
     assert stdout == ""
-    assert not (home / "state.db").exists() or json.loads(invoke("serve", "status", "-o", "json")[1]) == {
+    assert not (home / "state.db").exists() or json.loads(cli("serve", "status", "-o", "json")[1]) == {
         "services": []}
 
 
-def test_status_json_is_only_json_on_stdout(home: Path, tmp_path: Path) -> None:
+def test_status_json_is_only_json_on_stdout(cli: Cli, home: Path, tmp_path: Path) -> None:
     add_service(home, tmp_path, "alpha")
     add_service(home, tmp_path, "beta")
-    exit_code, stdout, _ = invoke("serve", "status", "-o", "json")
+    exit_code, stdout, _ = cli("serve", "status", "-o", "json")
     assert exit_code == 0
     services = json.loads(stdout)["services"]
     assert [(s["name"], s["status"], s["version"], s["policy"]) for s in services] == [
@@ -101,24 +97,24 @@ def test_status_json_is_only_json_on_stdout(home: Path, tmp_path: Path) -> None:
     assert endpoints[0] != endpoints[1]
 
 
-def test_status_table_names_services(home: Path, tmp_path: Path) -> None:
+def test_status_table_names_services(cli: Cli, home: Path, tmp_path: Path) -> None:
     add_service(home, tmp_path, "alpha")
-    exit_code, stdout, _ = invoke("serve", "status", "alpha")
+    exit_code, stdout, _ = cli("serve", "status", "alpha")
     assert exit_code == 0
     assert "alpha" in stdout and "CONTROLLER_INIT" in stdout and "Fixed 1 replica" in stdout
 
 
-def test_status_without_services_says_how_to_start_one(home: Path) -> None:
-    exit_code, stdout, _ = invoke("serve", "status")
+def test_status_without_services_says_how_to_start_one(cli: Cli, home: Path) -> None:
+    exit_code, stdout, _ = cli("serve", "status")
     assert exit_code == 0
     assert "sky-lite serve up TASK.yaml" in stdout
 
 
-def test_down_asks_for_confirmation_and_declining_changes_nothing(home: Path, tmp_path: Path) -> None:
+def test_down_asks_for_confirmation_and_declining_changes_nothing(cli: Cli, home: Path, tmp_path: Path) -> None:
     add_service(home, tmp_path, "alpha")
-    result = CliRunner().invoke(main, ["serve", "down", "alpha"], input="n\n")
-    assert result.exit_code == 1
-    assert "Take down alpha?" in result.output
+    exit_code, stdout, _ = cli("serve", "down", "alpha", input="n\n")
+    assert exit_code == 1
+    assert "Take down alpha?" in stdout
     (view,) = LocalController(home, start_daemon=False).get_status(["alpha"])
     assert not view.service.deleting
 
@@ -147,12 +143,49 @@ def test_help_does_not_import_cloud_sdks_or_aiohttp() -> None:
     [("SKY_LITE_LB_HOLD_SECONDS", "soon", "SKY_LITE_LB_HOLD_SECONDS must be a number of seconds, got 'soon'"),
      ("SKY_LITE_DRAIN_SECONDS", "-3", "SKY_LITE_DRAIN_SECONDS must be at least 0")],
 )
-def test_bad_settings_fail_up_before_anything_is_stored(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_bad_settings_fail_up_before_anything_is_stored(cli: Cli, home: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
                                                         variable: str, value: str, message: str) -> None:
     monkeypatch.setenv(variable, value)
     path = tmp_path / "task.yaml"
     path.write_text(TASK)
-    exit_code, _, stderr = invoke("serve", "up", str(path), "-n", "svc")
+    exit_code, _, stderr = cli("serve", "up", str(path), "-n", "svc")
     assert exit_code == 2
     assert message in stderr
     assert not (home / "state.db").exists()
+
+
+class RecordingController(LocalController):
+    """This machine's state, with the background controller's start recorded instead of spawned."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home, start_daemon=False)
+        self.started = 0
+
+    def start_controller(self) -> ControllerStatus:
+        self.started += 1
+        return ControllerStatus(running=True, pid=4242, services=1)
+
+
+def test_status_is_a_read_it_warns_when_no_controller_runs_and_starts_none(home: Path, tmp_path: Path) -> None:
+    add_service(home, tmp_path, "alpha")
+    controller = RecordingController(home)
+    exit_code, stdout, stderr = Cli(controller)("serve", "status")
+    assert exit_code == 0
+    assert "alpha" in stdout
+    assert "no controller is running" in stderr and "sky-lite controller start" in stderr
+    assert controller.started == 0
+    assert not (home / "controller.pid").exists()
+
+
+def test_status_without_services_does_not_warn_about_the_controller(cli: Cli, home: Path) -> None:
+    assert "no controller" not in cli("serve", "status")[2]
+
+
+def test_controller_start_starts_it_in_one_explicit_step(home: Path, tmp_path: Path) -> None:
+    add_service(home, tmp_path, "alpha")
+    controller = RecordingController(home)
+    exit_code, stdout, _ = Cli(controller)("controller", "start")
+    assert exit_code == 0
+    assert stdout == "Controller started (pid 4242).\n"
+    assert controller.started == 1

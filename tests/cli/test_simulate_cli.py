@@ -37,7 +37,10 @@ def test_json_has_one_row_per_decision_period(files: tuple[Path, Path]) -> None:
     assert result.exit_code == 0, result.stderr
     decisions = json.loads(result.stdout)["decisions"]
     assert [d["time_s"] for d in decisions] == list(range(0, 241, 20))
-    assert decisions[0] == {"time_s": 0, "qps": 0.1, "target_replicas": 1, "raw_target": 1, "held_back": None}
+    # The decision at t=0 counts the requests of [-60, 0): none yet, as in the controller.
+    assert decisions[0] == {"time_s": 0, "qps": 0.0, "target_replicas": 1, "raw_target": 1, "held_back": None}
+    # At t=20 the window holds 20 s of 6 qps: 120 requests / 60 s = 2 qps.
+    assert decisions[1]["qps"] == 2.0
     targets = [d["target_replicas"] for d in decisions]
     # 6 qps wants 3 replicas; upscale threshold int(20 / 20) = 1 decision; downscale int(40 / 20) = 2.
     assert max(targets) == 3 and targets[-1] == 1

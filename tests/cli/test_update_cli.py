@@ -6,24 +6,28 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from skyserve_lite.api import LocalController
-from skyserve_lite.cli import main as cli_main
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.plan.rollout import UpdateMode
+from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import load_task_file
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, VersionRecord
 from skyserve_lite.state.store import Store
+
+from .runner import Cli
 
 V1 = "resources:\n  image_id: img-1\nservice:\n  replicas: 2\nrun: python serve.py\n"
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def cli(home: Path) -> Cli:
+    return Cli(LocalController(home, FakeClock(), start_daemon=False))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
     home = tmp_path / "home"
-    monkeypatch.setenv("SKY_LITE_HOME", str(home))
-    monkeypatch.setattr(cli_main, "make_controller",
-                        lambda: LocalController(home, FakeClock(), start_daemon=False))
     task = tmp_path / "svc.yaml"
     task.write_text(V1)
     LocalController(home, FakeClock(), start_daemon=False).create_service("svc", load_task_file(task))
@@ -41,11 +45,6 @@ def write(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-def invoke(*args: str, input: str | None = None) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli_main.main, list(args), input=input)
-    return result.exit_code, result.stdout, result.stderr
-
-
 def versions(home: Path) -> list[int]:
     store = Store.open(home)
     try:
@@ -54,39 +53,43 @@ def versions(home: Path) -> list[int]:
         store.close()
 
 
-def test_dry_run_json_is_the_plan_and_stores_nothing(home: Path, tmp_path: Path) -> None:
+def test_dry_run_json_is_the_plan_and_stores_nothing(cli: Cli, home: Path, tmp_path: Path) -> None:
     new = write(tmp_path, V1.replace("replicas: 2", "replicas: 3"))
-    code, stdout, _ = invoke("serve", "update", "svc", new, "--dry-run", "-o", "json")
+    code, stdout, _ = cli("serve", "update", "svc", new, "--dry-run", "-o", "json")
     assert code == 0
     assert json.loads(stdout) == {
         "service": "svc", "from_version": 1, "to_version": 2, "mode": "rolling", "target_replicas": 3,
         "replicas": [{"replica_id": 1, "version": 1, "action": "reuse", "reasons": []},
                      {"replica_id": 2, "version": 1, "action": "reuse", "reasons": []}],
-        "launch": 1, "terminate": [], "summary": "reuse 2, replace 0, launch 1, terminate 0"}
+        "launches": [{"replica_id": 3, "spot": False, "kept": True}],
+        "steps": [{"launch": [3], "drain": [], "active_versions": [2]}],
+        "launch": 1, "terminate": [], "summary": "reuse 2, replace 0, launch 1, terminate 0", "converged": True}
     assert versions(home) == [1]
 
 
-def test_dry_run_table_names_the_field_that_forces_replacement(home: Path, tmp_path: Path) -> None:
+def test_dry_run_table_names_the_field_that_forces_replacement(cli: Cli, home: Path, tmp_path: Path) -> None:
     new = write(tmp_path, V1.replace("img-1", "img-2"))
-    code, stdout, _ = invoke("serve", "update", "svc", new, "--dry-run", "--mode", "blue_green")
+    code, stdout, _ = cli("serve", "update", "svc", new, "--dry-run", "--mode", "blue_green")
     assert code == 0
     assert "resources.image_id: img-1 -> img-2" in stdout
     assert "blue_green" in stdout
-    assert "reuse 0, replace 2, launch 2, terminate 0" in stdout
+    assert " 1. launch 3, 4 (traffic: version 1)" in stdout
+    assert " 2. drain 1, 2 (traffic: version 2)" in stdout
+    assert "reuse 0, replace 2, launch 2, terminate 2" in stdout
 
 
-def test_update_with_yes_stores_the_next_version(home: Path, tmp_path: Path) -> None:
+def test_update_with_yes_stores_the_next_version(cli: Cli, home: Path, tmp_path: Path) -> None:
     new = write(tmp_path, V1.replace("replicas: 2", "replicas: 1"))
-    code, stdout, _ = invoke("serve", "update", "svc", new, "-y")
+    code, stdout, _ = cli("serve", "update", "svc", new, "-y")
     assert code == 0
     assert "reuse 1, replace 0, launch 0, terminate 1" in stdout
     assert "rolling out version 2 (rolling)" in stdout
     assert versions(home) == [1, 2]
 
 
-def test_declining_the_confirmation_stores_nothing(home: Path, tmp_path: Path) -> None:
+def test_declining_the_confirmation_stores_nothing(cli: Cli, home: Path, tmp_path: Path) -> None:
     new = write(tmp_path, V1.replace("replicas: 2", "replicas: 1"))
-    code, _, stderr = invoke("serve", "update", "svc", new, input="n\n")
+    code, _, stderr = cli("serve", "update", "svc", new, input="n\n")
     assert code == 1
     assert "Apply this update?" in stderr
     assert versions(home) == [1]
@@ -102,20 +105,20 @@ def test_declining_the_confirmation_stores_nothing(home: Path, tmp_path: Path) -
         pytest.param(["svc", "--mode", "canary"], V1, 2, "Invalid value for '--mode'", id="unknown-mode"),
     ],
 )
-def test_refused_updates_store_nothing(home: Path, tmp_path: Path, args: list[str], text: str, code: int,
+def test_refused_updates_store_nothing(cli: Cli, home: Path, tmp_path: Path, args: list[str], text: str, code: int,
                                        message: str) -> None:
     new = write(tmp_path, text)
-    exit_code, _, stderr = invoke("serve", "update", args[0], new, *args[1:], "-y")
+    exit_code, _, stderr = cli("serve", "update", args[0], new, *args[1:], "-y")
     assert exit_code == code
     assert message in stderr
     assert versions(home) == [1]
 
 
-def test_history_summarizes_each_version(home: Path, tmp_path: Path) -> None:
-    invoke("serve", "update", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")), "-y")
-    invoke("serve", "update", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")
+def test_history_summarizes_each_version(cli: Cli, home: Path, tmp_path: Path) -> None:
+    cli("serve", "update", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")), "-y")
+    cli("serve", "update", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")
                                             .replace("img-1", "img-2")), "-y", "--mode", "blue_green")
-    code, stdout, _ = invoke("serve", "history", "svc", "-o", "json")
+    code, stdout, _ = cli("serve", "history", "svc", "-o", "json")
     assert code == 0
     history = json.loads(stdout)
     assert history["current_version"] == 3
@@ -125,18 +128,18 @@ def test_history_summarizes_each_version(home: Path, tmp_path: Path) -> None:
                        "service.replica_policy.min_replicas: 2 -> 3"),
         (3, "blue_green", "replaces replicas: resources.image_id: img-1 -> img-2"),
     ]
-    assert "replaces replicas" in invoke("serve", "history", "svc")[1]
+    assert "replaces replicas" in cli("serve", "history", "svc")[1]
 
 
-def test_rollback_goes_to_the_previous_text_with_a_note(home: Path, tmp_path: Path) -> None:
-    invoke("serve", "update", "svc", write(tmp_path, V1.replace("img-1", "img-2")), "-y")
-    code, stdout, _ = invoke("serve", "rollback", "svc", "--dry-run", "-o", "json")
+def test_rollback_goes_to_the_previous_text_with_a_note(cli: Cli, home: Path, tmp_path: Path) -> None:
+    cli("serve", "update", "svc", write(tmp_path, V1.replace("img-1", "img-2")), "-y")
+    code, stdout, _ = cli("serve", "rollback", "svc", "--dry-run", "-o", "json")
     assert code == 0
     plan = json.loads(stdout)
     assert (plan["from_version"], plan["to_version"]) == (2, 3)
     assert {r["action"] for r in plan["replicas"]} == {"reuse"}  # replicas still run version 1's config
     assert versions(home) == [1, 2]
-    assert invoke("serve", "rollback", "svc", "-y")[0] == 0
+    assert cli("serve", "rollback", "svc", "-y")[0] == 0
     store = Store.open(home)
     rolled = store.get_version("svc", 3)
     assert (rolled.text, rolled.note) == (V1, "rollback to version 1")
@@ -151,19 +154,55 @@ def test_rollback_goes_to_the_previous_text_with_a_note(home: Path, tmp_path: Pa
         pytest.param(["--to", "1"], "is already at version 1", id="current-version"),
     ],
 )
-def test_refused_rollbacks(home: Path, args: list[str], message: str) -> None:
-    code, _, stderr = invoke("serve", "rollback", "svc", *args, "-y")
+def test_refused_rollbacks(cli: Cli, home: Path, args: list[str], message: str) -> None:
+    code, _, stderr = cli("serve", "rollback", "svc", *args, "-y")
     assert code == 1
     assert message in stderr
     assert versions(home) == [1]
 
 
 @pytest.mark.parametrize("dry_run", [["--dry-run"], []])
-def test_a_task_the_cloud_cannot_run_is_refused_before_the_plan(home: Path, tmp_path: Path,
+def test_a_task_the_cloud_cannot_run_is_refused_before_the_plan(cli: Cli, home: Path, tmp_path: Path,
                                                                 dry_run: list[str]) -> None:
     new = write(tmp_path, V1.replace("image_id: img-1", "cloud: gcp"))
-    code, stdout, stderr = invoke("serve", "update", "svc", new, *dry_run, input="y\n")
+    code, stdout, stderr = cli("serve", "update", "svc", new, *dry_run, input="y\n")
     assert code == 2
     assert "resources.cloud: cloud 'gcp' is not available here" in stderr
     assert stdout == "" and "Apply this update?" not in stderr
     assert versions(home) == [1]
+
+
+class RacingController(LocalController):
+    """Another update lands between our plan and our submit (once)."""
+
+    def __init__(self, home: Path, racer: SubmittedTask) -> None:
+        super().__init__(home, FakeClock(), start_daemon=False)
+        self.racer: SubmittedTask | None = racer
+
+    def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
+                      expect_version: int | None = None, note: str | None = None) -> VersionRecord:
+        if self.racer is not None:
+            racer, self.racer = self.racer, None
+            LocalController(self.home, FakeClock(), start_daemon=False).submit_update(name, racer, mode)
+        return super().submit_update(name, task, mode, expect_version=expect_version, note=note)
+
+
+def test_an_update_that_loses_a_race_plans_again_and_names_the_version_it_stores(home: Path, tmp_path: Path) -> None:
+    racer = load_task_file(Path(write(tmp_path, V1.replace("img-1", "img-9"))))
+    new = write(tmp_path, V1.replace("replicas: 2", "replicas: 3"))
+    code, stdout, stderr = Cli(RacingController(home, racer))("serve", "update", "svc", new, "-y")
+    assert code == 0, stderr
+    assert "version 1 -> 2" in stdout and "version 2 -> 3" in stdout  # the first plan, then the real one
+    assert "updated by someone else meanwhile; planning again" in stderr
+    assert "rolling out version 3" in stdout
+    assert versions(home) == [1, 2, 3]
+
+
+def test_with_expect_version_a_lost_race_is_refused(home: Path, tmp_path: Path) -> None:
+    racer = load_task_file(Path(write(tmp_path, V1.replace("img-1", "img-9"))))
+    new = write(tmp_path, V1.replace("replicas: 2", "replicas: 3"))
+    code, _, stderr = Cli(RacingController(home, racer))("serve", "update", "svc", new, "-y",
+                                                         "--expect-version", "1")
+    assert code == 1
+    assert "is at version 2, not 1" in stderr
+    assert versions(home) == [1, 2]  # the racer's version only
