@@ -22,4 +22,5 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     session.install(".[dev]")
-    session.run("mypy")
+    session.run("mypy")  # the package, strict (pyproject.toml)
+    session.run("mypy", "--strict", "tests")

@@ -109,11 +109,9 @@ def simulate(policy: ReplicaPolicy, trace: Sequence[TraceRow], period_seconds: f
         ongoing: tuple[float, ...] = ()
         if row is not None and row.ongoing_requests is not None and state.target > 0:
             ongoing = (row.ongoing_requests / state.target,) * state.target
+        # As in the controller: a decision at t counts the requests of [t - 60, t), so the one at t=0 has
+        # seen none yet and a load that starts at t=0 shows from the next decision on.
         requests = requests_between(trace, now - WINDOW_SECONDS, now)
-        # A request at time t is in the window [t-60, t] of decisions after it; at t=0 count the current rate
-        # for the first second, as the load balancer would have seen arrivals right away.
-        if now == 0 and row is not None:
-            requests = row.qps
         metrics = Metrics(now=now, requests_in_window=round(requests), ongoing_requests=ongoing)
         decision = autoscaler.decide(state, metrics)
         state = decision.state

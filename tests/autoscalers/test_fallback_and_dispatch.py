@@ -38,16 +38,18 @@ def test_market_targets(use_spot: bool, policy: ReplicaPolicy, target: int, read
 
 
 @pytest.mark.parametrize(
-    ("policy", "name"),
+    ("policy", "name", "period"),
     [
-        (ReplicaPolicy(min_replicas=2, max_replicas=2), "fixed"),
-        (ReplicaPolicy(min_replicas=1, max_replicas=3, target_qps_per_replica=2), "request_rate"),
-        (ReplicaPolicy(min_replicas=1, max_replicas=3, target_ongoing_requests_per_replica=2), "ongoing_requests"),
+        # A fixed policy decides nothing, so it has no period to override.
+        (ReplicaPolicy(min_replicas=2, max_replicas=2), "fixed", 0.0),
+        (ReplicaPolicy(min_replicas=1, max_replicas=3, target_qps_per_replica=2), "request_rate", 1.0),
+        (ReplicaPolicy(min_replicas=1, max_replicas=3, target_ongoing_requests_per_replica=2), "ongoing_requests",
+         1.0),
     ],
 )
-def test_dispatch(policy: ReplicaPolicy, name: str) -> None:
+def test_dispatch(policy: ReplicaPolicy, name: str, period: float) -> None:
     assert make_autoscaler(policy).name == name
-    assert make_autoscaler(policy, period_seconds=1.0).period_seconds in (1.0, 0.0)
+    assert make_autoscaler(policy, period_seconds=1.0).period_seconds == period
 
 
 AUTO = ReplicaPolicy(min_replicas=2, max_replicas=4, target_qps_per_replica=1)

@@ -39,6 +39,7 @@ from skyserve_lite.lb.server import (
     split_completed_seconds,
     strip_hop_by_hop,
 )
+from skyserve_lite.lb.settings import hold_seconds_from_env
 from skyserve_lite.lb.upstream import UpstreamClient
 from skyserve_lite.state.store import Store
 
@@ -1033,9 +1034,9 @@ def test_hold_seconds_from_the_environment(value: str | None, expected: float | 
     environ = {} if value is None else {"SKY_LITE_LB_HOLD_SECONDS": value}
     if expected is None:
         with pytest.raises(UsageError, match="SKY_LITE_LB_HOLD_SECONDS"):
-            lb_main.hold_seconds_from_env(environ)
+            hold_seconds_from_env(environ)
     else:
-        assert lb_main.hold_seconds_from_env(environ) == expected
+        assert hold_seconds_from_env(environ) == expected
 
 
 def test_main_exits_2_naming_an_invalid_hold_setting(
