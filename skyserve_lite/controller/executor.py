@@ -24,6 +24,7 @@ from skyserve_lite.clock import Clock
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner, find_lb_port
 from skyserve_lite.controller.plan import Event, LaunchBatch, PassPlan
 from skyserve_lite.errors import ProviderError, TransientProviderError
+from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider, find_source_dir
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
@@ -33,12 +34,30 @@ log = logging.getLogger(__name__)
 
 class Executor:
     def __init__(self, store: Store, providers: Mapping[str, Provider], lb_runner: LoadBalancerRunner,
-                 clock: Clock, *, new_token: Callable[[], str] | None = None) -> None:
+                 clock: Clock, *, new_token: Callable[[], str] | None = None, blobs: BlobStore | None = None) -> None:
         self._store = store
         self._providers = providers
         self._lb_runner = lb_runner
         self._clock = clock
         self._new_token = new_token or (lambda: uuid.uuid4().hex)
+        self._blobs = blobs
+        self._collected_once = False
+
+    def collect_garbage(self, *, force: bool = False) -> None:
+        """Delete the blobs no stored version needs any more: on the first pass (what a submission that
+        failed half-way left), after a service was deleted (``force``), and when a submission expired
+        snapshots. A capture under way defers it to a later pass."""
+        if self._blobs is None or not (force or not self._collected_once or self._store.gc_pending):
+            return
+        deleted = self._blobs.collect_garbage(self._store.find_needed_blobs)
+        self._collected_once = True
+        if deleted is None:
+            self._store.set_gc_pending(True)
+            return
+        if self._store.gc_pending:
+            self._store.set_gc_pending(False)
+        if deleted:
+            log.info("deleted %d blobs that no version needs", deleted)
 
     def apply(self, plan: PassPlan) -> None:
         events: list[Event] = list(plan.events)

@@ -39,10 +39,11 @@ _PROBE_OK = ProbeResult(ok=True, detail="HTTP 200")
 
 
 def forecast_update(snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSpec, mode: UpdateMode,
-                    now: float, settings: ControllerSettings) -> UpdatePlan:
+                    now: float, settings: ControllerSettings, *, reuse_identical_files: bool = False) -> UpdatePlan:
     """The plan of making ``new_spec`` version ``to_version`` of ``snapshot``'s service, rolled out with
-    ``mode``. See the module docstring for the model."""
-    world = _World(snapshot, to_version, new_spec, mode)
+    ``mode`` (reusing replicas whose files are identical with ``reuse_identical_files``). See the module
+    docstring for the model."""
+    world = _World(snapshot, to_version, new_spec, mode, reuse_identical_files)
     settings = dataclasses.replace(settings, drain_seconds=0.0)
     steps: list[PlanStep] = []
     converged = False
@@ -60,20 +61,21 @@ def forecast_update(snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSp
     return UpdatePlan(
         service=snapshot.service.name, from_version=snapshot.service.current_version, to_version=to_version,
         mode=mode, target_replicas=target,
-        replicas=_decide_replicas(snapshot, new_spec, world.gone, target),
+        replicas=_decide_replicas(snapshot, new_spec, world.gone, target, reuse_identical_files),
         launches=tuple(LaunchDecision(rid, is_spot, kept=rid not in world.gone)
                        for rid, is_spot in world.launched.items()),
         steps=tuple(steps), converged=converged,
     )
 
 
-def _decide_replicas(snapshot: ServiceSnapshot, new_spec: TaskSpec, gone: set[int], target: int
-                     ) -> tuple[ReplicaDecision, ...]:
+def _decide_replicas(snapshot: ServiceSnapshot, new_spec: TaskSpec, gone: set[int], target: int,
+                     reuse_identical_files: bool) -> tuple[ReplicaDecision, ...]:
     """Name each replica live at the start by what the passes did with it."""
     live = sorted((r for r in snapshot.replicas if r.status.is_live), key=lambda r: r.replica_id)
     # The comparison depends only on the replica's version: compare each version once, not each replica
     # (10,000 replicas in 5 versions: 5 comparisons).
-    changes = {v: find_config_changes(snapshot.versions[v], new_spec) for v in {r.version for r in live}}
+    changes = {v: find_config_changes(snapshot.versions[v], new_spec, reuse_identical_files=reuse_identical_files)
+               for v in {r.version for r in live}}
     reusable = sum(1 for r in live if not changes[r.version])
     decisions = []
     for replica in live:
@@ -99,10 +101,12 @@ class _World:
     """The model the passes run against: the snapshot as the executor would leave it after each pass,
     and one running instance per live or draining replica."""
 
-    def __init__(self, snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSpec, mode: UpdateMode) -> None:
+    def __init__(self, snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSpec, mode: UpdateMode,
+                 reuse_identical_files: bool) -> None:
         service = dataclasses.replace(snapshot.service, current_version=to_version)
         self.snapshot = dataclasses.replace(snapshot, service=service, versions={**snapshot.versions,
-                                            to_version: new_spec}, mode=mode, lb_alive=True)
+                                            to_version: new_spec}, mode=mode, lb_alive=True,
+                                            reuse_identical_files=reuse_identical_files)
         self.clouds = frozenset({new_spec.resources.cloud.value, *(r.cloud for r in snapshot.replicas)})
         self.instances: dict[int, tuple[str, Instance]] = {}  # replica id -> (cloud, instance)
         for replica in snapshot.replicas:

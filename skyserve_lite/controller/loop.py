@@ -21,6 +21,7 @@ from skyserve_lite.controller.probe import HttpProber
 from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError
+from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.providers import make_providers
 from skyserve_lite.state.store import Store, prepare_home
 
@@ -106,7 +107,8 @@ def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> 
     """The controller of ``home`` wired to the real providers, prober and load balancer processes."""
     clock = SystemClock()
     providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
-    return Reconciler(store, providers, HttpProber(), ProcessLoadBalancerRunner(home), clock, settings)
+    return Reconciler(store, providers, HttpProber(), ProcessLoadBalancerRunner(home), clock, settings,
+                      blobs=blob_store_of(home))
 
 
 def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:

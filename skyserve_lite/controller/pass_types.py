@@ -33,6 +33,8 @@ class ServiceSnapshot:
     autoscaler: AutoscalerState | None = None  # None before the first decision
     observed: AutoscalerObservation | None = None
     metrics: Metrics | None = None  # what the load balancer reported; None: nothing yet
+    # The current version's update reuses replicas whose files are identical (`--reuse-identical-files`).
+    reuse_identical_files: bool = False
 
     @property
     def spec(self) -> TaskSpec:

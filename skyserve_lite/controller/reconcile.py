@@ -23,6 +23,7 @@ from skyserve_lite.controller.probe import Prober
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
 from skyserve_lite.errors import ProviderError
+from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import Instance, Provider
 from skyserve_lite.state.models import ReplicaRecord
 from skyserve_lite.state.store import Store
@@ -39,14 +40,15 @@ class Reconciler:
     """
 
     def __init__(self, store: Store, providers: Mapping[str, Provider], prober: Prober,
-                 lb_runner: LoadBalancerRunner, clock: Clock, settings: ControllerSettings) -> None:
+                 lb_runner: LoadBalancerRunner, clock: Clock, settings: ControllerSettings, *,
+                 blobs: BlobStore | None = None) -> None:
         self._store = store
         self._providers = {cloud: guard_provider(provider) for cloud, provider in providers.items()}
         self._prober = prober
         self._lb_runner = lb_runner
         self._clock = clock
         self._settings = settings
-        self._executor = Executor(store, self._providers, lb_runner, clock)
+        self._executor = Executor(store, self._providers, lb_runner, clock, blobs=blobs)
         self._versions = VersionCache()
 
     def reconcile_once(self) -> PassPlan:
@@ -56,6 +58,7 @@ class Reconciler:
         plan = self._plan(snapshots, unreadable, observation)
         if not plan.is_empty:
             self._executor.apply(plan)
+        self._executor.collect_garbage(force=bool(plan.deletions))
         return plan
 
     def abandon(self) -> None:

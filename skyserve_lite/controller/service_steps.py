@@ -51,8 +51,9 @@ def plan_reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[Repl
     changed only the `service` section, or a rollback to an equal config): same instance, new version."""
     version = snapshot.service.current_version
     # One comparison per older version, not per replica: the answer depends only on the two versions.
-    reusable = {v for v in snapshot.versions
-                if v != version and is_same_replica_config(snapshot.versions[v], snapshot.spec)}
+    reuse_identical = snapshot.reuse_identical_files
+    reusable = {v for v in snapshot.versions if v != version and is_same_replica_config(
+        snapshot.versions[v], snapshot.spec, reuse_identical_files=reuse_identical)}
     result = []
     for step in steps:
         record = step.record

@@ -34,6 +34,11 @@ class ControllerSettings:
     # The request-rate window: qps = requests in the last this-many seconds / this. SkyServe uses 60 s;
     # shorter windows only make sense for tests and demos.
     autoscaler_window_seconds: float = 60.0
+    # A version's workdir and file mounts are captured when it is submitted; a larger snapshot is refused.
+    snapshot_limit_bytes: int = 1 << 30
+    # How many of a service's newest versions keep their snapshot (0: all). An older version's files are
+    # dropped, and it can no longer be rolled back to; one that a replica still runs is always kept.
+    keep_snapshot_versions: int = 0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerSettings:
@@ -64,5 +69,6 @@ _ENV_NAME = {"interval_seconds": "SKY_LITE_CONTROLLER_INTERVAL_SECONDS"}
 _MINIMUM: dict[str, float] = {
     "probe_failure_grace_seconds": 0, "provision_timeout_seconds": 1, "failure_limit": 1,
     "keep_terminal_replicas": 0, "drain_seconds": 0, "interval_seconds": 0.1,
-    "autoscaler_period_seconds": 0.1, "autoscaler_window_seconds": 1,
+    "autoscaler_period_seconds": 0.1, "autoscaler_window_seconds": 1, "snapshot_limit_bytes": 1,
+    "keep_snapshot_versions": 0,
 }

@@ -53,7 +53,8 @@ def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[Repli
     return ServiceSnapshot(
         service, {v: record.spec for v, record in records.items()}, tuple(replicas), lb_alive, mode,
         autoscaler=stored[0] if stored else None, observed=stored[1] if stored else None,
-        metrics=read_metrics(store, service.name, now, settings))
+        metrics=read_metrics(store, service.name, now, settings),
+        reuse_identical_files=records[service.current_version].reuse_identical_files)
 
 
 def read_metrics(store: Store, service: str, now: float, settings: ControllerSettings) -> Metrics:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from skyserve_lite.clock import Clock
+from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.providers.base import (
     Instance,
     InstanceState,
@@ -63,7 +64,10 @@ class EmulatedProvider:
         self.name = inner.name
         self._inner = inner
         self._find_version = find_version
-        self._local = LocalProvider(home / "emulated" / inner.name, clock, grace_seconds=2.0)
+        # The instances' files come from the state directory's own blob store, as a real instance's come
+        # from what the controller uploaded.
+        self._local = LocalProvider(home / "emulated" / inner.name, clock, grace_seconds=2.0,
+                                    blobs=blob_store_of(home))
 
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
         # Booting happens when the cloud reports the instance running (list_instances), as on a real VM.

@@ -6,12 +6,14 @@ Each replica gets a directory ``$SKY_LITE_HOME/replicas/SERVICE/REPLICA-NONCE/``
     pid             written by the replica's own wrapper as its first act, so a crash of the controller
                     between spawn and bookkeeping cannot hide the process
     exit_code       written by the wrapper when `setup` fails or `run` exits
-    setup.sh run.sh the task's commands;  replica.log  their output;  workdir/  a copy of `workdir`
+    setup.sh run.sh the task's commands;  replica.log  their output;  workdir/  the version's `workdir`
 
 The wrapper runs ``setup`` then ``run`` under bash in its own session, with the task's ``envs`` plus
 ``PORT`` (a free 127.0.0.1 port the workload must listen on) and ``SKY_LITE_REPLICA_ID``. ``workdir`` and
-local ``file_mounts`` are copied into the replica's directory: a destination ``/data/x`` or ``~/x``
-lands at ``data/x`` or ``x`` below the replica's working directory.
+local ``file_mounts`` are written from the version's snapshot (``files``: captured when the version was
+submitted, so editing the files on disk afterwards changes no replica): a destination ``/data/x`` or
+``~/x`` lands at ``data/x`` or ``x`` below the replica's working directory, and nothing may land outside
+the replica's directory.
 
 Termination kills the process group and renames ``instance.json`` to ``instance.terminated.json``: the
 inventory stops reporting it, the log stays for ``serve logs`` until the service is released.
@@ -44,6 +46,10 @@ from typing import ParamSpec, TypeVar
 from skyserve_lite import procs
 from skyserve_lite.clock import Clock
 from skyserve_lite.errors import TransientProviderError
+from skyserve_lite.files.blobs import BlobStore, blob_store_of
+from skyserve_lite.files.capture import is_cloud_uri, needs_capture
+from skyserve_lite.files.manifest import Manifest
+from skyserve_lite.files.materialize import MaterializeError, materialize
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
 
 INSTANCE_FILE = "instance.json"
@@ -112,8 +118,10 @@ class LocalProvider:
     name = "local"
 
     def __init__(self, home: Path, clock: Clock, *, new_id: Callable[[], str] | None = None,
-                 grace_seconds: float = 5.0) -> None:
+                 grace_seconds: float = 5.0, blobs: BlobStore | None = None) -> None:
         self._root = home / "replicas"
+        # Where the versions' files are: the state directory's blob store (emulation passes its own home's).
+        self._blobs = blobs or blob_store_of(home)
         self._clock = clock
         self._new_id = new_id or (lambda: uuid.uuid4().hex[:10])
         self._grace_seconds = grace_seconds
@@ -199,7 +207,7 @@ class LocalProvider:
             directory.mkdir(parents=True, mode=0o700)
         try:
             with _step(f"replica directory {directory}"):  # any step below that names no field of its own
-                _prepare(directory, request)
+                _prepare(directory, request, self._blobs)
                 with _step("PORT", "no free port on 127.0.0.1"):
                     port = procs.find_free_port()
                 record = _Record(instance_id, request.service, request.replica_id, request.version,
@@ -273,27 +281,34 @@ def _describe(exc: OSError, doing: str = "") -> str:
     return f"{doing}: {reason}" if doing else reason
 
 
-def _prepare(directory: Path, request: LaunchRequest) -> Path:
-    """Fill a new replica directory: ``workdir`` and ``file_mounts`` copies and the scripts the wrapper runs.
-    Returns the working directory of ``setup`` and ``run``. Raises ``_LaunchError`` or ``OSError``."""
+def _prepare(directory: Path, request: LaunchRequest, blobs: BlobStore) -> Path:
+    """Fill a new replica directory: the version's snapshot of ``workdir`` and ``file_mounts``, and the
+    scripts the wrapper runs. Returns the working directory of ``setup`` and ``run``. Raises
+    ``_LaunchError`` or ``OSError``."""
     spec = request.spec
-    base = Path(request.source_dir) if request.source_dir else Path.cwd()
+    if needs_capture(spec):
+        raise _LaunchError(f"{'workdir' if spec.workdir else 'file_mounts'}: version {request.version} has no "
+                           "snapshot of its files (it was stored by an older sky-lite): submit it again with "
+                           "`sky-lite serve update`")
+    files = spec.files
     cwd = directory
-    if spec.workdir:
+    if spec.workdir and files is not None and files.workdir is not None:
         cwd = directory / "workdir"
-        source = _resolve(spec.workdir, base, "workdir")
-        with _step("workdir", f"cannot copy {source}"):
-            _copy(source, cwd)
+        with _step("workdir", "cannot write the snapshot"):
+            cwd.mkdir()
+            _materialize(files.workdir, blobs, cwd, directory, "workdir")
+    mounts = files.mount if files is not None else {}
     for destination, source_text in spec.file_mounts:
         field = f"file_mounts.{destination}"
+        if is_cloud_uri(source_text):
+            raise _LaunchError(f"{field}: {source_text}: the local provider copies local paths only")
         target = _mount_target(destination)
         top = Path(target).parts[:1]
         if cwd == directory and top and top[0] in _OWN_FILES:
             raise _LaunchError(f"{field}: lands on {top[0]}, which the local provider keeps for the replica: "
                                "choose another destination, or set workdir")
-        source = _resolve(source_text, base, field)
-        with _step(field, f"cannot copy {source}"):
-            _copy(source, cwd / target)
+        with _step(field, "cannot write the snapshot"):
+            _materialize(mounts[destination], blobs, cwd / target, directory, field)
     with _step("setup"):
         (directory / "setup.sh").write_text(spec.setup or "")
     with _step("run"):
@@ -312,24 +327,16 @@ def _discard(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _resolve(source: str, base: Path, field: str) -> Path:
-    if "://" in source:
-        raise _LaunchError(f"{field}: {source}: the local provider copies local paths only")
-    path = Path(source).expanduser()
-    return path if path.is_absolute() else base / path
+def _materialize(manifest: Manifest, blobs: BlobStore, target: Path, root: Path, field: str) -> None:
+    try:
+        materialize(manifest, blobs, target, root)
+    except MaterializeError as exc:
+        raise _LaunchError(f"{field}: {exc}") from exc
 
 
 def _mount_target(destination: str) -> str:
     """``/data/x`` -> ``data/x``, ``~/x`` -> ``x``: mounts land below the replica's working directory."""
     return destination.removeprefix("~").lstrip("/") or "."
-
-
-def _copy(source: Path, target: Path) -> None:
-    if source.is_dir():
-        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
 
 
 def _read_exit_reason(directory: Path) -> str | None:

@@ -11,6 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from skyserve_lite.files.manifest import Manifest, compare_manifests
 from skyserve_lite.spec.model import TaskSpec
 
 ConfigValue = str | int | float | bool | None
@@ -20,8 +21,9 @@ ConfigValue = str | int | float | bool | None
 class FieldChange:
     """One reason a replica cannot be reused: a field path with its old and new value.
 
-    ``note`` explains changes that are forced rather than observed (``file_mounts`` contents cannot be
-    compared, so a non-empty one always differs).
+    ``note`` explains changes that are not in the value itself: what the snapshots of ``workdir`` or a
+    ``file_mounts`` source show (``contents changed (2 files: app.py, +new.py)``), or why they count as a
+    change although identical.
     """
 
     path: str
@@ -31,6 +33,8 @@ class FieldChange:
 
     def describe(self) -> str:
         old, new = self.old, self.new
+        if old == new and self.note:
+            return f"{self.path}: {self.note}"  # the value did not change; what is behind it did
         if isinstance(old, str) and isinstance(new, str) and ("\n" in old or "\n" in new):
             # Scripts: show the first line that differs, not two equal-looking prefixes.
             number, old, new = _first_different_line(old, new)
@@ -87,25 +91,59 @@ def compute_config_fingerprint(spec: TaskSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def find_config_changes(old: TaskSpec, new: TaskSpec) -> tuple[FieldChange, ...]:
+def find_config_changes(old: TaskSpec, new: TaskSpec, *, reuse_identical_files: bool = False
+                        ) -> tuple[FieldChange, ...]:
     """Why a replica built from ``old`` cannot serve as one built from ``new``; empty means reusable.
 
-    Pure. Besides the differing fields, a non-empty ``workdir`` or ``file_mounts`` in either task forces
-    a change: the files behind them may have changed although the paths did not.
+    Pure. Besides the differing fields, a non-empty ``workdir`` or ``file_mounts`` in either task forces a
+    change by default, and the change says what its snapshots show: ``workdir: contents changed (3 files:
+    app.py, lib/x.py, +new.py)`` or ``workdir: contents identical (sha256 9f2c1a0b...)``. With
+    ``reuse_identical_files`` identical snapshots are no change, so a replica whose whole config, file
+    digests included, is equal is reused.
     """
     changes = list(_diff(compute_replica_config(old), compute_replica_config(new)))
     changed_paths = {change.path for change in changes}
     if (old.workdir or new.workdir) and "workdir" not in changed_paths:
-        changes.append(FieldChange("workdir", old.workdir, new.workdir,
-                                   note="workdir contents cannot be compared"))
-    if (old.file_mounts or new.file_mounts) and not any(p.startswith("file_mounts.") for p in changed_paths):
-        changes.append(FieldChange("file_mounts", _mounts(old), _mounts(new),
-                                   note="file_mounts contents cannot be compared"))
-    return tuple(changes)
+        change = _files_change("workdir", old.workdir, _workdir_manifest(old), _workdir_manifest(new),
+                               reuse_identical_files)
+        if change:
+            changes.append(change)
+    old_mounts, new_mounts = dict(old.file_mounts), dict(new.file_mounts)
+    for destination in sorted(old_mounts.keys() & new_mounts.keys()):
+        path = f"file_mounts.{destination}"
+        if path in changed_paths:
+            continue  # the source itself changed: already named with both values
+        change = _files_change(path, old_mounts[destination], _mount_manifest(old, destination),
+                               _mount_manifest(new, destination), reuse_identical_files)
+        if change:
+            changes.append(change)
+    return tuple(sorted(changes, key=lambda c: c.path))
 
 
-def is_same_replica_config(old: TaskSpec, new: TaskSpec) -> bool:
-    return not find_config_changes(old, new)
+def is_same_replica_config(old: TaskSpec, new: TaskSpec, *, reuse_identical_files: bool = False) -> bool:
+    return not find_config_changes(old, new, reuse_identical_files=reuse_identical_files)
+
+
+def _workdir_manifest(spec: TaskSpec) -> Manifest | None:
+    return spec.files.workdir if spec.files is not None else None
+
+
+def _mount_manifest(spec: TaskSpec, destination: str) -> Manifest | None:
+    return spec.files.mount.get(destination) if spec.files is not None else None
+
+
+def _files_change(path: str, source: str | None, old: Manifest | None, new: Manifest | None,
+                  reuse_identical: bool) -> FieldChange | None:
+    """The change for files at the same source path in both versions, from their snapshots."""
+    if old is None or new is None:
+        what = "a cloud URI" if source and "://" in source else "no snapshot of them was taken"
+        return FieldChange(path, source, source, note=f"contents cannot be compared ({what})")
+    if old.digest == new.digest:
+        if reuse_identical:
+            return None
+        return FieldChange(path, source, source, note=f"contents identical (sha256 {old.digest[:8]}...), "
+                                                      "replaced by default: --reuse-identical-files keeps it")
+    return FieldChange(path, source, source, note=f"contents changed ({compare_manifests(old, new).describe()})")
 
 
 def compute_service_settings(spec: TaskSpec) -> dict[str, ConfigValue]:
@@ -144,10 +182,6 @@ def _diff(old_flat: dict[str, ConfigValue], new_flat: dict[str, ConfigValue]) ->
         for path in sorted(old_flat.keys() | new_flat.keys())
         if old_flat.get(path) != new_flat.get(path)
     )
-
-
-def _mounts(spec: TaskSpec) -> str | None:
-    return ", ".join(f"{dst}={src}" for dst, src in spec.file_mounts) or None
 
 
 def _show(value: ConfigValue) -> str:

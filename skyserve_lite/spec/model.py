@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from skyserve_lite.files.manifest import TaskFiles
+
 Pairs = tuple[tuple[str, str], ...]
 
 # Defaults a SkyServe user expects.
@@ -103,6 +105,9 @@ class TaskSpec:
     workdir: str | None = None
     file_mounts: Pairs = ()
     setup: str | None = None
+    # The snapshot of `workdir` and the local `file_mounts` sources taken when the task was submitted (not
+    # part of the YAML): what every replica of the version runs. None before capture, or with nothing local.
+    files: TaskFiles | None = None
 
 
 @dataclass(frozen=True)

@@ -241,6 +241,9 @@ class _Parser:
             if not isinstance(source, str) or not source:
                 raise self.fail(_join(path, destination),
                                 f"must be a source path or URL string, got {_kind(source)}")
+            problem = find_destination_problem(str(destination))
+            if problem:
+                raise self.fail(_join(path, destination), problem)
             pairs.append((destination, source))
         return tuple(sorted(pairs))
 
@@ -369,6 +372,18 @@ def validate_cross_fields(spec: TaskSpec, source: str) -> None:
                else "dynamic_ondemand_fallback")
         raise SpecError(source, f"service.replica_policy.{key}",
                         "on-demand fallback needs resources.use_spot: true")
+
+
+def find_destination_problem(destination: str) -> str | None:
+    """Why a ``file_mounts`` destination is refused, or None. Absolute paths and ``~/...`` are allowed (a
+    relative one lands below the workdir); a ``..`` component could climb out of where mounts land."""
+    if not destination.strip():
+        return "the destination path is empty"
+    if any(ord(char) < 32 for char in destination):
+        return "the destination path holds a control character"
+    if ".." in destination.split("/"):
+        return "the destination may not contain '..': name the path it should land at"
+    return None
 
 
 def _join(path: str, key: str) -> str:

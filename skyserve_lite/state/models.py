@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 
+from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.spec.model import TaskSpec
 from skyserve_lite.spec.parse import parse_task
 
@@ -82,7 +85,8 @@ class ServiceRecord:
 
 @dataclass(frozen=True)
 class VersionRecord:
-    """One accepted task YAML: the text exactly as submitted, and its parsed form."""
+    """One accepted task YAML: the text exactly as submitted, its parsed form, and the snapshot of its
+    files taken when it was accepted."""
 
     service: str
     version: int
@@ -91,11 +95,21 @@ class VersionRecord:
     created_at: float
     mode: str  # "initial" for version 1, else the update mode: "rolling" | "blue_green"
     note: str | None = None
+    files_json: str | None = None  # the snapshot's manifest (TaskFiles as JSON); None: nothing captured
+    files_expired: bool = False  # the snapshot was dropped (SKY_LITE_KEEP_SNAPSHOT_VERSIONS): no rollback to it
+    reuse_identical_files: bool = False  # its update reuses replicas whose files are identical
+
+    @cached_property
+    def files(self) -> TaskFiles | None:
+        if self.files_json is None or self.files_expired:
+            return None
+        return TaskFiles.from_json(json.loads(self.files_json))
 
     @cached_property
     def spec(self) -> TaskSpec:
         # The text was validated when it was accepted; parsing it again gives the same value.
-        return parse_task(self.text, source=f"{self.service} version {self.version}")
+        parsed = parse_task(self.text, source=f"{self.service} version {self.version}")
+        return dataclasses.replace(parsed, files=self.files) if self.files is not None else parsed
 
 
 @dataclass(frozen=True)

@@ -94,4 +94,17 @@ MIGRATIONS: tuple[str, ...] = (
         in_flight_json TEXT NOT NULL
     );
     """,
+    # 4: snapshots. Each version's captured workdir and file mounts (a manifest, stored once per digest and
+    #    shared by versions), whether its snapshot expired, and whether its update reuses replicas whose
+    #    files are identical; a flag asking the controller to collect unreferenced blobs.
+    """
+    CREATE TABLE snapshots (
+        digest TEXT PRIMARY KEY,
+        manifest_json TEXT NOT NULL,
+        size INTEGER NOT NULL
+    );
+    ALTER TABLE versions ADD COLUMN files_digest TEXT;
+    ALTER TABLE versions ADD COLUMN files_expired INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE versions ADD COLUMN reuse_identical_files INTEGER NOT NULL DEFAULT 0;
+    """,
 )

@@ -24,6 +24,7 @@ from typing import Any
 
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.errors import NotFoundError, StateConflictError
+from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state.models import (
     REPLICA_STATUS_BY_VALUE,
@@ -140,21 +141,31 @@ class Store:
         return self.get_service(name)
 
     def _insert_version(self, db: sqlite3.Connection, name: str, version: int, task: SubmittedTask,
-                        mode: str, now: float, note: str | None = None) -> None:
-        spec_json = json.dumps(dataclasses.asdict(task.spec), default=_json_default, sort_keys=True)
+                        mode: str, now: float, note: str | None = None, reuse_identical_files: bool = False) -> None:
+        files = task.spec.files
+        spec_json = json.dumps(dataclasses.asdict(dataclasses.replace(task.spec, files=None)),
+                               default=_json_default, sort_keys=True)
+        if files is not None:
+            db.execute("INSERT OR IGNORE INTO snapshots (digest, manifest_json, size) VALUES (?, ?, ?)",
+                       (files.digest, json.dumps(files.to_json(), sort_keys=True, separators=(",", ":")),
+                        files.size))
         db.execute(
-            "INSERT INTO versions (service, version, text, source, spec_json, mode, created_at, note)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (name, version, task.text, task.source, spec_json, mode, now, note),
+            "INSERT INTO versions (service, version, text, source, spec_json, mode, created_at, note, files_digest,"
+            " reuse_identical_files) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, version, task.text, task.source, spec_json, mode, now, note,
+             files.digest if files is not None else None, int(reuse_identical_files)),
         )
 
     def add_version(self, name: str, task: SubmittedTask, mode: str, now: float, *,
-                    expect_version: int | None = None, note: str | None = None) -> VersionRecord:
+                    expect_version: int | None = None, note: str | None = None, reuse_identical_files: bool = False,
+                    keep_snapshot_versions: int = 0) -> VersionRecord:
         """Store ``task`` as the next version of ``name`` and make it current, in one transaction.
 
         Concurrent callers are serialized by the write lock: each gets its own number, in order.
         Raises ``StateConflictError`` (nothing stored) when ``expect_version`` is given and is not the
-        current version, or when the service is being taken down.
+        current version, or when the service is being taken down. With ``keep_snapshot_versions`` N > 0,
+        the snapshots of versions older than the newest N expire (never one that a replica row still runs),
+        and the controller is asked to collect what no version needs any more.
         """
         with self._write() as db:
             row = db.execute("SELECT current_version, deleting FROM services WHERE name = ?", (name,)).fetchone()
@@ -168,9 +179,37 @@ class Store:
                     f"service {name!r} is at version {current}, not {expect_version}: someone else updated "
                     f"it; see `sky-lite serve history {name}` and plan again")
             version = current + 1
-            self._insert_version(db, name, version, task, mode, now, note)
+            self._insert_version(db, name, version, task, mode, now, note, reuse_identical_files)
             db.execute("UPDATE services SET current_version = ? WHERE name = ?", (version, name))
+            if keep_snapshot_versions > 0:
+                expired = db.execute(
+                    "UPDATE versions SET files_expired = 1 WHERE service = ? AND version <= ?"
+                    " AND files_digest IS NOT NULL AND files_expired = 0"
+                    " AND version NOT IN (SELECT version FROM replicas WHERE service = ?)",
+                    (name, version - keep_snapshot_versions, name)).rowcount
+                if expired:
+                    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gc_pending', '1')")
         return self.get_version(name, version)
+
+    # --- snapshots -------------------------------------------------------------------------------
+    def find_needed_blobs(self) -> set[str]:
+        """Every blob digest a stored, unexpired snapshot needs; forgets snapshot rows no version uses."""
+        with self._write() as db:
+            db.execute("DELETE FROM snapshots WHERE digest NOT IN"
+                       " (SELECT files_digest FROM versions WHERE files_digest IS NOT NULL AND files_expired = 0)")
+            rows = db.execute("SELECT manifest_json FROM snapshots").fetchall()
+        return {digest for (text,) in rows for digest in TaskFiles.from_json(json.loads(text)).blob_digests()}
+
+    def set_gc_pending(self, pending: bool) -> None:
+        with self._write() as db:
+            if pending:
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gc_pending', '1')")
+            else:
+                db.execute("DELETE FROM meta WHERE key = 'gc_pending'")
+
+    @property
+    def gc_pending(self) -> bool:
+        return self._db.execute("SELECT 1 FROM meta WHERE key = 'gc_pending'").fetchone() is not None
 
     def find_service(self, name: str) -> ServiceRecord | None:
         row = self._db.execute(f"SELECT {_SERVICE_SELECT} FROM services WHERE name = ?", (name,)).fetchone()
@@ -191,11 +230,10 @@ class Store:
 
     def get_version(self, name: str, version: int) -> VersionRecord:
         row = self._db.execute(
-            f"SELECT {_VERSION_SELECT} FROM versions"
-            " WHERE service = ? AND version = ?", (name, version)).fetchone()
+            f"SELECT {_VERSION_SELECT} WHERE v.service = ? AND v.version = ?", (name, version)).fetchone()
         if row is None:
             raise NotFoundError(f"service {name!r} has no version {version}")
-        return VersionRecord(*row)
+        return _version(row)
 
     def find_version(self, name: str, version: int) -> VersionRecord | None:
         """The stored version, or None when there is no such version."""
@@ -206,9 +244,8 @@ class Store:
 
     def list_versions(self, name: str) -> list[VersionRecord]:
         rows = self._db.execute(
-            f"SELECT {_VERSION_SELECT} FROM versions"
-            " WHERE service = ? ORDER BY version", (name,)).fetchall()
-        return [VersionRecord(*row) for row in rows]
+            f"SELECT {_VERSION_SELECT} WHERE v.service = ? ORDER BY v.version", (name,)).fetchall()
+        return [_version(row) for row in rows]
 
     def mark_deleting(self, names: Sequence[str]) -> None:
         """Ask the controller to take these services down (idempotent)."""
@@ -368,7 +405,10 @@ _SERVICE_SELECT = (
     "name, current_version, status, status_reason, lb_port, lb_pid, lb_policy, deleting, created_at,"
     " next_replica_id, active_versions"
 )
-_VERSION_SELECT = "service, version, text, source, created_at, mode, note"
+_VERSION_SELECT = (
+    "v.service, v.version, v.text, v.source, v.created_at, v.mode, v.note, s.manifest_json, v.files_expired,"
+    " v.reuse_identical_files FROM versions v LEFT JOIN snapshots s ON s.digest = v.files_digest"
+)
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
@@ -377,6 +417,12 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return stat.st_dev, stat.st_ino
+
+
+def _version(row: tuple[Any, ...]) -> VersionRecord:
+    service, version, text, source, created_at, mode, note, files_json, expired, reuse = row
+    return VersionRecord(service, version, text, source, created_at, mode, note, files_json, bool(expired),
+                         bool(reuse))
 
 
 def _service(row: tuple[Any, ...]) -> ServiceRecord:

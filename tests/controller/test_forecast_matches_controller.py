@@ -18,7 +18,7 @@ from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.plan.update import ReplicaAction, UpdatePlan
 from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.providers.fake import FakeProvider
-from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.spec.model import SubmittedTask, TaskSpec
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaStatus
 from skyserve_lite.state.store import Store
@@ -47,8 +47,8 @@ def launched_ids(provider: FakeProvider) -> list[int]:
     return ids
 
 
-def submit(text: str) -> SubmittedTask:
-    return SubmittedTask(text=text, source="/tasks/svc.yaml", spec=parse_task(text))
+def submit(text: str, spec: TaskSpec | None = None) -> SubmittedTask:
+    return SubmittedTask(text=text, source="/tasks/svc.yaml", spec=spec or parse_task(text))
 
 
 def carry_out(fleet: Fleet, home: Path) -> tuple[UpdatePlan, Outcome]:
@@ -56,9 +56,9 @@ def carry_out(fleet: Fleet, home: Path) -> tuple[UpdatePlan, Outcome]:
     store = Store.open(home)
     providers = {"local": FakeProvider(name="local"), "aws": FakeProvider(name="aws")}
     try:
-        store.create_service("svc", submit(fleet.versions[1]), 30001, clock.now())
+        store.create_service("svc", submit(fleet.versions[1], fleet.spec(1)), 30001, clock.now())
         for version in range(2, fleet.from_version + 1):
-            store.add_version("svc", submit(fleet.versions[version]), "rolling", clock.now())
+            store.add_version("svc", submit(fleet.versions[version], fleet.spec(version)), "rolling", clock.now())
         records = fleet.records()
         if records:
             template = records[0]
@@ -75,7 +75,8 @@ def carry_out(fleet: Fleet, home: Path) -> tuple[UpdatePlan, Outcome]:
                     is_spot=record.is_spot))
         plan = fleet.forecast(now=clock.now())
 
-        store.add_version("svc", submit(fleet.new), fleet.mode.value, clock.now())
+        store.add_version("svc", submit(fleet.new, fleet.new_spec()), fleet.mode.value, clock.now(),
+                          reuse_identical_files=fleet.reuse_identical_files)
         reconciler = Reconciler(store, providers, FakeProber(), FakeLoadBalancerRunner(), clock, SETTINGS)
         quiet = 0
         for _ in range(80):

@@ -6,8 +6,10 @@ and the controller tests seed a store and a fake provider with it and let the co
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,10 @@ import yaml
 from skyserve_lite.controller.forecast import forecast_update
 from skyserve_lite.controller.pass_types import ServiceSnapshot
 from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.files.manifest import EntryKind, Manifest, ManifestEntry, TaskFiles
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
+from skyserve_lite.spec.model import TaskSpec
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceRecord, ServiceStatus
 
@@ -34,6 +38,19 @@ class Row:
     is_spot: bool = False
 
 
+FilesDoc = dict[str, dict[str, str]]  # {"workdir": {path: content}, "/data": {path: content}}
+
+
+def make_files(doc: FilesDoc | None) -> TaskFiles | None:
+    """A snapshot from file contents, as capture would record them (``""`` for a single-file mount)."""
+    if doc is None:
+        return None
+    manifests = {where: Manifest(tuple(
+        ManifestEntry(path, EntryKind.FILE, size=len(text), digest=hashlib.sha256(text.encode()).hexdigest())
+        for path, text in sorted(contents.items()))) for where, contents in doc.items()}
+    return TaskFiles(workdir=manifests.pop("workdir", None), mounts=tuple(sorted(manifests.items())))
+
+
 @dataclass(frozen=True)
 class Fleet:
     name: str
@@ -41,6 +58,15 @@ class Fleet:
     rows: tuple[Row, ...]
     new: str
     mode: UpdateMode = UpdateMode.ROLLING
+    files: dict[int, FilesDoc] = field(default_factory=dict)  # version -> its snapshot's contents
+    new_files: FilesDoc | None = None
+    reuse_identical_files: bool = False
+
+    def spec(self, version: int) -> TaskSpec:
+        return dataclasses.replace(parse_task(self.versions[version]), files=make_files(self.files.get(version)))
+
+    def new_spec(self) -> TaskSpec:
+        return dataclasses.replace(parse_task(self.new), files=make_files(self.new_files))
 
     @property
     def from_version(self) -> int:
@@ -58,12 +84,12 @@ class Fleet:
         service = ServiceRecord(name="svc", current_version=self.from_version, status=ServiceStatus.READY,
                                 status_reason=None, lb_port=30001, lb_pid=1, lb_policy="least_load", deleting=False,
                                 created_at=0.0, next_replica_id=max((r.replica_id for r in self.rows), default=0) + 1)
-        return ServiceSnapshot(service, {v: parse_task(text) for v, text in self.versions.items()},
-                               tuple(self.records()), lb_alive=True)
+        return ServiceSnapshot(service, {v: self.spec(v) for v in self.versions}, tuple(self.records()),
+                               lb_alive=True)
 
     def forecast(self, now: float = 1_767_225_600.0) -> UpdatePlan:
-        return forecast_update(self.snapshot(), self.from_version + 1, parse_task(self.new), self.mode, now,
-                               SETTINGS)
+        return forecast_update(self.snapshot(), self.from_version + 1, self.new_spec(), self.mode, now, SETTINGS,
+                               reuse_identical_files=self.reuse_identical_files)
 
 
 def load_case(path: Path) -> tuple[Fleet, dict[str, Any]]:
@@ -72,7 +98,9 @@ def load_case(path: Path) -> tuple[Fleet, dict[str, Any]]:
     rows = tuple(Row(r["id"], r["version"], ReplicaStatus(r["status"]), bool(r.get("spot", False)))
                  for r in case["replicas"])
     versions = {int(v): text for v, text in case["versions"].items()}
-    fleet = Fleet(path.stem, versions, rows, case["new"], UpdateMode(case.get("mode", "rolling")))
+    fleet = Fleet(path.stem, versions, rows, case["new"], UpdateMode(case.get("mode", "rolling")),
+                  files={int(v): doc for v, doc in case.get("files", {}).items()}, new_files=case.get("new_files"),
+                  reuse_identical_files=bool(case.get("reuse_identical_files", False)))
     return fleet, case
 
 

@@ -4,6 +4,8 @@ from the version the controller stored (not from anything the instance carries).
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite.clock import SystemClock
+from skyserve_lite.files.blobs import blob_store_of
+from skyserve_lite.files.capture import capture_task_files
 from skyserve_lite.providers import LazyProvider, make_providers
 from skyserve_lite.providers.base import InstanceState, LaunchRequest, ReplicaLog
 from skyserve_lite.providers.emulation import EmulatedProvider, compute_boot_request
@@ -48,8 +52,12 @@ def project(tmp_path: Path) -> Path:
 
 
 def version_of(project: Path, text: str = TASK) -> VersionRecord:
-    return VersionRecord(service="svc", version=1, text=text, source=str(project / "svc.yaml"), created_at=0.0,
-                         mode="initial")
+    """The version as the store holds it: its files captured into the blob store of ``project``'s sibling
+    ``home`` (the state directory the emulated provider boots from)."""
+    source = str(project / "svc.yaml")
+    files = capture_task_files(parse_task(text), project, source, blob_store_of(project.parent / "home"))
+    return VersionRecord(service="svc", version=1, text=text, source=source, created_at=0.0, mode="initial",
+                         files_json=json.dumps(files.to_json()) if files is not None else None)
 
 
 def request(replica_id: int) -> LaunchRequest:
@@ -102,13 +110,14 @@ def test_an_instance_of_a_version_the_controller_does_not_know_boots_nothing(
 
 
 def test_a_workload_that_cannot_start_is_reported_exited_with_the_reason(tmp_path: Path, project: Path) -> None:
-    (project / "weights.txt").unlink()
+    version = version_of(project)
+    shutil.rmtree(blob_store_of(tmp_path / "home").root)  # the snapshot's contents are gone
     provider = EmulatedProvider(FakeProvider(name="aws"), tmp_path / "home", SystemClock(),
-                                lambda _service, _version: version_of(project))
+                                lambda _service, _version: version)
     provider.launch([request(1)])
     (instance,) = provider.list_instances()
     assert (instance.state, instance.url) == (InstanceState.EXITED, None)
-    assert instance.detail is not None and "file_mounts./data/weights.txt" in instance.detail
+    assert instance.detail is not None and "workdir: index.txt: its content" in instance.detail
 
 
 def test_cloud_states_other_than_running_pass_through(tmp_path: Path, project: Path) -> None:

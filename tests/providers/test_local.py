@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +16,8 @@ import pytest
 from skyserve_lite import procs
 from skyserve_lite.clock import FakeClock, SystemClock
 from skyserve_lite.errors import TransientProviderError
+from skyserve_lite.files.blobs import BlobStore, blob_store_of
+from skyserve_lite.files.capture import capture_task_files
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest, ReplicaLog
 from skyserve_lite.providers.local import LocalProvider
 from skyserve_lite.spec.parse import parse_task
@@ -22,12 +26,17 @@ from tests.providers.http import get_text as get
 SERVER = "exec python3 -m http.server $PORT --bind 127.0.0.1"
 
 
-def request(run: str, *, replica_id: int = 1, extra: str = "", source_dir: Path | None = None
-            ) -> LaunchRequest:
+def request(run: str, *, replica_id: int = 1, extra: str = "", source_dir: Path | None = None,
+            blobs: BlobStore | None = None) -> LaunchRequest:
+    """A launch of a task; with ``source_dir`` its workdir and file mounts are captured into ``blobs`` as a
+    submission would (the provider builds the replica from that snapshot)."""
     text = f"service:\n  replicas: 1\nrun: |\n  {run}\n{extra}"
-    return LaunchRequest(service="svc", replica_id=replica_id, version=1, spec=parse_task(text),
-                         launch_token="tok", is_spot=False,
-                         source_dir=str(source_dir) if source_dir else None)
+    spec = parse_task(text)
+    if source_dir is not None:
+        assert blobs is not None
+        spec = dataclasses.replace(spec, files=capture_task_files(spec, source_dir, "<test>", blobs))
+    return LaunchRequest(service="svc", replica_id=replica_id, version=1, spec=spec, launch_token="tok",
+                         is_spot=False)
 
 
 def wait_for(provider: LocalProvider, replica_id: int, state: InstanceState, timeout: float = 15) -> Instance:
@@ -99,24 +108,59 @@ def test_terminate_kills_the_whole_process_group_and_keeps_the_log(provider: Loc
     provider.terminate([instance.instance_id])  # idempotent
 
 
-def test_workdir_and_file_mounts_are_copied(provider: LocalProvider, tmp_path: Path) -> None:
+def test_workdir_and_file_mounts_come_from_the_snapshot_not_the_disk(provider: LocalProvider, tmp_path: Path) -> None:
     project = tmp_path / "project"
-    (project / "app").mkdir(parents=True)
+    (project / "app" / "empty").mkdir(parents=True)
     (project / "app" / "main.txt").write_text("from workdir")
+    (project / "app" / "tool.sh").write_text("#!/bin/sh\n")
+    (project / "app" / "tool.sh").chmod(0o755)
+    os.symlink("main.txt", project / "app" / "link.txt")
     (project / "weights.bin").write_text("from mount")
     extra = "workdir: app\nfile_mounts:\n  /data/weights.bin: weights.bin\n"
-    (outcome,) = provider.launch([request(SERVER, extra=extra, source_dir=project)])
+    launch = request(SERVER, extra=extra, source_dir=project, blobs=blob_store_of(tmp_path / "home"))
+    # Edited after the submission: the replica still gets what was captured.
+    (project / "app" / "main.txt").write_text("edited later")
+    (outcome,) = provider.launch([launch])
     assert outcome.instance is not None and outcome.instance.url
     assert get(outcome.instance.url + "/main.txt") == "from workdir"
+    assert get(outcome.instance.url + "/link.txt") == "from workdir"
     assert get(outcome.instance.url + "/data/weights.bin") == "from mount"
+    (workdir,) = (tmp_path / "home" / "replicas" / "svc").glob("1-*/workdir")
+    assert (workdir / "empty").is_dir() and os.readlink(workdir / "link.txt") == "main.txt"
+    assert (workdir / "tool.sh").stat().st_mode & 0o777 == 0o755
 
 
-def test_missing_mount_source_is_a_permanent_error_naming_the_field(provider: LocalProvider,
-                                                                     tmp_path: Path) -> None:
-    extra = "file_mounts:\n  /data/x: does-not-exist\n"
-    (outcome,) = provider.launch([request(SERVER, extra=extra, source_dir=tmp_path)])
+def test_a_version_without_a_snapshot_of_its_files_is_refused_naming_the_field(provider: LocalProvider) -> None:
+    (outcome,) = provider.launch([request(SERVER, extra="workdir: app\n")])
     assert outcome.instance is None and outcome.permanent
-    assert outcome.error is not None and outcome.error.startswith("file_mounts./data/x: cannot copy")
+    assert outcome.error is not None and outcome.error.startswith("workdir: version 1 has no snapshot")
+
+
+def test_a_blob_missing_from_the_store_is_a_permanent_error_naming_the_field(provider: LocalProvider,
+                                                                             tmp_path: Path) -> None:
+    (tmp_path / "x.txt").write_text("x")
+    blobs = blob_store_of(tmp_path / "home")
+    launch = request(SERVER, extra="file_mounts:\n  /data/x: x.txt\n", source_dir=tmp_path, blobs=blobs)
+    shutil.rmtree(blobs.root)
+    (outcome,) = provider.launch([launch])
+    assert outcome.instance is None and outcome.permanent
+    assert outcome.error is not None and outcome.error.startswith("file_mounts./data/x:")
+    assert "missing from the snapshot store" in outcome.error
+
+
+def test_a_mount_under_a_workdir_symlink_that_leaves_the_replica_is_refused(provider: LocalProvider,
+                                                                            tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "app").mkdir()
+    os.symlink(outside, tmp_path / "app" / "data")  # recorded as a link, never followed
+    (tmp_path / "x.txt").write_text("x")
+    extra = "workdir: app\nfile_mounts:\n  /data/x.txt: x.txt\n"
+    launch = request(SERVER, extra=extra, source_dir=tmp_path, blobs=blob_store_of(tmp_path / "home"))
+    (outcome,) = provider.launch([launch])
+    assert outcome.instance is None and outcome.permanent
+    assert outcome.error is not None and "would land outside the replica's directory" in outcome.error
+    assert list(outside.iterdir()) == []
 
 
 def test_a_launch_whose_process_never_started_is_reported_exited(tmp_path: Path) -> None:
@@ -229,8 +273,8 @@ def _mount_on_the_providers_own_file(tmp_path: Path, _monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize(("arrange", "message", "others_launch", "permanent"), [
-    pytest.param(_mount_on_a_mounted_file, "file_mounts./data/b.txt: cannot copy", True, True,
-                 id="mount-onto-a-mounted-file"),
+    pytest.param(_mount_on_a_mounted_file, "file_mounts./data/b.txt: cannot write the snapshot: File exists", True,
+                 True, id="mount-onto-a-mounted-file"),
     pytest.param(_mount_on_the_providers_own_file, "file_mounts./run.sh/x: lands on run.sh", True, True,
                  id="own-file"),
     # A full disk is the machine's shortage, not the task's fault: retried, and no strike for the breaker.
@@ -245,7 +289,8 @@ def test_a_launch_failing_with_an_os_error_is_an_outcome_naming_the_field_and_le
         message: str, others_launch: bool, permanent: bool) -> None:
     provider = LocalProvider(tmp_path / "home", SystemClock(), grace_seconds=2)
     extra = arrange(tmp_path, monkeypatch)
-    failed, other = provider.launch([request(SERVER, extra=extra, source_dir=tmp_path),
+    failed, other = provider.launch([request(SERVER, extra=extra, source_dir=tmp_path,
+                                             blobs=blob_store_of(tmp_path / "home")),
                                      request("sleep 30", replica_id=2)])
     monkeypatch.undo()
 

@@ -4,11 +4,14 @@ status share."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
 from typing import Any
 
 import pytest
 import yaml
 
+from skyserve_lite.files.manifest import EntryKind, Manifest, ManifestEntry, TaskFiles
 from skyserve_lite.spec import (
     FieldChange,
     TaskSpec,
@@ -19,6 +22,7 @@ from skyserve_lite.spec import (
 )
 
 REMOVE = object()
+NO_SNAPSHOT = "contents cannot be compared (no snapshot of them was taken)"
 
 BASE: dict[str, Any] = {
     "name": "svc",
@@ -130,17 +134,16 @@ def test_several_changes_are_reported_sorted_by_path() -> None:
 
 @pytest.mark.parametrize(("old_edits", "new_edits", "changes"), [
     pytest.param({"file_mounts": {"/data": "s3://bucket"}}, {"file_mounts": {"/data": "s3://bucket"}},
-                 (FieldChange("file_mounts", "/data=s3://bucket", "/data=s3://bucket",
-                              note="file_mounts contents cannot be compared"),),
-                 id="identical-file-mounts"),
+                 (FieldChange("file_mounts./data", "s3://bucket", "s3://bucket",
+                              note="contents cannot be compared (a cloud URI)"),),
+                 id="identical-cloud-file-mount"),
     pytest.param({"workdir": "."}, {"workdir": "."},
-                 (FieldChange("workdir", ".", ".", note="workdir contents cannot be compared"),),
-                 id="identical-workdir"),
+                 (FieldChange("workdir", ".", ".", note=NO_SNAPSHOT),), id="identical-workdir-without-snapshot"),
     pytest.param({"workdir": ".", "file_mounts": {"/data": "s3://bucket"}},
                  {"workdir": ".", "file_mounts": {"/data": "s3://bucket"}},
-                 (FieldChange("workdir", ".", ".", note="workdir contents cannot be compared"),
-                  FieldChange("file_mounts", "/data=s3://bucket", "/data=s3://bucket",
-                              note="file_mounts contents cannot be compared")),
+                 (FieldChange("file_mounts./data", "s3://bucket", "s3://bucket",
+                              note="contents cannot be compared (a cloud URI)"),
+                  FieldChange("workdir", ".", ".", note=NO_SNAPSHOT)),
                  id="identical-workdir-and-file-mounts"),
     pytest.param({"file_mounts": {"/data": "s3://bucket"}}, {},
                  (FieldChange("file_mounts./data", "s3://bucket", None),), id="file-mount-removed"),
@@ -167,8 +170,9 @@ def test_workdir_and_file_mounts_force_a_change(
     pytest.param(FieldChange("resources.use_spot", True, False), "resources.use_spot: true -> false",
                  id="booleans"),
     pytest.param(FieldChange("resources.disk_size", 100, 200), "resources.disk_size: 100 -> 200", id="ints"),
-    pytest.param(FieldChange("workdir", ".", ".", note="workdir contents cannot be compared"),
-                 "workdir: . -> . (workdir contents cannot be compared)", id="with-note"),
+    pytest.param(FieldChange("workdir", "./a", "./b", note="moved"), "workdir: ./a -> ./b (moved)", id="with-note"),
+    pytest.param(FieldChange("workdir", ".", ".", note="contents changed (1 file: app.py)"),
+                 "workdir: contents changed (1 file: app.py)", id="same-value-says-only-the-note"),
     pytest.param(FieldChange("run", "python a.py\n", "python b.py\n"),
                  "run line 1: python a.py -> python b.py", id="script-first-different-line"),
     pytest.param(FieldChange("setup", "pip install a\npip install b\n", "pip install a\n"),
@@ -178,3 +182,42 @@ def test_workdir_and_file_mounts_force_a_change(
 ])
 def test_field_change_describe(change: FieldChange, text: str) -> None:
     assert change.describe() == text
+
+
+def _manifest(files: dict[str, str]) -> Manifest:
+    return Manifest(tuple(ManifestEntry(path, EntryKind.FILE, size=len(text),
+                                        digest=hashlib.sha256(text.encode()).hexdigest())
+                          for path, text in sorted(files.items())))
+
+
+APP = {"app.py": "print(1)", "lib/x.py": "x = 1"}
+
+
+@pytest.mark.parametrize(("old_files", "new_files", "reuse", "note"), [
+    pytest.param(APP, APP, False, "contents identical (sha256 {digest}...), replaced by default: "
+                 "--reuse-identical-files keeps it", id="identical-replaced-by-default"),
+    pytest.param(APP, APP, True, None, id="identical-reused-when-asked"),
+    pytest.param(APP, {"app.py": "print(2)", "lib/x.py": "x = 2", "new.py": ""}, True,
+                 "contents changed (3 files: app.py, lib/x.py, +new.py)", id="changed-is-replaced-even-when-asked"),
+    pytest.param(APP, {"app.py": "print(1)"}, False, "contents changed (1 file: -lib/x.py)", id="file-removed"),
+])
+def test_workdir_snapshots_decide_and_explain(old_files: dict[str, str], new_files: dict[str, str], reuse: bool,
+                                              note: str | None) -> None:
+    old = dataclasses.replace(spec({"workdir": "./app"}), files=TaskFiles(workdir=_manifest(old_files)))
+    new = dataclasses.replace(spec({"workdir": "./app"}), files=TaskFiles(workdir=_manifest(new_files)))
+    changes = find_config_changes(old, new, reuse_identical_files=reuse)
+    assert old.files is not None and old.files.workdir is not None
+    expected = () if note is None else (
+        FieldChange("workdir", "./app", "./app", note=note.format(digest=old.files.workdir.digest[:8])),)
+    assert changes == expected
+    assert is_same_replica_config(old, new, reuse_identical_files=reuse) is (note is None)
+
+
+def test_file_mount_snapshots_compare_per_destination() -> None:
+    mounts: dict[str, object] = {"file_mounts": {"/data": "./data", "/model": "./model.bin"}}
+    old = dataclasses.replace(spec(mounts), files=TaskFiles(mounts=(
+        ("/data", _manifest({"a.csv": "1"})), ("/model", _manifest({"": "weights"})))))
+    new = dataclasses.replace(spec(mounts), files=TaskFiles(mounts=(
+        ("/data", _manifest({"a.csv": "1"})), ("/model", _manifest({"": "weights v2"})))))
+    assert find_config_changes(old, new, reuse_identical_files=True) == (
+        FieldChange("file_mounts./model", "./model.bin", "./model.bin", note="contents changed (1 file: (the file))"),)
