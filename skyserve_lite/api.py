@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +33,14 @@ from skyserve_lite.errors import (
     StateConflictError,
     UsageError,
     WaitTimeoutError,
+)
+from skyserve_lite.files.blobs import BlobStore, blob_store_of
+from skyserve_lite.files.capture import (
+    capture_task_files,
+    check_task_sources,
+    find_task_dir,
+    format_size,
+    needs_capture,
 )
 from skyserve_lite.lb.settings import hold_seconds_from_env
 from skyserve_lite.plan.rollout import UpdateMode
@@ -129,10 +138,15 @@ class HistoryEntry:
     mode: str
     summary: str
     note: str | None
+    files_digest: str | None = None  # the snapshot of its workdir and file mounts
+    files_size: int | None = None
+    files_expired: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "created_at": format_timestamp(self.created_at), "mode": self.mode,
-                "summary": self.summary, "note": self.note}
+                "summary": self.summary, "note": self.note,
+                "files": None if self.files_digest is None and not self.files_expired else
+                {"digest": self.files_digest, "size": self.files_size, "expired": self.files_expired}}
 
 
 @dataclass(frozen=True)
@@ -157,15 +171,19 @@ class Controller(Protocol):
         """The service with every stored version and its replicas. Raises ``NotFoundError``."""
         ...
 
-    def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode) -> UpdatePlan:
+    def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
+                    reuse_identical_files: bool = False) -> UpdatePlan:
         """What making ``task`` the next version would do, replica by replica: the controller's own passes
-        run forward over the service's current state (``controller.forecast``). Changes nothing."""
+        run forward over the service's current state (``controller.forecast``), with the task's files
+        hashed (not stored) so the plan can compare them. Changes nothing."""
         ...
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
-                      expect_version: int | None = None, note: str | None = None) -> VersionRecord:
-        """Store ``task`` as the next version; the controller rolls it out. Raises ``StateConflictError``
-        when ``expect_version`` is not the current version (nothing stored)."""
+                      expect_version: int | None = None, note: str | None = None,
+                      reuse_identical_files: bool = False) -> VersionRecord:
+        """Capture the task's files and store it as the next version; the controller rolls it out. Raises
+        ``StateConflictError`` when ``expect_version`` is not the current version, ``SpecError`` when its
+        files cannot be captured (nothing stored either way)."""
         ...
 
     def controller_status(self) -> ControllerStatus:
@@ -204,15 +222,19 @@ class LocalController:
 
     def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
         check_service_name(name)
-        check_submission(task)
-        store = self._open()
-        try:
-            port = _pick_lb_port(store.used_lb_ports())
-            service = store.create_service(name, task, port, self._clock.now())
-            store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
-                               f"{task.source}")])
-        finally:
-            store.close()
+        settings = check_submission(task)
+        blobs = blob_store_of(self.home)
+        # Held from the first blob written until the version that needs them is stored (see files.blobs).
+        with _capture_lock(task, blobs):
+            task = _with_files(task, settings, blobs)
+            store = self._open()
+            try:
+                port = _pick_lb_port(store.used_lb_ports())
+                service = store.create_service(name, task, port, self._clock.now())
+                store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
+                                   f"{task.source}" + _describe_files(task))])
+            finally:
+                store.close()
         if self._start_daemon:
             ensure_controller(self.home)
         return service
@@ -248,8 +270,10 @@ class LocalController:
         pid = ensure_controller(self.home)
         return dataclasses.replace(self.controller_status(), running=True, pid=pid)
 
-    def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode) -> UpdatePlan:
+    def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
+                    reuse_identical_files: bool = False) -> UpdatePlan:
         settings = ControllerSettings.from_env()
+        task = _with_files(task, settings, blobs=None)  # hashed only: a plan stores nothing
         store = self._open()
         try:
             service = store.get_service(name)
@@ -258,7 +282,8 @@ class LocalController:
                                      procs.is_alive, VersionCache())
         finally:
             store.close()
-        return forecast_update(snapshot, service.current_version + 1, task.spec, mode, now, settings)
+        return forecast_update(snapshot, service.current_version + 1, task.spec, mode, now, settings,
+                               reuse_identical_files=reuse_identical_files)
 
     def get_rollout_state(self, name: str) -> RolloutState:
         store = self._open()
@@ -271,17 +296,24 @@ class LocalController:
             store.close()
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
-                      expect_version: int | None = None, note: str | None = None) -> VersionRecord:
-        check_submission(task)
-        store = self._open()
-        try:
-            version = store.add_version(name, task, mode.value, self._clock.now(), expect_version=expect_version,
-                                        note=note)
-            store.add_events([(self._clock.now(), name, None, "service",
-                               f"version {version.version} submitted ({mode.value}"
-                               + (f", {note}" if note else "") + f") from {task.source}")])
-        finally:
-            store.close()
+                      expect_version: int | None = None, note: str | None = None,
+                      reuse_identical_files: bool = False) -> VersionRecord:
+        settings = check_submission(task)
+        blobs = blob_store_of(self.home)
+        with _capture_lock(task, blobs):
+            task = _with_files(task, settings, blobs)
+            store = self._open()
+            try:
+                version = store.add_version(name, task, mode.value, self._clock.now(),
+                                            expect_version=expect_version, note=note,
+                                            reuse_identical_files=reuse_identical_files,
+                                            keep_snapshot_versions=settings.keep_snapshot_versions)
+                store.add_events([(self._clock.now(), name, None, "service",
+                                   f"version {version.version} submitted ({mode.value}"
+                                   + (f", {note}" if note else "") + f") from {task.source}"
+                                   + _describe_files(task))])
+            finally:
+                store.close()
         if self._start_daemon:
             ensure_controller(self.home)
         return version
@@ -346,12 +378,40 @@ class LocalController:
         return found
 
 
-def check_submission(task: SubmittedTask) -> None:
+def check_submission(task: SubmittedTask) -> ControllerSettings:
     """Everything checked before a task is stored: the cloud can run it, and every SKY_LITE_* setting the
-    controller and load balancers will read is valid (so a typo fails here, not in a background process)."""
+    controller and load balancers will read is valid (so a typo fails here, not in a background process).
+    Returns the controller settings."""
     check_task_for_cloud(task)
-    ControllerSettings.from_env()
+    settings = ControllerSettings.from_env()
     hold_seconds_from_env(os.environ)
+    return settings
+
+
+@contextmanager
+def _capture_lock(task: SubmittedTask, blobs: BlobStore) -> Iterator[None]:
+    """Hold the blob store's writing lock for a task that has files to capture, from its first blob until
+    its version is stored; a missing source is refused first, before anything is written."""
+    if not needs_capture(task.spec):
+        yield
+        return
+    check_task_sources(task.spec, find_task_dir(task.source), task.source)
+    with blobs.writing():
+        yield
+
+
+def _with_files(task: SubmittedTask, settings: ControllerSettings, blobs: BlobStore | None) -> SubmittedTask:
+    """``task`` with the snapshot of its local files (hashed, and stored in ``blobs`` when given)."""
+    if not needs_capture(task.spec):
+        return task
+    files = capture_task_files(task.spec, find_task_dir(task.source), task.source, blobs,
+                               settings.snapshot_limit_bytes)
+    return dataclasses.replace(task, spec=dataclasses.replace(task.spec, files=files))
+
+
+def _describe_files(task: SubmittedTask) -> str:
+    files = task.spec.files
+    return "" if files is None else f", files sha256 {files.digest[:12]} ({format_size(files.size)})"
 
 
 def rollback_task(state: RolloutState, to_version: int | None) -> tuple[SubmittedTask, int]:
@@ -363,6 +423,11 @@ def rollback_task(state: RolloutState, to_version: int | None) -> tuple[Submitte
     if target == current:
         raise StateConflictError(f"service {state.service.name!r} is already at version {current}")
     record = state.version(target)
+    if record.files_expired:
+        raise StateConflictError(f"version {target} of {state.service.name!r} cannot be rolled back to: its files "
+                                 "were dropped (SKY_LITE_KEEP_SNAPSHOT_VERSIONS keeps the newest versions' files); "
+                                 f"see `sky-lite serve history {state.service.name}`")
+    # Its spec carries its snapshot: the rollback runs exactly the files version N ran, not today's disk.
     return SubmittedTask(text=record.text, source=record.source, spec=record.spec), target
 
 
@@ -371,8 +436,11 @@ def describe_history(versions: Sequence[VersionRecord]) -> list[HistoryEntry]:
     entries = []
     previous: VersionRecord | None = None
     for record in versions:
+        files = record.files
         entries.append(HistoryEntry(record.version, record.created_at, record.mode,
-                                    summarize_change(previous, record), record.note))
+                                    summarize_change(previous, record), record.note,
+                                    files_digest=files.digest if files else None,
+                                    files_size=files.size if files else None, files_expired=record.files_expired))
         previous = record
     return entries
 
@@ -380,7 +448,7 @@ def describe_history(versions: Sequence[VersionRecord]) -> list[HistoryEntry]:
 def summarize_change(previous: VersionRecord | None, record: VersionRecord) -> str:
     if previous is None:
         return "initial version"
-    replaced = find_config_changes(previous.spec, record.spec)
+    replaced = find_config_changes(previous.spec, record.spec, reuse_identical_files=record.reuse_identical_files)
     settings = find_service_changes(previous.spec, record.spec)
     details = "; ".join(c.describe() for c in (*replaced, *settings))
     if replaced:

@@ -64,6 +64,12 @@ def _stdout() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
+def _reuse_files_option(func: F) -> F:
+    return click.option("--reuse-identical-files", is_flag=True,
+                        help="Reuse replicas whose whole config is equal, workdir and file_mounts contents "
+                        "included (by default a non-empty workdir or file_mounts replaces every replica).")(func)
+
+
 def _yes_option(func: F) -> F:
     return click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")(func)
 
@@ -128,14 +134,16 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--expect-version", type=int, default=None,
               help="Refuse unless the service is at this version (guards against concurrent updates).")
+@_reuse_files_option
 @_yes_option
 @_output_option
-def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_version: int | None, yes: bool,
-                 output: str) -> None:
+def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_version: int | None,
+                 reuse_identical_files: bool, yes: bool, output: str) -> None:
     """Update service NAME to TASK_FILE, reusing replicas whose config is unchanged."""
     with _errors():
         task = load_task_file(task_file.resolve())
-        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None)
+        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None,
+                reuse_identical_files=reuse_identical_files)
 
 
 @serve.command("rollback")
@@ -146,16 +154,17 @@ def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_ve
               show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--expect-version", type=int, default=None, help="Refuse unless the service is at this version.")
+@_reuse_files_option
 @_yes_option
 @_output_option
 def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, expect_version: int | None,
-                   yes: bool, output: str) -> None:
-    """Update service NAME to an earlier version's stored task, with the same reuse rules."""
+                   reuse_identical_files: bool, yes: bool, output: str) -> None:
+    """Update service NAME to an earlier version's stored task and files, with the same reuse rules."""
     with _errors():
         state = _controller().get_rollout_state(name)
         task, target = api.rollback_task(state, to_version)
         _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
-                note=f"rollback to version {target}")
+                note=f"rollback to version {target}", reuse_identical_files=reuse_identical_files)
 
 
 # A concurrent update between our plan and our submit makes us plan again; three in a row is a fight.
@@ -163,11 +172,11 @@ _REPLAN_ATTEMPTS = 3
 
 
 def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
-            yes: bool, output: str, note: str | None) -> None:
+            yes: bool, output: str, note: str | None, *, reuse_identical_files: bool = False) -> None:
     api.check_submission(task)  # before the plan and the question, so a "yes" is never answered with an error
     controller = _controller()
     for attempt in range(_REPLAN_ATTEMPTS):
-        plan = controller.plan_update(name, task, mode)
+        plan = controller.plan_update(name, task, mode, reuse_identical_files=reuse_identical_files)
         if expect_version is not None and plan.from_version != expect_version:
             raise StateConflictError(f"service {name!r} is at version {plan.from_version}, not "
                                      f"{expect_version}; nothing was changed")
@@ -181,7 +190,8 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
             click.confirm("Apply this update?", abort=True, err=True)
         try:
             # The plan shown is the plan of updating from_version: store it only on top of that version.
-            version = controller.submit_update(name, task, mode, expect_version=plan.from_version, note=note)
+            version = controller.submit_update(name, task, mode, expect_version=plan.from_version, note=note,
+                                               reuse_identical_files=reuse_identical_files)
         except StateConflictError:
             if expect_version is not None or attempt == _REPLAN_ATTEMPTS - 1:
                 raise

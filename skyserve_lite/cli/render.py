@@ -13,6 +13,7 @@ from rich.text import Text
 from skyserve_lite.api import HistoryEntry, ServiceView
 from skyserve_lite.autoscalers.simulator import SimulatedDecision
 from skyserve_lite.clock import format_timestamp
+from skyserve_lite.files.capture import format_size
 from skyserve_lite.plan.update import ReplicaAction, UpdatePlan
 
 _STATUS_STYLE = {
@@ -142,11 +143,21 @@ def plan_renderable(plan: UpdatePlan) -> Group:
     return Group(*parts)
 
 
+def describe_files(entry: HistoryEntry) -> str:
+    """``sha256 9f2c1a0b (12.3 KiB)``, ``expired``, or ``-`` for a version with no local files."""
+    if entry.files_expired:
+        return "expired"
+    if entry.files_digest is None:
+        return "-"
+    return f"sha256 {entry.files_digest[:8]} ({format_size(entry.files_size or 0)})"
+
+
 def history_table(name: str, entries: Sequence[HistoryEntry]) -> Group:
-    table = _table("VERSION", "CREATED", "MODE", "CHANGES")
+    table = _table("VERSION", "CREATED", "MODE", "FILES", "CHANGES")
     for entry in entries:
         changes = entry.summary + (f" ({entry.note})" if entry.note else "")
-        table.add_row(str(entry.version), format_timestamp(entry.created_at) or "", entry.mode, changes)
+        table.add_row(str(entry.version), format_timestamp(entry.created_at) or "", entry.mode,
+                      describe_files(entry), changes)
     return _titled(f"History of {name}", table)
 
 

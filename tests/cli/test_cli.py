@@ -70,18 +70,38 @@ def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args:
                      "file_mounts./data: 'gs://bucket/data': cloud aws copies local paths and s3:// sources only",
                      id="aws-foreign-mount-scheme"),
         pytest.param(TASK, ["-n", "Bad_Name"], "invalid service name 'Bad_Name'", id="invalid-name"),
+        pytest.param(TASK + "workdir: ./nope\n", [], "workdir: './nope' does not exist", id="missing-workdir"),
+        pytest.param(TASK + "file_mounts:\n  /data: ./missing.csv\n", [],
+                     "file_mounts./data: './missing.csv' does not exist", id="missing-mount-source"),
+        pytest.param(TASK + "file_mounts:\n  ../../../../tmp/x: ./app.py\n", [],
+                     "file_mounts.../../../../tmp/x: the destination may not contain '..'", id="dotdot-destination"),
     ],
 )
 def test_bad_input_to_up_exits_2_and_writes_nothing(cli: Cli, home: Path, tmp_path: Path, text: str,
                                                     name_args: list[str], message: str) -> None:
     path = tmp_path / "task.yaml"
     path.write_text(text)
+    (tmp_path / "app.py").write_text("print(1)")
     exit_code, stdout, stderr = cli("serve", "up", str(path), *name_args)
     assert exit_code == 2
     assert message in stderr
     assert stdout == ""
     assert not (home / "state.db").exists() or json.loads(cli("serve", "status", "-o", "json")[1]) == {
         "services": []}
+    assert not (home / "blobs").exists()
+
+
+def test_a_snapshot_over_the_limit_is_refused_and_stores_no_version(cli: Cli, home: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SKY_LITE_SNAPSHOT_LIMIT_BYTES", "10")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "big.bin").write_text("x" * 11)
+    path = tmp_path / "task.yaml"
+    path.write_text(TASK + "workdir: ./app\n")
+    exit_code, _, stderr = cli("serve", "up", str(path))
+    assert exit_code == 2
+    assert "workdir: the task's files exceed the snapshot limit of 10 bytes per version" in stderr
+    assert json.loads(cli("serve", "status", "-o", "json")[1]) == {"services": []}
 
 
 def test_status_json_is_only_json_on_stdout(cli: Cli, home: Path, tmp_path: Path) -> None:

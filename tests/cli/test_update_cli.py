@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -180,11 +181,13 @@ class RacingController(LocalController):
         self.racer: SubmittedTask | None = racer
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
-                      expect_version: int | None = None, note: str | None = None) -> VersionRecord:
+                      expect_version: int | None = None, note: str | None = None,
+                      reuse_identical_files: bool = False) -> VersionRecord:
         if self.racer is not None:
             racer, self.racer = self.racer, None
             LocalController(self.home, FakeClock(), start_daemon=False).submit_update(name, racer, mode)
-        return super().submit_update(name, task, mode, expect_version=expect_version, note=note)
+        return super().submit_update(name, task, mode, expect_version=expect_version, note=note,
+                                     reuse_identical_files=reuse_identical_files)
 
 
 def test_an_update_that_loses_a_race_plans_again_and_names_the_version_it_stores(home: Path, tmp_path: Path) -> None:
@@ -206,3 +209,90 @@ def test_with_expect_version_a_lost_race_is_refused(home: Path, tmp_path: Path) 
     assert code == 1
     assert "is at version 2, not 1" in stderr
     assert versions(home) == [1, 2]  # the racer's version only
+
+
+WD = "workdir: ./app\nservice:\n  replicas: 2\nrun: python app.py\n"
+
+
+@dataclass(frozen=True)
+class WorkdirService:
+    cli: Cli
+    home: Path
+    project: Path
+
+
+@pytest.fixture
+def wd(tmp_path: Path) -> WorkdirService:
+    """A service with a workdir at version 1, with two READY replicas (a state directory of its own)."""
+    root = tmp_path / "project"
+    (root / "app").mkdir(parents=True)
+    (root / "app" / "app.py").write_text("print('v1')")
+    (root / "svc.yaml").write_text(WD)
+    home = tmp_path / "wd-home"
+    LocalController(home, FakeClock(), start_daemon=False).create_service("svc", load_task_file(root / "svc.yaml"))
+    store = Store.open(home)
+    store.add_replicas("svc", 2, ReplicaRecord(service="svc", replica_id=0, version=1, status=ReplicaStatus.READY,
+                                               cloud="local", launched_at=0.0, status_since=0.0, launch_token="t"))
+    store.close()
+    return WorkdirService(Cli(LocalController(home, FakeClock(), start_daemon=False)), home, root)
+
+
+def test_an_identical_workdir_is_replaced_by_default_and_the_plan_says_it_is_identical(wd: WorkdirService) -> None:
+    (wd.project / "svc.yaml").write_text(WD.replace("replicas: 2", "replicas: 3"))
+    code, stdout, _ = wd.cli("serve", "update", "svc", str(wd.project / "svc.yaml"), "--dry-run")
+    assert code == 0
+    assert "workdir: contents identical (sha256" in stdout and "--reuse-identical-files keeps it" in stdout
+    assert "reuse 0, replace 2, launch 3, terminate 2" in stdout
+
+
+def test_reuse_identical_files_makes_a_scale_up_launch_only_the_difference(wd: WorkdirService,
+                                                                           home: Path) -> None:
+    (wd.project / "svc.yaml").write_text(WD.replace("replicas: 2", "replicas: 3"))
+    args = ("serve", "update", "svc", str(wd.project / "svc.yaml"), "--reuse-identical-files")
+    assert "reuse 2, replace 0, launch 1, terminate 0" in wd.cli(*args, "--dry-run")[1]
+    code, stdout, _ = wd.cli(*args, "-y")
+    assert code == 0 and "reuse 2, replace 0, launch 1, terminate 0" in stdout
+    store = Store.open(wd.home)
+    assert store.get_version("svc", 2).reuse_identical_files
+    store.close()
+
+
+def test_a_changed_file_is_named_and_history_shows_each_snapshot(wd: WorkdirService) -> None:
+    (wd.project / "app" / "app.py").write_text("print('v2')")
+    (wd.project / "app" / "new.py").write_text("")
+    code, stdout, _ = wd.cli("serve", "update", "svc", str(wd.project / "svc.yaml"), "--reuse-identical-files", "-y")
+    assert code == 0
+    assert "workdir: contents changed (2 files: app.py, +new.py)" in stdout
+    history = json.loads(wd.cli("serve", "history", "svc", "-o", "json")[1])["versions"]
+    first, second = (v["files"] for v in history)
+    assert first["size"] == len("print('v1')") and second["size"] == len("print('v2')")
+    assert first["digest"] != second["digest"] and not first["expired"]
+    table = wd.cli("serve", "history", "svc")[1]
+    assert f"sha256 {first['digest'][:8]} (11 bytes)" in table
+
+
+def test_rollback_runs_the_files_of_the_version_it_goes_back_to(wd: WorkdirService) -> None:
+    (wd.project / "app" / "app.py").write_text("print('v2')")
+    assert wd.cli("serve", "update", "svc", str(wd.project / "svc.yaml"), "-y")[0] == 0
+    (wd.project / "app" / "app.py").write_text("edited on disk, never submitted")
+    assert wd.cli("serve", "rollback", "svc", "--to", "1", "-y")[0] == 0
+    store = Store.open(wd.home)
+    v1, v3 = store.get_version("svc", 1).files, store.get_version("svc", 3).files
+    store.close()
+    assert v1 is not None and v3 is not None and v3.digest == v1.digest
+
+
+def test_rollback_to_a_version_whose_files_expired_says_so(wd: WorkdirService,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store.open(wd.home)
+    store.delete_replicas([("svc", 1), ("svc", 2)])  # nothing runs version 1 any more
+    store.close()
+    monkeypatch.setenv("SKY_LITE_KEEP_SNAPSHOT_VERSIONS", "1")
+    for text in ("print('v2')", "print('v3')"):
+        (wd.project / "app" / "app.py").write_text(text)
+        assert wd.cli("serve", "update", "svc", str(wd.project / "svc.yaml"), "-y")[0] == 0
+    code, _, stderr = wd.cli("serve", "rollback", "svc", "--to", "1", "-y")
+    assert code == 1
+    assert "version 1 of 'svc' cannot be rolled back to: its files were dropped" in stderr
+    assert "expired" in wd.cli("serve", "history", "svc")[1]
+    assert versions(wd.home) == [1, 2, 3]
