@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 REGIONS = ("us-east-1", "eu-west-1")
@@ -60,6 +62,7 @@ def main() -> None:
     from moto import mock_aws
 
     from skyserve_lite.clock import SystemClock
+    from skyserve_lite.files.blobs import BlobStore
     from skyserve_lite.providers.aws import AwsProvider
     from skyserve_lite.providers.base import LaunchRequest
     from skyserve_lite.spec.model import Resources, ServiceSpec, TaskSpec
@@ -70,7 +73,8 @@ def main() -> None:
         ec2 = Counter({k: v for k, v in calls.items() if k[0] == "ec2"})
         rows.append((scenario, expected, sum(ec2.values()), summarize(ec2), seconds))
 
-    with mock_aws():
+    with mock_aws(), tempfile.TemporaryDirectory() as scratch:
+        blobs = BlobStore(Path(scratch) / "blobs")  # the tasks ship no files: never read
         session = boto3.Session(region_name=REGIONS[0])
         counter = CallCounter(session)
         images = {region: boto3.client("ec2", region_name=region).describe_images(Owners=["amazon"])["Images"][0]
@@ -85,7 +89,7 @@ def main() -> None:
             return [LaunchRequest(service=service, replica_id=first + i, version=1, spec=spec, launch_token=token,
                                   is_spot=False) for i in range(count)]
 
-        provider = AwsProvider("bench", SystemClock(), session=session)
+        provider = AwsProvider("bench", SystemClock(), session=session, blobs=blobs)
         per_region = args.instances // len(REGIONS)
         step = 50  # replicas per launch call while filling the fleet, as an autoscaler adding 50 at once would
         for region in REGIONS:
@@ -103,7 +107,7 @@ def main() -> None:
                    "DescribeInstances pages only", counter.take(), seconds)
 
         for k in args.scale:
-            cold = AwsProvider(f"bench-new-{k}", SystemClock(), session=session)  # its own security group
+            cold = AwsProvider(f"bench-new-{k}", SystemClock(), session=session, blobs=blobs)  # its own group
             started = time.perf_counter()
             outcomes = cold.launch(requests(f"cold-{k}", REGIONS[0], 0, k, f"cold-{k}"))
             assert all(o.instance is not None for o in outcomes)

@@ -65,10 +65,11 @@ def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mappin
     providers: dict[str, Provider] = {"local": LocalProvider(home, clock)}
     if "aws" in available_clouds():
         def build_aws() -> Provider:
+            from skyserve_lite.files.blobs import blob_store_of
             from skyserve_lite.providers.aws import AwsProvider
 
             profile = env.get("SKY_LITE_AWS_INSTANCE_PROFILE") or None
-            aws = AwsProvider(controller_id, clock, instance_profile=profile)
+            aws = AwsProvider(controller_id, clock, blobs=blob_store_of(home), instance_profile=profile)
             if env.get("SKY_LITE_EMULATE_INSTANCES") != "1":
                 return aws
             from skyserve_lite.providers.emulation import EmulatedProvider

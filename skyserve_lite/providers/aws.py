@@ -17,9 +17,16 @@ and the replica ids) makes the same promise on AWS's side for a retry whose firs
 A batch without a zone tries the region's zones in name order and moves to the next one on a capacity
 error; the instance's ``detail`` says which zones had none.
 
-Files: a local ``workdir`` or ``file_mounts`` source is uploaded once per service version to the bucket
-``sky-lite-<controller>-<service>`` (prefix ``v<version>/``); the instance fetches it, and any ``s3://``
-source, with its own role (the constructor's ``instance_profile``). See ``aws_userdata`` for the boot script.
+Files: replicas are built from the version's snapshot (``TaskSpec.files``, captured when the task was
+submitted), never from the submitter's disk. Each blob goes once per digest to the service's bucket
+``sky-lite-<controller>-<service>`` as ``blobs/<sha256>``, whatever the number of versions that hold it;
+the provider remembers what it uploaded, and the first staging for a bucket learns what is there already
+with one paginated ``ListObjectsV2`` of ``blobs/``, so a restarted controller uploads nothing again. Next to
+the blobs, one small file list per snapshot, ``files/<snapshot digest>.tsv``, says where each entry lands;
+the boot script downloads it and applies it (``aws_userdata``), so user data does not grow with the number
+of files. Instances read the bucket, and any ``s3://`` source, with their own role (the constructor's
+``instance_profile``). A version stored before snapshots existed (``needs_capture``) is a permanent launch
+outcome: it has to be submitted again.
 
 Errors: boto3's and botocore's exceptions are translated by one function, ``translate_error``, at one
 boundary, ``_translated``: every public method runs inside it (so a session that cannot be built, e.g. for
@@ -35,6 +42,7 @@ import base64
 import contextlib
 import functools
 import hashlib
+import io
 import json
 import logging
 import re
@@ -42,7 +50,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import boto3
@@ -66,12 +73,18 @@ from botocore.exceptions import (
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.errors import PermanentProviderError, ProviderError, TransientProviderError
+from skyserve_lite.files.blobs import BlobStore
+from skyserve_lite.files.capture import is_cloud_uri, needs_capture
+from skyserve_lite.files.manifest import EntryKind, TaskFiles
 from skyserve_lite.providers.aws_userdata import (
     USER_DATA_LIMIT_BYTES,
-    WORKDIR,
     BootBatch,
     Fetch,
+    Placement,
+    StagedFiles,
     find_mount_destination,
+    find_placements,
+    render_file_list,
     render_user_data,
 )
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
@@ -91,12 +104,15 @@ DEFAULT_INSTANCE_TYPE = "m5.large"
 DEFAULT_PORT = 8080
 # EC2 tag values hold at most 256 characters: with 4-digit replica ids ("1000,1001,...") that is 51 per batch.
 TAG_VALUE_LIMIT = 256
-# DescribeInstances returns at most 1,000 instances a page: 1,000 instances in a region cost one call.
+# DescribeInstances returns at most 1,000 instances a page, ListObjectsV2 1,000 keys: 1,000 instances in a region,
+# or 1,000 blobs in a bucket, cost one call.
 PAGE_SIZE = 1000
 # Three retries of a throttled or failing call, 1.75 s in all: long enough for a token bucket to refill a few
 # requests, short enough not to hold a reconcile pass up.
 RETRY_DELAYS = (0.25, 0.5, 1.0)
 _OPEN_TO_ALL = "0.0.0.0/0"
+BLOB_PREFIX = "blobs/"
+FILE_LIST_PREFIX = "files/"
 
 _TRANSIENT_CODES = frozenset({
     "Throttling", "ThrottlingException", "RequestLimitExceeded", "EC2ThrottledException", "SlowDown",
@@ -237,13 +253,18 @@ def _boundary(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 @contextlib.contextmanager
-def _reading(field_path: str, path: Path) -> Iterator[None]:
-    """Reading a task's local file to upload it: an ``OSError`` is a permanent error naming the field."""
+def _reading_blob(field_path: str, name: str, digest: str) -> Iterator[None]:
+    """Reading a snapshot's blob from the state directory to upload it: an ``OSError`` is a permanent error
+    naming the field (the version's files cannot be had; resubmitting it captures them again)."""
     try:
         yield
+    except FileNotFoundError as exc:
+        raise AwsPermanentError(f"{field_path}: {name}: its content (sha256 {digest[:12]}) is missing from the "
+                                "snapshot store: submit the task again with `sky-lite serve update`",
+                                "MissingBlob") from exc
     except OSError as exc:
-        raise AwsPermanentError(f"{field_path}: cannot read {exc.filename or path}: {exc.strerror or exc}",
-                                "UnreadableSource") from exc
+        raise AwsPermanentError(f"{field_path}: {name}: cannot read its content from the snapshot store "
+                                f"({exc.filename}): {exc.strerror or exc}", "UnreadableSource") from exc
 
 
 # --- pure helpers ----------------------------------------------------------------------------------------------
@@ -383,11 +404,14 @@ class _SecurityGroup:
     rules: set[tuple[int, str]] = field(default_factory=set)  # (tcp port, cidr) already allowed
 
 
-@dataclass(frozen=True)
-class _Staged:
-    """The files of one service version, uploaded: what the boot script fetches."""
+@dataclass
+class _Bucket:
+    """A service's bucket as this provider knows it: what is in it already, so nothing is uploaded twice."""
 
-    fetches: tuple[Fetch, ...]
+    name: str
+    region: str
+    blobs: set[str]  # digests under blobs/: listed once, then added to as they are uploaded
+    file_lists: dict[str, StagedFiles] = field(default_factory=dict)  # by snapshot digest, uploaded
 
 
 class AwsProvider:
@@ -399,11 +423,12 @@ class AwsProvider:
 
     name = "aws"
 
-    def __init__(self, controller_id: str, clock: Clock, *, session: Any = None, default_region: str | None = None,
-                 instance_profile: str | None = None, sleep: Callable[[float], None] = time.sleep,
-                 page_size: int = PAGE_SIZE) -> None:
+    def __init__(self, controller_id: str, clock: Clock, *, blobs: BlobStore, session: Any = None,
+                 default_region: str | None = None, instance_profile: str | None = None,
+                 sleep: Callable[[float], None] = time.sleep, page_size: int = PAGE_SIZE) -> None:
         self._controller_id = controller_id
         self._clock = clock
+        self._blobs = blobs  # where the versions' snapshots are (the controller's state directory)
         self._session = session
         self._default_region = default_region
         self._instance_profile = instance_profile
@@ -415,8 +440,7 @@ class AwsProvider:
         self._zones: dict[str, tuple[str, ...]] = {}
         self._groups: dict[str, _SecurityGroup] = {}
         self._root_devices: dict[tuple[str, str], str] = {}
-        self._staged: dict[tuple[str, int], _Staged] = {}
-        self._bucket_regions: dict[str, str] = {}
+        self._buckets: dict[str, _Bucket] = {}  # by service
 
     # --- Provider ------------------------------------------------------------------------------------------
     @_boundary
@@ -486,7 +510,8 @@ class AwsProvider:
     def release_service(self, service: str) -> None:
         """Delete the service's bucket and every object in it. Idempotent: a missing bucket is fine."""
         bucket = compute_bucket_name(self._controller_id, service)
-        region = self._bucket_regions.get(service) or self._find_default_region() or "us-east-1"
+        known = self._buckets.get(service)
+        region = (known.region if known else None) or self._find_default_region() or "us-east-1"
         try:
             while True:
                 listing = self._call("s3", region, "list_objects_v2", Bucket=bucket, MaxKeys=1000)
@@ -500,8 +525,7 @@ class AwsProvider:
         except AwsPermanentError as exc:
             if exc.code != "NoSuchBucket":
                 raise
-        self._staged = {key: value for key, value in self._staged.items() if key[0] != service}
-        self._bucket_regions.pop(service, None)
+        self._buckets.pop(service, None)
 
     @_boundary
     def read_log(self, service: str, replica_id: int, instance_id: str | None,
@@ -592,7 +616,8 @@ class AwsProvider:
         port = find_service_port(spec)
         batch = BootBatch(service=first.service, version=first.version, replica_ids=group.replica_ids,
                           envs=spec.envs, setup=spec.setup, run=spec.run, port=port)
-        user_data = render_user_data(batch, self._stage_files(first, group.region).fetches)
+        fetches, files = self._stage_files(first, group.region)
+        user_data = render_user_data(batch, fetches, files)
         if len(user_data.encode()) > USER_DATA_LIMIT_BYTES:
             raise AwsPermanentError(f"setup, run and envs make {len(user_data.encode())} bytes of EC2 user data, "
                                     f"over AWS's {USER_DATA_LIMIT_BYTES}: move long scripts into workdir",
@@ -696,50 +721,68 @@ class AwsProvider:
                  for r in p.get("IpRanges", [])}
         return _SecurityGroup(str(found[0]["GroupId"]), cidr, rules)
 
-    def _stage_files(self, request: LaunchRequest, region: str) -> _Staged:
-        """Upload a version's local ``workdir`` and ``file_mounts`` once; return what the instances fetch."""
-        key = (request.service, request.version)
-        if key in self._staged:
-            return self._staged[key]
+    def _stage_files(self, request: LaunchRequest, region: str) -> tuple[tuple[Fetch, ...], StagedFiles | None]:
+        """What the boot script fetches: the user's ``s3://`` mount sources, and the version's snapshot,
+        uploaded on the way (``_upload_snapshot``). Raises ``ProviderError``."""
         spec = request.spec
-        base = Path(request.source_dir) if request.source_dir else Path.cwd()
-        bucket = compute_bucket_name(self._controller_id, request.service)
-        uploads: list[tuple[str, Path, str]] = []  # (field, local path, key prefix or key)
-        fetches: list[Fetch] = []
-        sources = [("workdir", spec.workdir, WORKDIR)] if spec.workdir else []
-        sources += [(f"file_mounts.{destination}", source, find_mount_destination(destination))
-                    for destination, source in spec.file_mounts]
-        for index, (field_path, source, destination) in enumerate(sources):
-            if source.startswith("s3://"):
-                fetches.append(Fetch(source, destination, None))
-                continue
-            if "://" in source:
-                raise AwsPermanentError(f"{field_path}: {source}: AWS replicas fetch local paths and s3:// only",
-                                        "UnsupportedSource")
-            path = Path(source).expanduser()
-            path = path if path.is_absolute() else base / path
-            with _reading(field_path, path):
-                exists, is_dir = path.exists(), path.is_dir()
-            if not exists:
-                raise AwsPermanentError(f"{field_path}: {path} does not exist", "MissingSource")
-            prefix = f"v{request.version}/{index}-{'workdir' if field_path == 'workdir' else 'mount'}"
-            if is_dir:
-                uploads.append((field_path, path, prefix + "/"))
-                fetches.append(Fetch(f"s3://{bucket}/{prefix}/", destination, True))
-            else:
-                uploads.append((field_path, path, f"{prefix}/{path.name}"))
-                fetches.append(Fetch(f"s3://{bucket}/{prefix}/{path.name}", destination, False))
-        if fetches and not self._instance_profile:
+        if needs_capture(spec):
+            raise AwsPermanentError(f"{'workdir' if spec.workdir else 'file_mounts'}: version {request.version} "
+                                    "has no snapshot of its files (it was stored by an older sky-lite): submit it "
+                                    "again with `sky-lite serve update`", "NoSnapshot")
+        fetches = []
+        for destination, source in spec.file_mounts:
+            if not is_cloud_uri(source):
+                continue  # in the snapshot
+            if not source.startswith("s3://"):
+                raise AwsPermanentError(f"file_mounts.{destination}: {source}: AWS replicas fetch local paths "
+                                        "and s3:// only", "UnsupportedSource")
+            fetches.append(Fetch(source, find_mount_destination(destination)))
+        files = spec.files
+        try:
+            placements = find_placements(files) if files is not None else []
+        except ValueError as exc:
+            raise AwsPermanentError(str(exc), "UnsupportedPath") from exc
+        if (fetches or placements) and not self._instance_profile:
             raise AwsPermanentError("workdir/file_mounts: instances fetch files from S3 with their own role, and "
                                     "this controller has no instance profile configured (see docs/aws.md)",
                                     "NoInstanceProfile")
-        if uploads:
-            self._upload(bucket, region, request.service, uploads)
-        self._staged[key] = _Staged(tuple(fetches))
-        return self._staged[key]
+        staged = None
+        if files is not None and placements:
+            staged = self._upload_snapshot(request.service, region, files, placements)
+        return tuple(fetches), staged
 
-    def _upload(self, bucket: str, region: str, service: str, uploads: Sequence[tuple[str, Path, str]]) -> None:
-        create: dict[str, Any] = {"Bucket": bucket}
+    def _upload_snapshot(self, service: str, region: str, files: TaskFiles,
+                         placements: Sequence[Placement]) -> StagedFiles:
+        """Upload the blobs of ``files`` the bucket lacks, then its file list; idempotent. The file list goes
+        last, so a file list in the bucket means every blob it names is there too."""
+        bucket = self._ensure_bucket(service, region)
+        staged = bucket.file_lists.get(files.digest)
+        if staged is not None:
+            return staged
+        for placement in placements:
+            entry = placement.entry
+            if entry.kind is not EntryKind.FILE or entry.digest is None or entry.digest in bucket.blobs:
+                continue
+            with _reading_blob(placement.field, entry.path or placement.path, entry.digest), \
+                    open(self._blobs.path_of(entry.digest), "rb") as body:
+                self._call("s3", bucket.region, "put_object", Bucket=bucket.name, Key=BLOB_PREFIX + entry.digest,
+                           Body=body)
+            bucket.blobs.add(entry.digest)
+        key = f"{FILE_LIST_PREFIX}{files.digest}.tsv"
+        self._call("s3", bucket.region, "put_object", Bucket=bucket.name, Key=key,
+                   Body=render_file_list(placements).encode(), ContentType="text/tab-separated-values")
+        staged = StagedFiles(file_list=f"s3://{bucket.name}/{key}", blobs=f"s3://{bucket.name}/{BLOB_PREFIX}")
+        bucket.file_lists[files.digest] = staged
+        return staged
+
+    def _ensure_bucket(self, service: str, region: str) -> _Bucket:
+        """The service's bucket, created in ``region`` when missing; on first use by this provider, one
+        paginated ``ListObjectsV2`` of ``blobs/`` learns what an earlier controller uploaded already."""
+        known = self._buckets.get(service)
+        if known is not None:
+            return known
+        name = compute_bucket_name(self._controller_id, service)
+        create: dict[str, Any] = {"Bucket": name}
         if region != "us-east-1":  # us-east-1 is S3's default location and refuses to be named
             create["CreateBucketConfiguration"] = {"LocationConstraint": region}
         try:
@@ -747,15 +790,16 @@ class AwsProvider:
         except AwsPermanentError as exc:
             if exc.code != "BucketAlreadyOwnedByYou":
                 raise
-        self._bucket_regions.setdefault(service, region)
-        for field_path, path, target in uploads:
-            with _reading(field_path, path):
-                files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-            for file in files:
-                object_key = target + file.relative_to(path).as_posix() if path.is_dir() else target
-                with _reading(field_path, file):
-                    body = file.read_bytes()
-                self._call("s3", region, "put_object", Bucket=bucket, Key=object_key, Body=body)
+        blobs: set[str] = set()
+        params: dict[str, Any] = {"Bucket": name, "Prefix": BLOB_PREFIX, "MaxKeys": self._page_size}
+        while True:
+            page = self._call("s3", region, "list_objects_v2", **params)
+            blobs.update(str(item["Key"])[len(BLOB_PREFIX):] for item in page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                break
+            params["ContinuationToken"] = page["NextContinuationToken"]
+        self._buckets[service] = _Bucket(name, region, blobs)
+        return self._buckets[service]
 
     # --- inventory and termination -------------------------------------------------------------------------
     def _describe_instances(self, region: str, filters: list[dict[str, Any]]) -> Iterator[Mapping[str, Any]]:
@@ -815,8 +859,12 @@ class AwsProvider:
 
     def _call(self, service: str, region: str, operation: str, **params: Any) -> dict[str, Any]:
         """Call ``operation`` of ``service`` in ``region`` (building the client on first use); retry transient
-        failures after each of ``RETRY_DELAYS``. Raises ``AwsTransientError`` or ``AwsPermanentError``."""
+        failures after each of ``RETRY_DELAYS``. A file given as ``Body`` is rewound before each attempt, so
+        a retried upload sends every byte again. Raises ``AwsTransientError`` or ``AwsPermanentError``."""
+        body = params.get("Body")
         for delay in (*RETRY_DELAYS, None):
+            if isinstance(body, io.IOBase):
+                body.seek(0)
             try:
                 with _translated(_api_name(operation)):
                     response: dict[str, Any] = getattr(self._client(service, region), operation)(**params)

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
+import io
+import os
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +31,9 @@ from moto.ec2.models.instances import StateReason
 
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.errors import PermanentProviderError, TransientProviderError
+from skyserve_lite.files.blobs import BlobStore
+from skyserve_lite.files.capture import capture_task_files
+from skyserve_lite.files.manifest import EntryKind, Manifest, ManifestEntry, TaskFiles
 from skyserve_lite.providers.aws import (
     DEFAULT_INSTANCE_TYPE,
     TAG_CONTROLLER,
@@ -43,13 +51,26 @@ from skyserve_lite.providers.aws import (
     plan_launch_groups,
     translate_error,
 )
-from skyserve_lite.providers.aws_userdata import USER_DATA_LIMIT_BYTES, BootBatch, Fetch, render_user_data
+from skyserve_lite.providers.aws_userdata import (
+    APPLY_FILES,
+    USER_DATA_LIMIT_BYTES,
+    WORKDIR,
+    BootBatch,
+    Fetch,
+    StagedFiles,
+    find_placements,
+    render_file_list,
+    render_user_data,
+)
 from skyserve_lite.providers.base import InstanceState, LaunchRequest
 from skyserve_lite.spec.model import Resources, ServiceSpec, TaskSpec
 
 REGION = "us-east-1"
 CONTROLLER = "ctl1"
 SECRET = "testing-secret-never-in-user-data"
+PROFILE = "replica-reader"
+# For providers of tasks without files: creating a store touches nothing, and nothing reads this one.
+NO_BLOBS = BlobStore(Path("/nonexistent/sky-lite-blobs"))
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
@@ -128,9 +149,46 @@ def provider(session: boto3.Session, api: Api, sleeps: list[float]) -> AwsProvid
     return make_provider(session, sleeps)
 
 
-def make_provider(session: boto3.Session, sleeps: list[float] | None = None, **kwargs: Any) -> AwsProvider:
+def make_provider(session: boto3.Session, sleeps: list[float] | None = None, *, blobs: BlobStore = NO_BLOBS,
+                  **kwargs: Any) -> AwsProvider:
     record = sleeps if sleeps is not None else []
-    return AwsProvider(CONTROLLER, FakeClock(), session=session, sleep=record.append, **kwargs)
+    return AwsProvider(CONTROLLER, FakeClock(), blobs=blobs, session=session, sleep=record.append, **kwargs)
+
+
+@pytest.fixture
+def blobs(tmp_path: Path) -> BlobStore:
+    return BlobStore(tmp_path / "home" / "blobs")
+
+
+@pytest.fixture
+def profile(aws: None) -> str:
+    boto3.client("iam", region_name=REGION).create_instance_profile(InstanceProfileName=PROFILE)
+    return PROFILE
+
+
+def write_tree(root: Path, files: Mapping[str, str | bytes]) -> Path:
+    """``{"lib/x.py": "X = 1"}`` as files below ``root``."""
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    return root
+
+
+def captured(task: TaskSpec, base: Path, blobs: BlobStore) -> TaskSpec:
+    """``task`` as a controller stores it once submitted: with the snapshot of its local files."""
+    return dataclasses.replace(task, files=capture_task_files(task, base, str(base / "task.yaml"), blobs))
+
+
+def put_keys(api: Api) -> list[str]:
+    return [str(c.params["Key"]) for c in api.named("PutObject")]
+
+
+def read_object(bucket: str, key: str) -> str:
+    return str(boto3.client("s3", region_name=REGION).get_object(Bucket=bucket, Key=key)["Body"].read().decode())
 
 
 def ami(region: str = REGION) -> str:
@@ -283,19 +341,22 @@ BATCH = BootBatch(service="svc", version=3, replica_ids=(4, 5, 6), envs=(("GREET
                   setup="pip install -r requirements.txt", run="python3 app.py --port $PORT", port=9000)
 
 
-@pytest.mark.parametrize(("fetches", "present", "absent"), [
-    pytest.param((), ["replica_ids=4,5,6", "ami-launch-index", "Restart=always",
-                      "systemctl enable --now sky-lite-replica.service", "X-aws-ec2-metadata-token"],
-                 ["fetch ", "aws s3"], id="no-files"),
-    pytest.param((Fetch("s3://b/v3/0-workdir/", "/opt/sky-lite/workdir", True),
-                  Fetch("s3://b/v3/1-mount/model.bin", "/data/model.bin", False),
-                  Fetch("s3://public/data", "/root/data", None)),
-                 ["fetch s3://b/v3/0-workdir/ /opt/sky-lite/workdir dir",
-                  "fetch s3://b/v3/1-mount/model.bin /data/model.bin file", "fetch s3://public/data /root/data any"],
-                 [], id="files"),
+STAGED = StagedFiles(file_list="s3://b/files/abc.tsv", blobs="s3://b/blobs/")
+
+
+@pytest.mark.parametrize(("fetches", "files", "present", "absent"), [
+    pytest.param((), None, ["replica_ids=4,5,6", "ami-launch-index", "Restart=always",
+                            "systemctl enable --now sky-lite-replica.service", "X-aws-ec2-metadata-token"],
+                 ["fetch ", "aws s3", "apply_files"], id="no-files"),
+    pytest.param((), STAGED, ["aws s3 cp --only-show-errors s3://b/files/abc.tsv /opt/sky-lite/files.tsv",
+                              "apply_files /opt/sky-lite/files.tsv s3://b/blobs/"], ["fetch "], id="snapshot"),
+    pytest.param((Fetch("s3://public/data", "/root/data"), Fetch("s3://public/it's", "/data/a b")), STAGED,
+                 ["fetch s3://public/data /root/data", "fetch 's3://public/it'\"'\"'s' '/data/a b'",
+                  "apply_files /opt/sky-lite/files.tsv"], [], id="snapshot-and-s3"),
 ])
-def test_render_user_data(fetches: tuple[Fetch, ...], present: list[str], absent: list[str]) -> None:
-    text = render_user_data(BATCH, fetches)
+def test_render_user_data(fetches: tuple[Fetch, ...], files: StagedFiles | None, present: list[str],
+                          absent: list[str]) -> None:
+    text = render_user_data(BATCH, fetches, files)
     assert text.startswith("#!/bin/bash\n# sky-lite replica bootstrap: service svc, version 3, replicas 4,5,6\n")
     for piece in present:
         assert piece in text
@@ -310,6 +371,8 @@ def test_render_user_data(fetches: tuple[Fetch, ...], present: list[str], absent
     assert text.index("setup.sh); then") < text.index("systemctl enable")
     if fetches:
         assert text.index("fetch s3://") < text.index("setup.sh); then")
+    if files:  # the snapshot first: an s3:// mount into the workdir lands over it, not under it
+        assert text.index("apply_files /opt") < text.index("fetch s3://" if fetches else "setup.sh); then")
 
 
 def test_user_data_is_only_the_boot_script_so_a_6000_byte_run_fits() -> None:
@@ -544,8 +607,8 @@ def test_no_credentials_is_a_permanent_outcome_about_the_credential_chain(monkey
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing may leave this machine
     core = botocore.session.Session()
     core.register_component("credential_provider", CredentialResolver(providers=[]))
-    provider = AwsProvider(CONTROLLER, FakeClock(), session=boto3.Session(botocore_session=core, region_name=REGION),
-                           sleep=lambda _: None)
+    provider = AwsProvider(CONTROLLER, FakeClock(), blobs=NO_BLOBS,
+                           session=boto3.Session(botocore_session=core, region_name=REGION), sleep=lambda _: None)
     [outcome] = provider.launch([request(1, spec())])
     assert outcome.permanent and outcome.error is not None and "standard AWS credential chain" in outcome.error
 
@@ -579,34 +642,40 @@ def test_a_launch_whose_answer_was_lost_is_found_by_a_restarted_controller(sessi
     assert {o.instance.instance_id for o in outcomes if o.instance} == {i.instance_id for i in instances}
 
 
-# --- files: S3 upload and release ----------------------------------------------------------------------------------
-def test_local_files_go_to_a_service_bucket_and_release_deletes_it(session: boto3.Session, api: Api,
-                                                                   tmp_path: Path) -> None:
-    iam = boto3.client("iam", region_name=REGION)
-    iam.create_instance_profile(InstanceProfileName="replica-reader")
-    (tmp_path / "app").mkdir()
-    (tmp_path / "app" / "server.py").write_text("print('hi')\n")
-    (tmp_path / "app" / "lib").mkdir()
-    (tmp_path / "app" / "lib" / "util.py").write_text("X = 1\n")
-    (tmp_path / "weights.bin").write_bytes(b"\x00\x01")
-    task = spec(image_id=ami(), workdir="app",
-                file_mounts=(("/data/weights.bin", "weights.bin"), ("/data/public", "s3://someone/data")))
-    provider = make_provider(session, instance_profile="replica-reader")
+# --- files: the snapshot in S3 --------------------------------------------------------------------------------------
+APP = {"server.py": "print('hi')\n", "lib/util.py": "X = 1\n", "lib/data.json": "{}\n", "README": "read me\n"}
 
-    outcomes = provider.launch([request(1, task, source_dir=tmp_path), request(2, task, source_dir=tmp_path)])
+
+def test_snapshot_blobs_and_file_list_go_to_the_service_bucket_and_release_deletes_it(
+        session: boto3.Session, api: Api, blobs: BlobStore, profile: str, tmp_path: Path) -> None:
+    write_tree(tmp_path / "app", APP)
+    (tmp_path / "weights.bin").write_bytes(b"\x00\x01")
+    task = captured(spec(image_id=ami(), workdir="app", file_mounts=(
+        ("/data/weights.bin", "weights.bin"), ("/data/public", "s3://someone/data"))), tmp_path, blobs)
+    assert task.files is not None
+    shutil.rmtree(tmp_path / "app")  # replicas are built from the snapshot, not from the submitter's disk
+    provider = make_provider(session, blobs=blobs, instance_profile=profile)
+
+    outcomes = provider.launch([request(1, task), request(2, task)])
 
     assert all(o.instance is not None for o in outcomes)
     bucket = compute_bucket_name(CONTROLLER, "svc")
+    blob_keys = sorted(f"blobs/{d}" for d in task.files.blob_digests())
+    assert len(blob_keys) == 5
+    list_key = f"files/{task.files.digest}.tsv"
+    # Each blob once (not once per replica), then the file list.
+    uploaded = put_keys(api)
+    assert sorted(uploaded[:-1]) == blob_keys and uploaded[-1] == list_key
     s3 = boto3.client("s3", region_name=REGION)
-    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
-    assert keys == ["v1/0-workdir/lib/util.py", "v1/0-workdir/server.py", "v1/1-mount/weights.bin"]
-    assert api.count("PutObject") == 3  # once per version, not once per replica
+    assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]) == [*blob_keys, list_key]
+    readme = hashlib.sha256(APP["README"].encode()).hexdigest()
+    assert read_object(bucket, f"blobs/{readme}") == APP["README"]
     [run] = api.named("RunInstances")
-    assert run.params["IamInstanceProfile"] == {"Name": "replica-reader"}
+    assert run.params["IamInstanceProfile"] == {"Name": profile}
     user_data = run.params["UserData"]
-    assert f"fetch s3://{bucket}/v1/0-workdir/ /opt/sky-lite/workdir dir" in user_data
-    assert f"fetch s3://{bucket}/v1/1-mount/weights.bin /data/weights.bin file" in user_data
-    assert "fetch s3://someone/data /data/public any" in user_data
+    assert f"aws s3 cp --only-show-errors s3://{bucket}/{list_key} /opt/sky-lite/files.tsv" in user_data
+    assert f"apply_files /opt/sky-lite/files.tsv s3://{bucket}/blobs/" in user_data
+    assert "fetch s3://someone/data /data/public" in user_data  # referenced, not captured: fetched as before
 
     provider.release_service("svc")
     assert bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
@@ -614,12 +683,246 @@ def test_local_files_go_to_a_service_bucket_and_release_deletes_it(session: boto
     make_provider(session).release_service("never-launched")
 
 
-def test_local_files_without_an_instance_profile_are_a_permanent_error(provider: AwsProvider, api: Api,
-                                                                       tmp_path: Path) -> None:
-    (tmp_path / "app").mkdir()
-    [outcome] = provider.launch([request(1, spec(image_id=ami(), workdir="app"), source_dir=tmp_path)])
+def test_two_versions_upload_each_shared_blob_once_and_a_changed_file_only_its_new_blob(
+        session: boto3.Session, api: Api, blobs: BlobStore, profile: str, tmp_path: Path) -> None:
+    write_tree(tmp_path / "app", APP)
+    v1 = captured(spec(image_id=ami(), workdir="app"), tmp_path, blobs)
+    (tmp_path / "app" / "server.py").write_text("print('v2')\n")
+    v2 = captured(spec(image_id=ami(), workdir="app"), tmp_path, blobs)
+    assert v1.files is not None and v2.files is not None and v1.files.digest != v2.files.digest
+    new_blob = v2.files.blob_digests() - v1.files.blob_digests()
+    provider = make_provider(session, blobs=blobs, instance_profile=profile)
+
+    provider.launch([request(1, v1, version=1)])
+    assert len(put_keys(api)) == 5  # 4 blobs, 1 file list
+    api.calls.clear()
+    provider.launch([request(2, v2, version=2, token="tok-2")])
+    provider.launch([request(3, v1, version=1, token="tok-3")])  # a rollback: everything is there already
+
+    assert put_keys(api) == [f"blobs/{new_blob.pop()}", f"files/{v2.files.digest}.tsv"]
+    assert api.count("ListObjectsV2") == 0  # the bucket was learned once, at the first staging
+    assert api.count("RunInstances") == 2
+
+
+def test_a_restarted_provider_learns_the_bucket_with_one_listing_and_uploads_no_blob_again(
+        session: boto3.Session, api: Api, blobs: BlobStore, profile: str, tmp_path: Path) -> None:
+    write_tree(tmp_path / "app", {f"f{i}.txt": f"file {i}\n" for i in range(5)})
+    task = captured(spec(image_id=ami(), workdir="app"), tmp_path, blobs)
+    assert task.files is not None
+    make_provider(session, blobs=blobs, instance_profile=profile).launch([request(1, task)])
+    api.calls.clear()
+
+    restarted = make_provider(session, blobs=blobs, instance_profile=profile, page_size=2)
+    [outcome] = restarted.launch([request(2, task, token="tok-2")])
+
+    assert outcome.instance is not None
+    # 5 blobs at 2 keys a page: one paginated listing of blobs/ in 3 pages, then only the small file list.
+    listings = api.named("ListObjectsV2")
+    assert [c.params["Prefix"] for c in listings] == ["blobs/"] * 3
+    assert "ContinuationToken" not in listings[0].params and all("ContinuationToken" in c.params
+                                                                 for c in listings[1:])
+    assert put_keys(api) == [f"files/{task.files.digest}.tsv"]
+
+
+def test_the_file_list_places_every_entry_with_its_mode(session: boto3.Session, api: Api, blobs: BlobStore,
+                                                         profile: str, tmp_path: Path) -> None:
+    write_tree(tmp_path / "app", {"run.sh": "echo hi\n", "lib/x.py": "X = 1\n"})
+    os.chmod(tmp_path / "app" / "run.sh", 0o755)
+    (tmp_path / "app" / "empty").mkdir()
+    os.chmod(tmp_path / "app" / "empty", 0o700)
+    (tmp_path / "app" / "current").symlink_to("lib")
+    write_tree(tmp_path / "conf", {"a.yaml": "a: 1\n"})
+    (tmp_path / "w.bin").write_bytes(b"\x00")
+    os.chmod(tmp_path / "w.bin", 0o600)
+    task = captured(spec(image_id=ami(), workdir="app", file_mounts=(
+        ("/data/w.bin", "w.bin"), ("~/conf", "conf"), ("extra/x.py", "app/lib/x.py"))), tmp_path, blobs)
+    assert task.files is not None
+
+    make_provider(session, blobs=blobs, instance_profile=profile).launch([request(1, task)])
+
+    def digest(name: str) -> str:
+        return hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+
+    text = read_object(compute_bucket_name(CONTROLLER, "svc"), f"files/{task.files.digest}.tsv")
+    assert text.splitlines() == [
+        f"link\t777\tlib\t{WORKDIR}/current",
+        f"dir\t700\t-\t{WORKDIR}/empty",
+        f"dir\t{_mode(tmp_path / 'app' / 'lib')}\t-\t{WORKDIR}/lib",
+        f"file\t644\t{digest('app/lib/x.py')}\t{WORKDIR}/lib/x.py",
+        f"file\t755\t{digest('app/run.sh')}\t{WORKDIR}/run.sh",
+        f"file\t600\t{digest('w.bin')}\t/data/w.bin",  # a single-file mount is the destination itself
+        f"file\t644\t{digest('app/lib/x.py')}\t{WORKDIR}/extra/x.py",  # relative: below the workdir
+        f"file\t644\t{digest('conf/a.yaml')}\t/root/conf/a.yaml",
+    ]
+    assert put_keys(api).count(f"blobs/{digest('app/lib/x.py')}") == 1  # two entries, one blob
+
+
+def _mode(path: Path) -> str:
+    return f"{path.stat().st_mode & 0o7777:o}"
+
+
+def test_user_data_is_the_same_size_whatever_the_number_of_files(session: boto3.Session, api: Api,
+                                                                   blobs: BlobStore, profile: str,
+                                                                   tmp_path: Path) -> None:
+    write_tree(tmp_path / "small", {"app.py": "x\n"})
+    write_tree(tmp_path / "large", {f"pkg{i // 100}/module_{i}.py": f"N = {i}\n" for i in range(500)})
+    provider = make_provider(session, blobs=blobs, instance_profile=profile)
+    for version, folder in ((1, "small"), (2, "large")):
+        provider.launch([request(version, captured(spec(image_id=ami(), workdir=folder), tmp_path, blobs),
+                                 version=version, token=f"tok-{version}")])
+    small, large = (len(c.params["UserData"].encode()) for c in api.named("RunInstances"))
+    assert small == large < 4_000  # the 500 files' paths alone would be 20 KB, over EC2's 16 KB
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    pytest.param({"workdir": "app"}, "workdir", id="workdir"),
+    pytest.param({"file_mounts": (("/data/w.bin", "w.bin"),)}, "file_mounts", id="file_mounts"),
+])
+def test_a_version_stored_without_a_snapshot_is_a_permanent_outcome_naming_the_field(
+        session: boto3.Session, api: Api, profile: str, tmp_path: Path, fields: dict[str, Any], field: str) -> None:
+    write_tree(tmp_path, {"app/server.py": "x\n", "w.bin": "w"})  # on disk, but never read from there
+    provider = make_provider(session, instance_profile=profile)
+    [outcome] = provider.launch([request(1, spec(image_id=ami(), **fields), version=4, source_dir=tmp_path)])
+    assert outcome.permanent and outcome.instance is None and outcome.error is not None
+    assert outcome.error.startswith(f"{field}: version 4 has no snapshot of its files")
+    assert "submit it again with `sky-lite serve update`" in outcome.error
+    assert api.count("RunInstances") == 0 and api.count("PutObject") == 0 and api.count("CreateBucket") == 0
+
+
+def test_s3_mounts_alone_need_no_bucket_of_ours(session: boto3.Session, api: Api, profile: str) -> None:
+    provider = make_provider(session, instance_profile=profile)
+    [outcome] = provider.launch([request(1, spec(image_id=ami(), file_mounts=(("~/d", "s3://someone/data"),)))])
+    assert outcome.instance is not None
+    assert "fetch s3://someone/data /root/d" in api.named("RunInstances")[0].params["UserData"]
+    assert api.count("CreateBucket") == 0 and api.count("PutObject") == 0
+
+
+def test_local_files_without_an_instance_profile_are_a_permanent_error(session: boto3.Session, api: Api,
+                                                                       blobs: BlobStore, tmp_path: Path) -> None:
+    write_tree(tmp_path / "app", APP)
+    task = captured(spec(image_id=ami(), workdir="app"), tmp_path, blobs)
+    [outcome] = make_provider(session, blobs=blobs).launch([request(1, task)])
     assert outcome.permanent and outcome.error is not None and "instance profile" in outcome.error
     assert api.count("RunInstances") == 0 and api.count("PutObject") == 0
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    pytest.param(lambda path: path.unlink(), "is missing from the snapshot store: submit the task again",
+                 id="missing"),
+    pytest.param(lambda path: (path.unlink(), path.mkdir()), "cannot read its content from the snapshot store",
+                 id="unreadable"),
+])
+def test_a_blob_the_store_cannot_give_is_a_permanent_outcome_naming_its_field(
+        session: boto3.Session, api: Api, blobs: BlobStore, profile: str, tmp_path: Path,
+        damage: Callable[[Path], object], message: str) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"\x00")
+    task = captured(spec(image_id=ami(), file_mounts=(("/data/w.bin", "weights.bin"),)), tmp_path, blobs)
+    assert task.files is not None
+    [digest] = task.files.blob_digests()
+    damage(blobs.path_of(digest))
+    [outcome] = make_provider(session, blobs=blobs, instance_profile=profile).launch([request(1, task)])
+    assert outcome.permanent and outcome.instance is None and outcome.error is not None
+    assert outcome.error.startswith("file_mounts./data/w.bin: /data/w.bin: ") and message in outcome.error
+    assert api.count("RunInstances") == 0 and f"files/{task.files.digest}.tsv" not in put_keys(api)
+
+
+def test_a_failed_upload_is_retried_with_every_byte(session: boto3.Session, api: Api, blobs: BlobStore,
+                                                    profile: str, tmp_path: Path) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"w" * 10_000)
+    task = captured(spec(image_id=ami(), file_mounts=(("/data/w.bin", "weights.bin"),)), tmp_path, blobs)
+    assert task.files is not None
+    [digest] = task.files.blob_digests()
+    api.fail("PutObject", "SlowDown", when=lambda params: str(params["Key"]).startswith("blobs/"))
+    [outcome] = make_provider(session, blobs=blobs, instance_profile=profile).launch([request(1, task)])
+    assert outcome.instance is not None
+    assert put_keys(api).count(f"blobs/{digest}") == 2
+    assert read_object(compute_bucket_name(CONTROLLER, "svc"), f"blobs/{digest}") == "w" * 10_000
+
+
+# --- files: the file list and the boot script's half of it ----------------------------------------------------------
+def _entry(path: str, kind: EntryKind = EntryKind.FILE, **fields: Any) -> ManifestEntry:
+    if kind is EntryKind.FILE:
+        fields.setdefault("digest", "d" * 64)
+    return ManifestEntry(path, kind, **fields)
+
+
+@pytest.mark.parametrize(("files", "message"), [
+    pytest.param(TaskFiles(mounts=(("/data/../../etc", Manifest((_entry(""),))),)),
+                 "file_mounts./data/../../etc: '/data/../../etc' has a '..' component", id="dotdot-destination"),
+    pytest.param(TaskFiles(workdir=Manifest((_entry("a/../../etc/passwd"),))),
+                 "workdir: '/opt/sky-lite/workdir/a/../../etc/passwd' has a '..' component", id="dotdot-entry"),
+    pytest.param(TaskFiles(workdir=Manifest((_entry("l", EntryKind.LINK, mode=0o777, target="x\ty"),))),
+                 "workdir: l: link targets with tabs or newlines are not supported", id="tab-in-link"),
+    pytest.param(TaskFiles(mounts=(("/a\nb", Manifest((_entry(""),))),)),
+                 "file_mounts./a\nb: '/a\\nb': paths with tabs or newlines are not supported",
+                 id="newline-in-destination"),
+])
+def test_find_placements_refuses_what_the_file_list_cannot_carry(files: TaskFiles, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        find_placements(files)
+    assert str(raised.value).startswith(message)
+
+
+def test_a_path_the_file_list_cannot_carry_is_a_permanent_outcome(session: boto3.Session, api: Api,
+                                                                  profile: str) -> None:
+    files = TaskFiles(mounts=(("/a/../b", Manifest((_entry(""),))),))
+    task = dataclasses.replace(spec(image_id=ami(), file_mounts=(("/a/../b", "b"),)), files=files)
+    [outcome] = make_provider(session, instance_profile=profile).launch([request(1, task)])
+    assert outcome.permanent and outcome.error is not None and outcome.error.startswith("file_mounts./a/../b: ")
+    assert api.count("RunInstances") == 0 and api.count("CreateBucket") == 0
+
+
+def _apply(tmp_path: Path, blobs: BlobStore, file_list: str) -> subprocess.CompletedProcess[str]:
+    """Run the boot script's ``apply_files`` under bash with an ``aws`` that copies from ``blobs``."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "aws").write_text('#!/bin/bash\n# aws s3 cp --only-show-errors s3://bucket/blobs/DIGEST PATH\n'
+                               'source="${*: -2:1}" digest="${source##*/}"\n'
+                               'cp "$BLOBS/${digest:0:2}/${digest:2}" "${*: -1}"\n')
+    os.chmod(stubs / "aws", 0o755)
+    (tmp_path / "files.tsv").write_text(file_list)
+    script = (f"set -Eeuo pipefail\nfail() {{ echo \"sky-lite: $1\" >&2; exit 1; }}\n{APPLY_FILES}\n"
+              f"apply_files {tmp_path / 'files.tsv'} s3://bucket/blobs/\n")
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "BLOBS": str(blobs.root)}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_apply_files_writes_the_snapshot_where_the_file_list_says(blobs: BlobStore, tmp_path: Path) -> None:
+    source = write_tree(tmp_path / "src", {"bin/start": "#!/bin/sh\n", "it's a file.txt": "quoted\n"})
+    os.chmod(source / "bin" / "start", 0o750)
+    (source / "empty").mkdir()
+    (source / "link").symlink_to("../elsewhere")
+    (tmp_path / "one.txt").write_text("one\n")
+    target = tmp_path / "out dir"
+    task = spec(file_mounts=((f"{target}/tree", "src"), (f"{target}/single.txt", "one.txt")))
+    files = capture_task_files(task, tmp_path, "t", blobs)
+    assert files is not None
+
+    done = _apply(tmp_path, blobs, render_file_list(find_placements(files)))
+
+    assert done.returncode == 0, done.stderr
+    assert (target / "tree" / "bin" / "start").read_text() == "#!/bin/sh\n"
+    assert (target / "tree" / "bin" / "start").stat().st_mode & 0o777 == 0o750
+    assert (target / "tree" / "it's a file.txt").read_text() == "quoted\n"
+    assert (target / "tree" / "empty").is_dir() and not any((target / "tree" / "empty").iterdir())
+    assert os.readlink(target / "tree" / "link") == "../elsewhere"
+    assert (target / "single.txt").read_text() == "one\n"
+
+
+@pytest.mark.parametrize("line", [
+    pytest.param("file\t644\t{digest}\t{root}/a/../escaped", id="dotdot"),
+    pytest.param("file\t644\t{digest}\t{root}/..", id="dotdot-last"),
+    pytest.param("file\t644\t{digest}\trelative/path", id="relative"),
+    pytest.param("file\t6x4\t{digest}\t{root}/bad-mode", id="bad-mode"),
+    pytest.param("socket\t644\t-\t{root}/s", id="unknown-kind"),
+])
+def test_apply_files_refuses_a_file_list_line_that_could_land_anywhere(blobs: BlobStore, tmp_path: Path,
+                                                                     line: str) -> None:
+    digest, _ = blobs.put(io.BytesIO(b"x"))
+    root = tmp_path / "root" / "inner"
+    done = _apply(tmp_path, blobs, line.format(digest=digest, root=root) + "\n")
+    assert done.returncode != 0 and "sky-lite: file list: " in done.stderr
+    assert not (tmp_path / "root" / "escaped").exists() and not (tmp_path / "escaped").exists()
 
 
 # --- security group -----------------------------------------------------------------------------------------------
@@ -788,7 +1091,7 @@ def missing_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 ])
 def test_a_missing_aws_profile_is_a_permanent_error_naming_it_from_every_method(
         missing_profile: None, call: Callable[[AwsProvider], object]) -> None:
-    provider = AwsProvider(CONTROLLER, FakeClock(), sleep=lambda _: None)  # builds its own session
+    provider = AwsProvider(CONTROLLER, FakeClock(), blobs=NO_BLOBS, sleep=lambda _: None)  # builds its own session
     with pytest.raises(PermanentProviderError) as raised:
         call(provider)
     message = str(raised.value)
@@ -797,7 +1100,7 @@ def test_a_missing_aws_profile_is_a_permanent_error_naming_it_from_every_method(
 
 
 def test_terminate_and_abandon_need_no_session(missing_profile: None) -> None:
-    provider = AwsProvider(CONTROLLER, FakeClock(), sleep=lambda _: None)
+    provider = AwsProvider(CONTROLLER, FakeClock(), blobs=NO_BLOBS, sleep=lambda _: None)
     provider.terminate(["i-0123456789abcdef0"])  # never seen: nothing to ask, no session built
     provider.abandon()
 
@@ -807,26 +1110,6 @@ def test_a_malformed_endpoint_url_is_a_permanent_error(monkeypatch: pytest.Monke
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    provider = AwsProvider(CONTROLLER, FakeClock(), default_region=REGION, sleep=lambda _: None)
+    provider = AwsProvider(CONTROLLER, FakeClock(), blobs=NO_BLOBS, default_region=REGION, sleep=lambda _: None)
     with pytest.raises(PermanentProviderError, match="AWS_ENDPOINT_URL"):
         provider.list_instances()
-
-
-def test_an_unreadable_local_file_is_a_permanent_outcome_naming_its_field(
-        session: boto3.Session, api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    boto3.client("iam", region_name=REGION).create_instance_profile(InstanceProfileName="replica-reader")
-    (tmp_path / "weights.bin").write_bytes(b"\x00")
-    read_bytes = Path.read_bytes
-
-    def unreadable(path: Path) -> bytes:
-        if path.name == "weights.bin":
-            raise PermissionError(13, "Permission denied", str(path))
-        return read_bytes(path)
-
-    monkeypatch.setattr(Path, "read_bytes", unreadable)
-    provider = make_provider(session, instance_profile="replica-reader")
-    [outcome] = provider.launch([request(1, spec(image_id=ami(), file_mounts=(("/data/w.bin", "weights.bin"),)),
-                                         source_dir=tmp_path)])
-    assert outcome.permanent and outcome.instance is None and outcome.error is not None
-    assert outcome.error.startswith("file_mounts./data/w.bin: cannot read ") and "Permission denied" in outcome.error
-    assert api.count("RunInstances") == 0
