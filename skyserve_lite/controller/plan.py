@@ -139,7 +139,7 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     autoscaler_updates: tuple[tuple[str, AutoscalerState, AutoscalerObservation], ...] = ()
     target = 0
     if service.deleting:
-        steps = [plan_shut_down(step, now) for step in steps]
+        steps = [plan_shut_down(step, now, settings) for step in steps]
     else:
         steps = plan_reuse(snapshot, steps)
         decision, observed = plan_autoscale(snapshot, steps, now, settings)
@@ -148,7 +148,7 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
             autoscaler_updates = ((service.name, decision.state, observed),)
         steps = plan_scale_down(snapshot, steps, now, target)
         steps, active = plan_rollout(snapshot, steps, now, target)
-        steps = plan_prune_terminal(steps, settings.keep_terminal_replicas)
+        steps = plan_prune_terminal(steps, settings.keep_terminal_replicas, service.current_version)
         if active != service.active_versions:
             active_changes = ((service.name, active),)
 

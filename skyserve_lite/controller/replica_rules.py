@@ -51,7 +51,19 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
 
     Only call this with a complete inventory of the replica's cloud: "no instance" must mean "gone".
     """
+    maybe_unlisted = is_maybe_unlisted(replica, now, settings)
+    if replica.instance_id is None and instance is not None:
+        # Launched just before a crash (or its confirmation was lost): the instance carries our tags, so
+        # adopt it, whatever the replica's status; a replica going away must be able to terminate it.
+        replica = dataclasses.replace(replica, instance_id=instance.instance_id, region=instance.region,
+                                      zone=instance.zone)
+    if instance is not None and replica.seen_at is None and instance.state is not InstanceState.TERMINATED:
+        replica = dataclasses.replace(replica, seen_at=now)
     if replica.status is ReplicaStatus.SHUTTING_DOWN:
+        if instance is None and maybe_unlisted:
+            # Launched moments ago: the inventory may simply not list it yet. Keep the row (so the launch
+            # is not forgotten) and ask again by id, until the grace has passed.
+            return ReplicaStep(replica, terminate=replica.instance_id is not None)
         if _is_gone(instance):
             return ReplicaStep(replica, remove=True, event="terminated")
         # Out of the load balancer's view since status_since; requests already sent get time to finish.
@@ -61,15 +73,18 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
         return ReplicaStep(replica, terminate=not _is_gone(instance))
 
     if replica.instance_id is None:
-        if instance is None:
-            if now - replica.launched_at > settings.provision_timeout_seconds:
-                return _fail(replica, ReplicaStatus.FAILED_PROVISION, now,
-                             f"no instance after {settings.provision_timeout_seconds:g}s")
-            return ReplicaStep(replica, relaunch=True)
-        # Launched just before a crash: the instance carries our tags, so adopt it.
-        replica = dataclasses.replace(replica, instance_id=instance.instance_id, region=instance.region,
-                                      zone=instance.zone)
+        assert instance is None  # adopted above otherwise
+        if now - replica.launched_at > settings.provision_timeout_seconds:
+            return _fail(replica, ReplicaStatus.FAILED_PROVISION, now,
+                         f"no instance after {settings.provision_timeout_seconds:g}s")
+        return ReplicaStep(replica, relaunch=True)
 
+    if instance is None and maybe_unlisted:
+        # RunInstances returned it, the inventory does not list it yet (eventual consistency): wait.
+        reason = "launched; the cloud's inventory does not list the instance yet"
+        if replica.status_reason != reason and replica.status is ReplicaStatus.PROVISIONING:
+            return ReplicaStep(dataclasses.replace(replica, status_reason=reason))
+        return ReplicaStep(replica)
     if instance is None or instance.state is InstanceState.TERMINATED:
         return _fail(replica, ReplicaStatus.FAILED, now, "the instance disappeared")
     if instance.state is InstanceState.PREEMPTED:
@@ -92,6 +107,12 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
     elif instance.url != replica.url:
         replica = dataclasses.replace(replica, url=instance.url)
     return _apply_probe(replica, probe, readiness, now, settings)
+
+
+def is_maybe_unlisted(replica: ReplicaRecord, now: float, settings: ControllerSettings) -> bool:
+    """Whether a missing instance of ``replica`` may simply not be listed yet: no inventory has listed it
+    (``seen_at``) and its launch is younger than the visibility grace (120 s by default)."""
+    return replica.seen_at is None and now - replica.launched_at < settings.instance_visibility_grace_seconds
 
 
 def _apply_probe(replica: ReplicaRecord, probe: ProbeResult | None, readiness: ReadinessProbe,

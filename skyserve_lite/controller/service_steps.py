@@ -12,7 +12,7 @@ from skyserve_lite.autoscalers.base import Decision, Metrics
 from skyserve_lite.autoscalers.dispatch import carry_over, make_autoscaler
 from skyserve_lite.autoscalers.fallback import MarketTargets, plan_market_targets
 from skyserve_lite.controller.pass_types import LaunchBatch, ServiceSnapshot
-from skyserve_lite.controller.replica_rules import ReplicaStep
+from skyserve_lite.controller.replica_rules import ReplicaStep, is_maybe_unlisted
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.plan.rollout import plan_rollout_step
 from skyserve_lite.plan.scaling import find_recent_failures, find_scale_down_order, is_launch_blocked
@@ -25,7 +25,7 @@ from skyserve_lite.state.models import (
 )
 
 
-def plan_shut_down(step: ReplicaStep, now: float) -> ReplicaStep:
+def plan_shut_down(step: ReplicaStep, now: float, settings: ControllerSettings) -> ReplicaStep:
     """`serve down`: every live replica goes SHUTTING_DOWN; terminal rows are dropped with their instance."""
     record = step.record
     if step.remove:
@@ -38,8 +38,11 @@ def plan_shut_down(step: ReplicaStep, now: float) -> ReplicaStep:
         return dataclasses.replace(step, terminate=not step.remove)
     down = dataclasses.replace(record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
                                status_reason="service is shutting down")
-    # A launch recorded but never confirmed has no instance to wait for (plan_replica adopted any it found).
-    return ReplicaStep(down, terminate=True, remove=record.instance_id is None)
+    # A launch recorded but never confirmed: plan_replica adopted its instance if the inventory lists it.
+    # If not, the row stays (SHUTTING_DOWN) while the instance may just not be listed yet, so the service is
+    # not deleted with an instance still starting somewhere; plan_replica removes it once the grace passed.
+    forget = record.instance_id is None and not is_maybe_unlisted(record, now, settings)
+    return ReplicaStep(down, terminate=record.instance_id is not None, remove=forget)
 
 
 def _live_of_version(steps: Sequence[ReplicaStep], version: int) -> list[ReplicaRecord]:
@@ -125,11 +128,15 @@ def plan_rollout(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float
     return steps, rollout.active_versions
 
 
-def plan_prune_terminal(steps: list[ReplicaStep], keep: int) -> list[ReplicaStep]:
-    """Drop terminal rows beyond the newest ``keep`` once their instance is gone."""
+def plan_prune_terminal(steps: list[ReplicaStep], keep: int, version: int) -> list[ReplicaStep]:
+    """Drop terminal rows beyond the newest ``keep`` once their instance is gone, but never a row that the
+    launch circuit breaker counts for ``version`` (the current one): with keep 2 and a failure limit of 5,
+    pruning those rows kept the count at 2 and launching never stopped (62 launches in 60 s). At most
+    ``failure_limit`` rows are held back this way, since launching stops at that count."""
+    counted = {r.replica_id for r in find_recent_failures([s.record for s in steps], version)}
     terminal = sorted((s for s in steps if s.record.status.is_terminal and not s.terminate),
                       key=lambda s: -s.record.replica_id)
-    stale = {s.record.replica_id for s in terminal[keep:]}
+    stale = {s.record.replica_id for s in terminal[keep:]} - counted
     return [dataclasses.replace(s, remove=True) if s.record.replica_id in stale else s for s in steps]
 
 

@@ -18,6 +18,11 @@ class ControllerSettings:
     probe_failure_grace_seconds: float = 180.0
     # A launch that has not produced a running instance after this long is given up (FAILED_PROVISION).
     provision_timeout_seconds: float = 600.0
+    # A cloud's inventory may not list an instance for a while after it was launched (EC2 documents seconds,
+    # sometimes longer). Until a replica's launch is this old, an instance missing from the inventory is
+    # "not visible yet", not gone: it is neither failed nor forgotten (a replica shut down meanwhile keeps
+    # its row, and its termination is asked again, until this has passed).
+    instance_visibility_grace_seconds: float = 120.0
     # After this many replicas of the current version fail before any became ready, the service is
     # FAILED and launching stops until an update: a broken `run` must not relaunch forever.
     failure_limit: int = 3
@@ -67,7 +72,8 @@ class ControllerSettings:
 
 _ENV_NAME = {"interval_seconds": "SKY_LITE_CONTROLLER_INTERVAL_SECONDS"}
 _MINIMUM: dict[str, float] = {
-    "probe_failure_grace_seconds": 0, "provision_timeout_seconds": 1, "failure_limit": 1,
+    "probe_failure_grace_seconds": 0, "provision_timeout_seconds": 1, "instance_visibility_grace_seconds": 0,
+    "failure_limit": 1,
     "keep_terminal_replicas": 0, "drain_seconds": 0, "interval_seconds": 0.1,
     "autoscaler_period_seconds": 0.1, "autoscaler_window_seconds": 1, "snapshot_limit_bytes": 1,
     "keep_snapshot_versions": 0,

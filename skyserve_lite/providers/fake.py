@@ -33,6 +33,10 @@ class FakeProvider:
     calls: list[Call] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     logs: dict[tuple[str, int], ReplicaLog] = field(default_factory=dict)  # (service, replica id) -> its log
+    # Eventual consistency: instances launched while ``lagging`` is set are not listed by
+    # ``list_instances`` until ``catch_up`` (as EC2's DescribeInstances lags RunInstances).
+    lagging: bool = False
+    unlisted: set[str] = field(default_factory=set)
     _next_id: int = 1
     _launch_failures: list[tuple[str, bool]] = field(default_factory=list)
     _inventory_failures: int = 0
@@ -82,6 +86,8 @@ class FakeProvider:
                 url=f"http://fake-replica.invalid/{instance_id}", is_spot=request.is_spot,
             )
             self.instances[instance_id] = instance
+            if self.lagging:
+                self.unlisted.add(instance_id)
             outcomes.append(LaunchOutcome(request.replica_id, instance=instance))
         return outcomes
 
@@ -90,7 +96,13 @@ class FakeProvider:
         if self._inventory_failures:
             self._inventory_failures -= 1
             raise TransientProviderError("scripted inventory failure")
-        return [i for i in self.instances.values() if i.state is not InstanceState.TERMINATED]
+        return [i for i in self.instances.values()
+                if i.state is not InstanceState.TERMINATED and i.instance_id not in self.unlisted]
+
+    def catch_up(self) -> None:
+        """The inventory lists every instance from now on."""
+        self.lagging = False
+        self.unlisted.clear()
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         self.calls.append(Call("terminate", tuple(sorted(instance_ids))))

@@ -130,6 +130,9 @@ class ReplicaRecord:
     first_ready_at: float | None = None
     probe_failing_since: float | None = None
     status_reason: str | None = None
+    # When a provider's inventory first listed its instance. Until then a missing instance may just not be
+    # listed yet (a cloud's inventory lags its launches); after it, a missing instance is gone.
+    seen_at: float | None = None
 
 
 @dataclass(frozen=True)

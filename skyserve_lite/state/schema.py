@@ -107,4 +107,9 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE versions ADD COLUMN files_expired INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE versions ADD COLUMN reuse_identical_files INTEGER NOT NULL DEFAULT 0;
     """,
+    # 5: when a provider's inventory first listed each replica's instance (eventual consistency: before that,
+    #    a missing instance may not be listed yet).
+    """
+    ALTER TABLE replicas ADD COLUMN seen_at REAL;
+    """,
 )

@@ -21,10 +21,12 @@ BAD = ProbeResult(ok=False, detail="HTTP 503")
 
 
 def replica(status: S, *, instance_id: str | None = "i-1", age: float = 10, since: float = 10,
-            failing_for: float | None = None, ever_ready: bool = False) -> ReplicaRecord:
+            failing_for: float | None = None, ever_ready: bool = False, seen: bool = True) -> ReplicaRecord:
+    """``seen``: the inventory has listed its instance before."""
     return ReplicaRecord(
         service="svc", replica_id=1, version=1, status=status, cloud="fake", launched_at=NOW - age,
-        status_since=NOW - since, launch_token="t", instance_id=instance_id, url="http://u",
+        status_since=NOW - since, launch_token="t", instance_id=instance_id, url="http://u" if seen else None,
+        seen_at=NOW - age if seen else None,
         first_ready_at=NOW - age if ever_ready else None,
         probe_failing_since=None if failing_for is None else NOW - failing_for,
     )
@@ -87,6 +89,23 @@ RUNNING = instance(InstanceState.RUNNING)
                      S.PREEMPTED, False, False, False, id="preempted-instance-is-not-terminated-again"),
         pytest.param(replica(S.SHUTTING_DOWN), instance(InstanceState.PREEMPTED), None,
                      S.SHUTTING_DOWN, False, True, False, id="shutting-down-preempted-counts-as-gone"),
+        # Eventual consistency: RunInstances returned the instance, DescribeInstances does not list it yet.
+        pytest.param(replica(S.PROVISIONING, seen=False, age=10), None, None,
+                     S.PROVISIONING, False, False, False, id="launched-not-listed-yet-waits"),
+        pytest.param(replica(S.PROVISIONING, seen=False, age=121), None, None,
+                     S.FAILED, True, False, False, id="launched-not-listed-past-the-grace-fails"),
+        pytest.param(replica(S.STARTING, age=10), None, None,
+                     S.FAILED, True, False, False, id="seen-running-then-missing-is-gone-at-once"),
+        pytest.param(replica(S.SHUTTING_DOWN, seen=False, age=10), None, None,
+                     S.SHUTTING_DOWN, True, False, False, id="shut-down-before-listed-is-asked-again-by-id"),
+        pytest.param(replica(S.SHUTTING_DOWN, seen=False, age=121), None, None,
+                     S.SHUTTING_DOWN, False, True, False, id="shut-down-not-listed-past-the-grace-is-gone"),
+        pytest.param(replica(S.SHUTTING_DOWN, instance_id=None, seen=False, age=10), None, None,
+                     S.SHUTTING_DOWN, False, False, False, id="unconfirmed-launch-shut-down-is-not-forgotten"),
+        pytest.param(replica(S.SHUTTING_DOWN, instance_id=None, seen=False, age=10, since=0), RUNNING, None,
+                     S.SHUTTING_DOWN, False, False, False, id="unconfirmed-launch-shut-down-adopted-drains"),
+        pytest.param(replica(S.SHUTTING_DOWN, instance_id=None, seen=False, age=20, since=20), RUNNING, None,
+                     S.SHUTTING_DOWN, True, False, False, id="unconfirmed-launch-shut-down-adopted-terminated"),
     ],
 )
 def test_plan_replica(row: ReplicaRecord, inst: Instance | None, probe: ProbeResult | None, status: S,
@@ -94,6 +113,12 @@ def test_plan_replica(row: ReplicaRecord, inst: Instance | None, probe: ProbeRes
     step = plan_replica(row, inst, probe, PROBE, NOW, SETTINGS)
     assert (step.record.status, step.terminate, step.remove, step.relaunch) == (
         status, terminate, remove, relaunch)
+
+
+def test_a_shut_down_replica_adopts_the_instance_of_its_unconfirmed_launch_to_terminate_it() -> None:
+    row = replica(S.SHUTTING_DOWN, instance_id=None, seen=False, age=20, since=20)
+    step = plan_replica(row, dataclasses.replace(RUNNING, instance_id="i-late"), None, PROBE, NOW, SETTINGS)
+    assert (step.record.instance_id, step.terminate) == ("i-late", True)
 
 
 def test_adopts_instance_launched_before_a_crash() -> None:
