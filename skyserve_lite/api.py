@@ -154,6 +154,22 @@ class ControllerStatus:
     running: bool
     pid: int | None = None
     services: int = 0  # services stored; with none running, nobody reconciles them
+    last_pass_at: float | None = None  # when a pass last completed (None: none yet)
+    checked_at: float = 0.0
+    stale_after: float = 30.0  # a running controller whose last pass is older than this may be stuck
+
+    @property
+    def unverified_for(self) -> float | None:
+        """Seconds since the last completed pass when that is too long ago for a running controller (it
+        cannot write its state: a full disk, say): nothing status shows has been checked since."""
+        if not self.running or self.last_pass_at is None:
+            return None
+        age = self.checked_at - self.last_pass_at
+        return age if age > self.stale_after else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"running": self.running, "pid": self.pid, "last_pass_at": format_timestamp(self.last_pass_at),
+                "unverified_for_seconds": None if self.unverified_for is None else round(self.unverified_for)}
 
 
 class Controller(Protocol):
@@ -262,9 +278,15 @@ class LocalController:
         store = self._open()
         try:
             services = len(store.list_services())
+            last_pass_at = store.last_pass_at
         finally:
             store.close()
-        return ControllerStatus(running=pid is not None, pid=pid, services=services)
+        try:
+            interval = ControllerSettings.from_env().interval_seconds
+        except UsageError:  # a status must answer; the setting's own commands report it
+            interval = ControllerSettings().interval_seconds
+        return ControllerStatus(running=pid is not None, pid=pid, services=services, last_pass_at=last_pass_at,
+                                checked_at=self._clock.now(), stale_after=max(30.0, 10 * interval))
 
     def start_controller(self) -> ControllerStatus:
         pid = ensure_controller(self.home)

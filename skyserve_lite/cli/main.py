@@ -249,14 +249,20 @@ def serve_status(names: tuple[str, ...], output: str) -> None:
     with _errors():
         controller = _controller()
         views = controller.get_status(names)
-        if output == "json":
-            click.echo(json.dumps(status_json(views), indent=2))
-        else:
-            _stdout().print(status_renderable(views, events=bool(names)))
         state = controller.controller_status()
+        unverified = state.unverified_for
+        if output == "json":
+            click.echo(json.dumps(status_json(views) | {"controller": state.to_json()}, indent=2))
+        else:
+            _stdout().print(status_renderable(views, events=bool(names), unverified_for=unverified))
         if views and not state.running:
             click.echo("Warning: no controller is running, so nothing above is being kept up to date or acted "
                        "on. Start it with `sky-lite controller start`.", err=True)
+        elif views and unverified is not None:
+            name = views[0].service.name
+            click.echo(f"Warning: the controller (pid {state.pid}) has not completed a pass for {unverified:.0f}s, "
+                       "so nothing above has been checked since (is the disk full?); see "
+                       f"`sky-lite serve logs {name} --controller`.", err=True)
 
 
 @serve.command("down")

@@ -53,12 +53,14 @@ def format_age(since: float, now: float) -> str:
     return f"{seconds}s"
 
 
-def services_table(views: Sequence[ServiceView]) -> Group:
+def services_table(views: Sequence[ServiceView], unverified_for: float | None = None) -> Group:
     table = _table("NAME", "STATUS", "VERSION", "ENDPOINT", "POLICY", "LB POLICY", "REPLICAS", "AUTOSCALER")
     for view in views:
         ready = sum(1 for r in view.replicas if r.status.value == "READY")
         live = sum(1 for r in view.replicas if r.status.is_live)
         status = styled_status(view.service.status.value)
+        if unverified_for is not None:
+            status.append(f" (unverified for {unverified_for:.0f}s)", style="red")
         if view.service.status_reason:
             status.append(f" ({view.service.status_reason})", style="dim")
         table.add_row(view.service.name, status, str(view.service.current_version), view.service.endpoint,
@@ -101,11 +103,14 @@ def events_table(view: ServiceView) -> Group:
     return _titled(f"Recent events of {view.service.name}", table)
 
 
-def status_renderable(views: Sequence[ServiceView], now: float | None = None, *, events: bool = False) -> Group:
-    """Services and replicas; with ``events`` (one service asked for by name) its recent events too."""
+def status_renderable(views: Sequence[ServiceView], now: float | None = None, *, events: bool = False,
+                      unverified_for: float | None = None) -> Group:
+    """Services and replicas; with ``events`` (one service asked for by name) its recent events too. With
+    ``unverified_for`` (the controller has not completed a pass for that long) every service status says
+    so: a READY that nobody could check is not claimed as READY."""
     if not views:
         return Group(Text("No service is running. Start one with `sky-lite serve up TASK.yaml`."))
-    parts: list[Group | Text] = [services_table(views), Text(""), replicas_table(views, now)]
+    parts: list[Group | Text] = [services_table(views, unverified_for), Text(""), replicas_table(views, now)]
     if events:
         parts.extend(item for view in views if view.events for item in (Text(""), events_table(view)))
     return Group(*parts)

@@ -211,6 +211,18 @@ class Store:
     def gc_pending(self) -> bool:
         return self._db.execute("SELECT 1 FROM meta WHERE key = 'gc_pending'").fetchone() is not None
 
+    # --- the controller's heartbeat ----------------------------------------------------------------
+    def record_pass(self, now: float) -> None:
+        """A controller pass completed at ``now`` (with everything it decided written)."""
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('pass_completed_at', ?)", (repr(now),))
+
+    @property
+    def last_pass_at(self) -> float | None:
+        """When a controller pass last completed; None if none ever did."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'pass_completed_at'").fetchone()
+        return float(row[0]) if row else None
+
     def find_service(self, name: str) -> ServiceRecord | None:
         row = self._db.execute(f"SELECT {_SERVICE_SELECT} FROM services WHERE name = ?", (name,)).fetchone()
         return _service(row) if row else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -10,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from skyserve_lite import procs
 from skyserve_lite.api import ControllerStatus, LocalController
+from skyserve_lite.clock import FakeClock
 from skyserve_lite.spec.parse import load_task_file
+from skyserve_lite.state.store import Store
 
 from .runner import Cli
 
@@ -86,8 +90,7 @@ def test_bad_input_to_up_exits_2_and_writes_nothing(cli: Cli, home: Path, tmp_pa
     assert exit_code == 2
     assert message in stderr
     assert stdout == ""
-    assert not (home / "state.db").exists() or json.loads(cli("serve", "status", "-o", "json")[1]) == {
-        "services": []}
+    assert not (home / "state.db").exists() or json.loads(cli("serve", "status", "-o", "json")[1])["services"] == []
     assert not (home / "blobs").exists()
 
 
@@ -101,7 +104,7 @@ def test_a_snapshot_over_the_limit_is_refused_and_stores_no_version(cli: Cli, ho
     exit_code, _, stderr = cli("serve", "up", str(path))
     assert exit_code == 2
     assert "workdir: the task's files exceed the snapshot limit of 10 bytes per version" in stderr
-    assert json.loads(cli("serve", "status", "-o", "json")[1]) == {"services": []}
+    assert json.loads(cli("serve", "status", "-o", "json")[1])["services"] == []
 
 
 def test_status_json_is_only_json_on_stdout(cli: Cli, home: Path, tmp_path: Path) -> None:
@@ -209,3 +212,25 @@ def test_controller_start_starts_it_in_one_explicit_step(home: Path, tmp_path: P
     assert exit_code == 0
     assert stdout == "Controller started (pid 4242).\n"
     assert controller.started == 1
+
+
+def test_status_says_unverified_when_the_running_controller_stopped_completing_passes(
+        home: Path, tmp_path: Path) -> None:
+    """A full disk makes every pass fail before it is recorded: status must not go on claiming READY."""
+    add_service(home, tmp_path, "alpha")
+    clock = FakeClock()
+    store = Store.open(home)
+    store.record_pass(clock.now())
+    store.close()
+    start = procs.process_start_time(os.getpid())
+    (home / "controller.pid").write_text(f"{os.getpid()} {start}\n")  # a controller loop runs
+    cli = Cli(LocalController(home, clock, start_daemon=False))
+    code, stdout, stderr = cli("serve", "status")
+    assert code == 0 and "unverified" not in stdout and "has not completed a pass" not in stderr
+    clock.advance(45)
+    code, stdout, stderr = cli("serve", "status")
+    assert code == 0
+    assert "(unverified for 45s)" in stdout
+    assert "has not completed a pass for 45s" in stderr
+    controller = json.loads(cli("serve", "status", "-o", "json")[1])["controller"]
+    assert controller["running"] is True and controller["unverified_for_seconds"] == 45

@@ -64,7 +64,7 @@ def test_minimal_example_up_curl_status_logs_down(sky: SkyLite) -> None:
     down = sky.run("serve", "down", "minimal", "-y")
     assert down.stdout == "Service minimal is down.\n"
     assert sky.processes() == []
-    assert sky.status() == {"services": []}
+    assert sky.status()["services"] == []
     assert not _port_open(endpoint), "the load balancer should have stopped listening"
 
 
