@@ -4,11 +4,11 @@
 
 Everything runs on 127.0.0.1: two replicas of a small aiohttp app answering 1 KiB, then wrk against
 (a) one replica directly, (b) nginx as a reverse proxy to both replicas (upstream keep-alive, access log
-off, one worker), (c) the sky-lite load balancer (round robin, pooled upstream client) to both replicas on
-aiohttp's server, (d) the same on the lean server (``skyserve_lite/lb/lean_server.py``), the default. Each
-round measures the four in turn, so that other work on the machine weighs on all of them alike; the
-figures reported are the medians over the rounds, and the target is checked on (d). The result is a
-markdown table; ``--write-docs`` also replaces the figures in docs/benchmarks.md between the marker comments.
+off, one worker), (c) the sky-lite load balancer (round robin; its HTTP/1.1 server and pooled upstream
+client, as in production) to both replicas. Each round measures the three in turn, so that other work on
+the machine weighs on all of them alike; the figures reported are the medians over the rounds, and the
+target is checked on (c). The result is a markdown table; ``--write-docs`` also replaces the figures in
+docs/benchmarks.md between the marker comments.
 
 Nothing is installed by this script: wrk and nginx must be on the machine already (on Debian:
 ``apt-get install wrk nginx-light``).
@@ -16,8 +16,7 @@ Nothing is installed by this script: wrk and nginx must be on the machine alread
 Internal modes, used by the script itself to start its subprocesses:
 
     python benchmarks/lb_bench.py --serve-replica PORT
-    python benchmarks/lb_bench.py --serve-lb PORT URL [URL ...] [--lb-upstream pooled|aiohttp]
-        [--lb-server lean|aiohttp]
+    python benchmarks/lb_bench.py --serve-lb PORT URL [URL ...]
 """
 
 from __future__ import annotations
@@ -69,15 +68,12 @@ def serve_replica(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def serve_lb(port: int, urls: Sequence[str], upstream_kind: str, server_kind: str) -> None:
+def serve_lb(port: int, urls: Sequence[str]) -> None:
     """The sky-lite load balancer over a fixed set of targets, through the same ``serve`` as the real one."""
     sys.path.insert(0, str(REPO))
     from skyserve_lite.clock import SystemClock
-    from skyserve_lite.lb.aiohttp_upstream import AiohttpUpstream
-    from skyserve_lite.lb.pooled_upstream import PooledUpstream
-    from skyserve_lite.lb.server import LbView, LoadBalancer, serve
-
-    upstream = AiohttpUpstream if upstream_kind == "aiohttp" else PooledUpstream
+    from skyserve_lite.lb.proxy import LbView, LoadBalancer
+    from skyserve_lite.lb.server import serve
 
     view = LbView(ready_urls=tuple(urls), policy="round_robin")
 
@@ -90,8 +86,8 @@ def serve_lb(port: int, urls: Sequence[str], upstream_kind: str, server_kind: st
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        lb = LoadBalancer("bench", StaticSource(), None, SystemClock(), upstream=upstream)
-        await serve(lb, "127.0.0.1", port, stop, server="aiohttp" if server_kind == "aiohttp" else "lean")
+        lb = LoadBalancer("bench", StaticSource(), None, SystemClock())
+        await serve(lb, "127.0.0.1", port, stop)
 
     try:
         import uvloop  # type: ignore[import-not-found]  # optional, as in the real entry point
@@ -334,7 +330,7 @@ def bench(args: argparse.Namespace) -> int:
     me = [sys.executable, str(Path(__file__).resolve())]
     replica_ports = [free_port(), free_port()]
     replica_urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
-    nginx_port, aiohttp_lb_port, lb_port = free_port(), free_port(), free_port()
+    nginx_port, lb_port = free_port(), free_port()
     with contextlib.ExitStack() as stack:
         for port, url in zip(replica_ports, replica_urls, strict=True):
             stack.enter_context(started([*me, "--serve-replica", str(port)], url + "/"))
@@ -343,15 +339,13 @@ def bench(args: argparse.Namespace) -> int:
         nginx = [find_tool("nginx") or "nginx", "-e", str(tmp / "error.log"), "-p", str(tmp)]
         nginx += ["-c", str(tmp / "nginx.conf")]
         stack.enter_context(started(nginx, f"http://127.0.0.1:{nginx_port}/"))
-        for port, kind in ((aiohttp_lb_port, "aiohttp"), (lb_port, "lean")):
-            command = [*me, "--serve-lb", str(port), *replica_urls, "--lb-server", kind]
-            stack.enter_context(started(command, f"http://127.0.0.1:{port}/"))
+        command = [*me, "--serve-lb", str(lb_port), *replica_urls]
+        stack.enter_context(started(command, f"http://127.0.0.1:{lb_port}/"))
 
         targets = {
             "direct to one replica": f"http://127.0.0.1:{replica_ports[0]}/",
             "nginx -> 2 replicas": f"http://127.0.0.1:{nginx_port}/",
-            "sky-lite LB, aiohttp server, pooled client -> 2 replicas": f"http://127.0.0.1:{aiohttp_lb_port}/",
-            "sky-lite LB, lean server, pooled client (default) -> 2 replicas": f"http://127.0.0.1:{lb_port}/",
+            "sky-lite LB -> 2 replicas": f"http://127.0.0.1:{lb_port}/",
         }
         results: dict[str, list[WrkResult]] = {name: [] for name in targets}
         for url in targets.values():  # warm up: connection pools, caches, the JIT-less interpreter's allocator
@@ -367,7 +361,7 @@ def bench(args: argparse.Namespace) -> int:
                 )
 
     rows = [Row(name, median_result(rs)) for name, rs in results.items()]
-    nginx_result, lb_result = rows[1].result, rows[3].result
+    nginx_result, lb_result = rows[1].result, rows[2].result
     block = "\n\n".join(
         [render_machine(args, busy_before), render_table(rows, nginx_result), render_verdict(lb_result, nginx_result)]
     )
@@ -381,18 +375,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds over the four paths (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the three paths (default 3)")
     parser.add_argument("--write-docs", action="store_true", help="update the figures in docs/benchmarks.md")
     parser.add_argument("--serve-replica", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-lb", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
-    parser.add_argument("--lb-upstream", choices=("pooled", "aiohttp"), default="pooled", help=argparse.SUPPRESS)
-    parser.add_argument("--lb-server", choices=("lean", "aiohttp"), default="lean", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_replica is not None:
         serve_replica(args.serve_replica)
         return 0
     if args.serve_lb is not None:
-        serve_lb(int(args.serve_lb[0]), args.serve_lb[1:], args.lb_upstream, args.lb_server)
+        serve_lb(int(args.serve_lb[0]), args.serve_lb[1:])
         return 0
     return bench(args)
 

@@ -4,8 +4,10 @@
 
 Reads the service's READY replicas and policy from the state store under ``--home``, writes the per-second
 request counts and the load reports back to it, and serves until SIGTERM/SIGINT or until the service is
-deleted from the store. ``SKY_LITE_LB_HOLD_SECONDS`` (default 30) is how long a request waits for a READY
-replica before it gets 503.
+deleted from the store. At start it raises its soft limit on open files to the hard limit.
+``SKY_LITE_LB_HOLD_SECONDS`` (default 30) is how long a request waits for a READY replica before it gets
+503; ``SKY_LITE_LB_MAX_CONNECTIONS`` (default: from the open-file limit, see ``lb.settings``) how many
+client connections are served at once.
 
 Exit status: 0 on a normal stop, 1 when the port cannot be bound or the store cannot be opened, 2 for an
 invalid setting.
@@ -27,14 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.errors import SkyLiteError
-from skyserve_lite.lb.server import LbReport, LbView, LoadBalancer, serve
-from skyserve_lite.lb.settings import hold_seconds_from_env
+from skyserve_lite.lb.listener import raise_open_file_limit
+from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
+from skyserve_lite.lb.server import serve
+from skyserve_lite.lb.settings import LbSettings, compute_default_max_connections
 
 if TYPE_CHECKING:
     from skyserve_lite.state.store import Store
 
 log = logging.getLogger("skyserve_lite.lb")
-
 
 
 class StoreTargetSource:
@@ -88,7 +91,7 @@ def _run_until_complete(coro: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(coro)
 
 
-async def _run(home: Path, service: str, host: str, port: int, hold_seconds: float) -> int:
+async def _run(home: Path, service: str, host: str, port: int, hold_seconds: float, max_connections: int) -> int:
     from skyserve_lite.state.store import Store  # the store is needed by the process only, not by the server
 
     loop = asyncio.get_running_loop()
@@ -111,7 +114,7 @@ async def _run(home: Path, service: str, host: str, port: int, hold_seconds: flo
         )
         log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
         try:
-            await serve(lb, host, port, stop)
+            await serve(lb, host, port, stop, max_connections)
         except OSError as exc:  # serve raises OSError only when the port cannot be bound
             print(
                 f"sky-lite load balancer for service {service}: cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -124,13 +127,25 @@ async def _run(home: Path, service: str, host: str, port: int, hold_seconds: flo
     return 0
 
 
+def _start_limits(settings: LbSettings) -> int:
+    """Raise the open-file limit and log it; the connection limit to serve with."""
+    before, limit = raise_open_file_limit()
+    max_connections = settings.max_connections or compute_default_max_connections(limit)
+    raised = f"raised from {before} to {limit}" if limit != before else f"{limit}"
+    log.info("open-file limit %s; at most %d client connections", raised, max_connections)
+    return max_connections
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the load balancer; returns the exit status (0 stopped normally, 1 could not start, 2 bad setting)."""
     args = _parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        hold_seconds = hold_seconds_from_env(os.environ)
-        return _run_until_complete(_run(Path(args.home), args.service, args.host, args.port, hold_seconds))
+        settings = LbSettings.from_env(os.environ)
+        max_connections = _start_limits(settings)
+        return _run_until_complete(
+            _run(Path(args.home), args.service, args.host, args.port, settings.hold_seconds, max_connections)
+        )
     except SkyLiteError as exc:  # e.g. the store cannot be opened
         print(f"sky-lite load balancer for service {args.service}: {exc}", file=sys.stderr)
         return exc.exit_code

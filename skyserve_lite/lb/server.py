@@ -1,735 +1,489 @@
-"""The load balancer: one HTTP server per service that proxies every request to a READY replica.
+"""The client-facing server: HTTP/1.1 on a plain asyncio protocol, framed by aiohttp's request parser.
 
-Two client-facing servers run the same proxy decisions (``LoadBalancer.select_target`` and ``forward``):
-the lean one (``lean_server``, an asyncio protocol on aiohttp's C request parser, the default of ``serve``)
-and aiohttp's low-level ``web.Server`` (``LoadBalancer.handle``, also behind ``make_app``).
+``serve`` runs a ``LoadBalancer`` (``skyserve_lite.lb.proxy``) on it. The server does per request only what
+the HTTP side needs (no request or response objects) and leaves every proxy decision to the load balancer:
+``select_target``, ``forward``, and the answers it makes itself (503, 502).
 
-What it does per request:
+Connections are accepted by a ``Listener`` (``skyserve_lite.lb.listener``): at most ``max_connections`` at
+once, and a connection beyond that gets 503 with ``Connection: close`` at once; at the open-file limit
+accepting pauses instead of failing in a loop, and open connections go on being served.
 
-1. counts the request under its whole epoch second (from the injected clock) for the autoscaler;
-2. asks the policy for a replica; with none (a service scaled to zero, or one just starting) it holds the
-   request until a replica is READY, up to ``hold_seconds`` and at most ``max_waiting`` requests at once,
-   then answers 503 naming ``sky-lite serve status``;
-3. forwards method, path, query, headers (minus hop-by-hop ones, plus ``X-Forwarded-*``) and body;
-4. on a connection failure (cannot connect, or the connection dropped before a response) tries another
-   replica, at most ``MAX_ATTEMPTS`` in all; when every attempt fails it answers 502;
-5. relays status, headers (minus hop-by-hop ones) and body unchanged: no decompression, no recompression.
+Per connection:
 
-Bodies up to ``BUFFER_LIMIT`` with a known length are read whole and sent in one write; larger or chunked
-ones are streamed, so memory per request stays bounded whatever the body size. Replicas are reached through
-an ``UpstreamClient`` (``skyserve_lite.lb.upstream``), by default the pooled one.
+* keep-alive, HTTP/1.0 and 1.1; pipelined requests are answered one at a time, in order. At most
+  ``MAX_PIPELINED`` parsed requests wait; beyond that reading from the client pauses.
+* request bodies: up to ``BUFFER_LIMIT`` with a Content-Length they are read whole (one write to the
+  replica); larger or chunked ones go to the replica as a stream, reading from the client paused whenever
+  ``READ_LIMIT`` is buffered.
+* ``Expect: 100-continue`` is answered "100 Continue" once a replica was chosen, right before the body is
+  read (a 503 goes out instead, and the connection closes); any other expectation gets 417 and a close.
+* a request the parser rejects gets 400 and a close, after the requests parsed before it are answered
+  (requests that came in the same socket read as the malformed bytes are lost with them: the parser
+  raises for the whole read, as on aiohttp's server).
+* responses: the head and a buffered body go out in one ``transport.write``; a streamed body is written
+  chunk by chunk, waiting while the socket's write buffer is above ``WRITE_HIGH_WATER`` (the replica's
+  side then pauses too: its reader stops taking bytes). A body of unknown length goes out chunked to
+  HTTP/1.1 clients and ends with the connection for HTTP/1.0 ones.
+* a connection whose request body was not read to its end (a 503 before reading, a replica that answered
+  early) is closed after the response: the rest of the body cannot be told from a next request.
+* idle connections are closed after ``KEEPALIVE_SECONDS``.
 
-Everything outside the request path comes in through the constructor: a ``TargetSource`` says which
-replicas are READY and which policy to use (an ``LbView``, the store's own type, re-exported here), a
-``MetricsSink`` takes the per-second request counts and the load reports, a ``Clock`` tells the time. A
-background task (``start`` to ``close``) reads the source every ``refresh_seconds``, flushes the counts of
-completed seconds to the sink and hands it a load report (requests in flight per replica, requests held)
-when the load changed, or every ``REPORT_HEARTBEAT_SECONDS`` when it did not. While requests are held it
-reads the source at once and then every ``HOLD_REFRESH_SECONDS``, so that a replica turning READY is used
-within about 0.1 s instead of one ``refresh_seconds`` later.
+The server adds no headers of its own to relayed responses (no Server, no Date: the replica's are kept),
+except ``Connection: close`` or ``keep-alive`` where the connection's fate needs saying.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
+import http
 import logging
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from collections.abc import Callable
+from typing import Final
 
 import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy, istr
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_parser import HttpRequestParser, RawRequestMessage
+from aiohttp.streams import EmptyStreamReader
+from multidict import CIMultiDictProxy, istr
 
-from skyserve_lite.clock import Clock
-from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
-from skyserve_lite.lb.pooled_upstream import PooledUpstream
-from skyserve_lite.lb.settings import DEFAULT_HOLD_SECONDS
-from skyserve_lite.lb.upstream import (
-    UpstreamClient,
-    UpstreamConnectError,
-    UpstreamError,
-    UpstreamResetError,
-    UpstreamResponse,
+from skyserve_lite.lb.listener import Listener
+from skyserve_lite.lb.proxy import (
+    BUFFER_LIMIT,
+    HOP_BY_HOP_HEADERS,
+    STREAM_CHUNK,
+    LoadBalancer,
+    LocalAnswer,
+    compute_upstream_headers,
+    is_buffered_response,
 )
-from skyserve_lite.state.models import LbReport, LbView
+from skyserve_lite.lb.settings import DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS_VARIABLE
+from skyserve_lite.lb.upstream import UpstreamError, UpstreamResponse
 
 __all__ = [
-    "BUFFER_LIMIT",
-    "DEFAULT_HOLD_SECONDS",
-    "DEFAULT_MAX_WAITING",
-    "HOLD_REFRESH_SECONDS",
-    "HOP_BY_HOP_HEADERS",
-    "MAX_ATTEMPTS",
-    "REPORT_HEARTBEAT_SECONDS",
-    "Forwarded",
-    "LbReport",
-    "LbView",
-    "LoadBalancer",
-    "LocalAnswer",
-    "MetricsSink",
-    "ServerKind",
-    "TargetSource",
-    "compute_upstream_headers",
-    "is_buffered_response",
-    "is_report_due",
-    "no_replica_message",
+    "KEEPALIVE_SECONDS",
+    "MAX_PIPELINED",
+    "READ_LIMIT",
+    "SHUTDOWN_SECONDS",
+    "WRITE_HIGH_WATER",
+    "HttpServer",
+    "render_local_answer",
+    "render_response_head",
     "serve",
-    "split_completed_seconds",
-    "strip_hop_by_hop",
+    "too_many_connections_message",
 ]
 
 log = logging.getLogger(__name__)
 
-# Three tries cover the usual failure (one replica just died, the next one is fine) without letting a
-# request wander across a whole fleet: with 10 replicas of which 9 are dead, a client gets a 502 after 3
-# fast connection refusals instead of after 9.
-MAX_ATTEMPTS: Final = 3
-# 1 MiB: a typical JSON answer (a few KiB) is read whole and sent with a single write, the cheapest path
-# aiohttp has; a 5 MiB download is streamed so that 1,000 concurrent ones do not hold 5 GiB.
-BUFFER_LIMIT: Final = 1024 * 1024
-# Chunk for streamed bodies: 256 KiB is 20 writes for a 5 MiB body, and small enough for back-pressure.
-STREAM_CHUNK: Final = 256 * 1024
-# Counts the sink refused are kept for a retry on the next flush, but not forever: the autoscaler looks at
-# the last minutes, and 600 one-second keys are a few KiB.
-MAX_UNFLUSHED_SECONDS: Final = 600
-# An unchanged load report is repeated this often. The controller ignores a report older than 10 s (it takes
-# it for a load balancer that is gone); 2 s leaves room for 4 missed writes (a locked database, a slow pass)
-# before a live load balancer looks dead, at one small SQLite write every 2 s per idle service.
-REPORT_HEARTBEAT_SECONDS: Final = 2.0
-# Source reads while requests are held for a READY replica. A replica of a service woken from zero takes
-# seconds to minutes to start; reading every 0.1 s (an indexed SQLite read of well under 1 ms) adds at most
-# 0.1 s to the first answer, where the normal 0.5 s refresh would add up to 0.5 s.
-HOLD_REFRESH_SECONDS: Final = 0.1
-# Defaults for holding requests while no replica is READY. 30 s covers a local replica that starts in
-# seconds and stays within common client timeouts (60 s in nginx, browsers, requests' usual settings);
-# 256 held requests cost one coroutine and one socket each, and beyond them a burst gets 503 at once.
-DEFAULT_MAX_WAITING: Final = 256
+# Request body buffered per connection before reading from the client pauses: aiohttp's own default, as
+# on the upstream side. A chunked 5 MiB upload then holds at most about 128 KiB in the load balancer.
+READ_LIMIT: Final = 64 * 1024
+# Parsed requests waiting behind the one being answered. Clients that pipeline send a handful (wrk's
+# pipelining scripts use 16); 16 heads of a few hundred bytes each are nothing, and a client sending
+# thousands is paused instead of filling memory.
+MAX_PIPELINED: Final = 16
+# The socket's write buffer above which a streamed body waits (asyncio's default is 64 KiB): 256 KiB is
+# one STREAM_CHUNK, so a fast client never waits and a slow one holds one chunk plus what the kernel holds.
+WRITE_HIGH_WATER: Final = 256 * 1024
+# nginx's and aiohttp's server default (75 s): clients and their pools are tuned to it.
+KEEPALIVE_SECONDS: Final = 75.0
+# How long closing the server waits for requests in flight before cutting them: aiohttp's default too.
+SHUTDOWN_SECONDS: Final = 60.0
 
-# RFC 9110 section 7.6.1, plus Proxy-Connection, which old clients still send and which means the same.
-HOP_BY_HOP_HEADERS: Final = (
-    istr("Connection"),
-    istr("Keep-Alive"),
-    istr("Proxy-Authenticate"),
-    istr("Proxy-Authorization"),
-    istr("Proxy-Connection"),
-    istr("TE"),
-    istr("Trailers"),
-    istr("Transfer-Encoding"),
-    istr("Upgrade"),
-)
-_CONNECTION = istr("Connection")
-_HOST = istr("Host")
-# The load balancer already answered "100 Continue" to the client; the replica gets the whole request.
 _EXPECT = istr("Expect")
-_X_FORWARDED_FOR = istr("X-Forwarded-For")
-_X_FORWARDED_HOST = istr("X-Forwarded-Host")
-_X_FORWARDED_PROTO = istr("X-Forwarded-Proto")
-# Responses that never have a body (RFC 9110 6.4.1); they take the buffered path whatever their headers say.
-_BODYLESS_STATUSES: Final = frozenset({204, 304})
+_CONTENT_LENGTH = istr("Content-Length")
+_CONNECTION = istr("Connection")
+_HOP_BY_HOP_LOWER: Final = frozenset(name.lower() for name in HOP_BY_HOP_HEADERS)
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
-@dataclass(frozen=True, slots=True)
-class LocalAnswer:
-    """A response the load balancer makes itself (503 without a replica, 502 after failed attempts)."""
-
-    status: int
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Forwarded:
-    """A replica's response to relay; whoever relays it must call ``response.release()`` once."""
-
-    response: UpstreamResponse
-    url: str
+def _reason(status: int, reason: str | None) -> str:
+    if reason:
+        return reason
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""
 
 
-def is_buffered_response(status: int, content_length: int | None, method: str) -> bool:
-    """Whether a response is read whole and sent with one write, rather than streamed.
+def render_response_head(status: int, reason: str | None, headers: CIMultiDictProxy[str], extra: str = "") -> bytes:
+    """The status line and ``headers`` minus hop-by-hop ones, then ``extra`` (whole header lines), as bytes.
 
-    Yes for a known length up to ``BUFFER_LIMIT``, for statuses that never have a body (204, 304), and for
-    any answer to HEAD; a larger or unknown-length body (chunked, or ending with the connection) streams.
+    Header values arrived as bytes decoded with surrogateescape; encoding them back gives the very bytes
+    the replica sent.
     """
-    return (
-        (content_length is not None and content_length <= BUFFER_LIMIT)
-        or status in _BODYLESS_STATUSES
-        or method == "HEAD"
-    )
-
-
-class TargetSource(Protocol):
-    def read(self) -> LbView | None:
-        """The current view, or None when the service no longer exists (the load balancer then stops).
-
-        Called from a worker thread, never concurrently with itself; may block (SQLite). Any exception is
-        logged and the previous view stays in force.
-        """
-        ...
-
-
-class MetricsSink(Protocol):
-    def record_request_counts(self, counts: Mapping[int, int]) -> None:
-        """Take ``{epoch_second: requests}`` for completed seconds; each second is handed over once.
-
-        Called from a worker thread, never concurrently with itself or ``record_load``; may block. On an
-        exception the counts are handed over again (merged with newer ones) on the next flush.
-        """
-        ...
-
-    def record_load(self, report: LbReport) -> None:
-        """Take the latest load report; it replaces any earlier one.
-
-        Called from a worker thread, never concurrently with itself or ``record_request_counts``; may
-        block. On an exception the next refresh pass hands over a fresh report.
-        """
-        ...
-
-
-def strip_hop_by_hop(headers: CIMultiDict[str]) -> None:
-    """Remove, in place, the hop-by-hop headers and every header named in ``Connection``."""
+    drop = _HOP_BY_HOP_LOWER
     if _CONNECTION in headers:
-        for value in headers.getall(_CONNECTION):
-            for token in value.split(","):
-                name = token.strip()
-                if name:
-                    headers.popall(name, None)
-    for name in HOP_BY_HOP_HEADERS:
-        if name in headers:
-            del headers[name]
+        listed = {token.strip().lower() for value in headers.getall(_CONNECTION) for token in value.split(",")}
+        drop = drop | listed
+    parts = [f"HTTP/1.1 {status} {_reason(status, reason)}\r\n"]
+    parts.extend(f"{name}: {value}\r\n" for name, value in headers.items() if name.lower() not in drop)
+    parts.append(extra)
+    parts.append("\r\n")
+    return "".join(parts).encode("utf-8", "surrogateescape")
 
 
-def compute_upstream_headers(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], peer: str | None, scheme: str
-) -> CIMultiDict[str]:
-    """The headers to send to a replica for a request that arrived with ``headers``.
-
-    Hop-by-hop headers and ``Expect`` are dropped. ``Host`` is dropped too, so that the replica sees its
-    own address as nginx does by default; the client's Host goes to ``X-Forwarded-Host``.
-    ``X-Forwarded-For`` gets ``peer`` appended (an earlier proxy's list is kept); ``X-Forwarded-Host`` and
-    ``X-Forwarded-Proto`` say what this hop saw, replacing any value the client sent, because the load
-    balancer is the edge: a client must not be able to claim it came in over https.
-    """
-    out = CIMultiDict(headers)
-    strip_hop_by_hop(out)
-    host = out.pop(_HOST, None)
-    if _EXPECT in out:
-        del out[_EXPECT]
-    if peer is not None:
-        if _X_FORWARDED_FOR in out:
-            prior = ", ".join(out.popall(_X_FORWARDED_FOR))
-            out[_X_FORWARDED_FOR] = f"{prior}, {peer}"
-        else:
-            out[_X_FORWARDED_FOR] = peer
-    if host is not None:
-        out[_X_FORWARDED_HOST] = host
-    out[_X_FORWARDED_PROTO] = scheme
-    return out
-
-
-def split_completed_seconds(counts: Mapping[int, int], now_second: int) -> tuple[dict[int, int], dict[int, int]]:
-    """``(completed, current)``: seconds before ``now_second`` and the rest.
-
-    At 12:00:05.3 (``now_second`` 12:00:05) the counts of 12:00:04 are final and go to the sink, the
-    counts of 12:00:05 are still growing and stay.
-    """
-    completed = {second: n for second, n in counts.items() if second < now_second}
-    current = {second: n for second, n in counts.items() if second >= now_second}
-    return completed, current
-
-
-def merge_counts(into: Mapping[int, int], more: Mapping[int, int], oldest_second: int) -> dict[int, int]:
-    """``into`` plus ``more``, summed per second, without seconds before ``oldest_second``."""
-    merged = {second: n for second, n in into.items() if second >= oldest_second}
-    for second, n in more.items():
-        if second >= oldest_second:
-            merged[second] = merged.get(second, 0) + n
-    return merged
-
-
-def is_report_due(last: LbReport | None, in_flight: tuple[tuple[str, int], ...], waiting: int, now: float) -> bool:
-    """Whether a load balancer that last reported ``last`` reports now.
-
-    Yes when nothing was reported yet, when the load differs from ``last``, or when ``last`` is
-    ``REPORT_HEARTBEAT_SECONDS`` old or more (reported at 10.0: due again at 12.0 even if idle throughout).
-    A clock that went backwards counts as a change: a report from the future would look fresh too long.
-    """
-    if last is None or last.in_flight != in_flight or last.waiting != waiting:
-        return True
-    age = now - last.reported_at
-    return age >= REPORT_HEARTBEAT_SECONDS or age < 0
-
-
-def no_replica_message(service: str) -> str:
-    """The 503 body: says what is wrong and which command tells why."""
-    return f"No ready replica for service {service}. Run 'sky-lite serve status {service}' to see why.\n"
-
-
-def _bad_gateway_message(service: str, attempts: int, last_error: str) -> str:
+def too_many_connections_message(service: str, max_connections: int) -> str:
+    """The 503 body for a connection beyond ``max_connections``: what is wrong and which setting it is."""
     return (
-        f"Bad gateway: {attempts} attempt(s) to reach a ready replica of service {service} failed; "
-        f"last error: {last_error}. Run 'sky-lite serve status {service}' to see the replicas.\n"
+        f"Service unavailable: the load balancer for service {service} has {max_connections} client "
+        f"connections open, its limit ({MAX_CONNECTIONS_VARIABLE}). Try again later.\n"
     )
 
 
-class LoadBalancer:
-    """Proxies requests for one service to its READY replicas.
+def render_local_answer(answer: LocalAnswer, keep_alive: bool, head_only: bool) -> bytes:
+    """A whole response for an answer the load balancer makes itself, as plain UTF-8 text."""
+    body = answer.text.encode()
+    head = (
+        f"HTTP/1.1 {answer.status} {_reason(answer.status, None)}\r\n"
+        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        f"{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n"
+    ).encode()
+    return head if head_only else head + body
 
-    The constructor only stores its arguments; nothing runs before ``start``, which creates the upstream
-    client (``upstream``, a factory called inside the event loop: ``PooledUpstream`` unless told otherwise),
-    reads the source once (so the first request already has targets) and starts the refresh task.
-    ``stop_holding`` answers the held requests (503) and makes later ones without a target fail at once; the
-    service's end calls it before waiting for the requests in flight. ``close`` stops holding and the task,
-    flushes the completed seconds and closes the client. In between, ``select_target`` and ``forward`` are
-    the proxy decisions every server runs per request, and ``handle`` is aiohttp's request handler built on
-    them. ``serve`` runs all of them on the lean server or on aiohttp's low-level server; ``make_app`` wraps
-    them in an ``aiohttp.web.Application`` for embedding and tests. One ``LoadBalancer`` runs once at a time.
 
-    ``hold_seconds`` (0 or more; 0 answers 503 at once) and ``max_waiting`` bound how long and how many
-    requests wait for a READY replica; the hold is measured on the event loop's monotonic time.
+class _ClientConnection(BaseProtocol):
+    """One client connection: parses requests as bytes arrive and answers them in order on one task.
+
+    ``BaseProtocol`` supplies the flow control the parser and its body readers expect: their
+    ``pause_reading``/``resume_reading`` pause the socket and let the parser keep an unparsed tail.
+    """
+
+    def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop, release: Callable[[], None]) -> None:
+        super().__init__(loop)
+        self._server = server
+        self._lb = server.lb
+        self._release = release
+        # ``_parser`` is BaseProtocol's (it pauses the parser); ``_requests`` is the same object, typed.
+        self._requests = HttpRequestParser(self, loop, READ_LIMIT, max_msg_queue_size=MAX_PIPELINED)
+        self._parser = self._requests
+        self._queue: collections.deque[tuple[RawRequestMessage, aiohttp.StreamReader]] = collections.deque()
+        self._bad_request: HttpProcessingError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._body: aiohttp.StreamReader | None = None
+        self._peer: str | None = None
+        self._lost = False
+        self.closing = False
+        self.busy = False
+        self.idle_since = loop.time()
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert self.transport is not None
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        peer = transport.get_extra_info("peername")
+        self._peer = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
+        self._server.connections.add(self)
+        self._task = self._loop.create_task(self._run())
+
+    def data_received(self, data: bytes) -> None:
+        if self._bad_request is not None or self._lost:
+            return
+        try:
+            messages, _, _ = self._requests.feed_data(data)
+        except HttpProcessingError as exc:
+            self._bad_request = exc
+            self._pause_reading_for_buffer()
+            self._wake()
+            return
+        if messages:
+            queue = self._queue
+            queue.extend(messages)
+            if len(queue) >= MAX_PIPELINED and not self._buffer_paused:
+                self._pause_reading_for_buffer()
+            self._wake()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        self._lost = True
+        self._server.connections.discard(self)
+        self._release()
+        # A body being read (by the relay to a replica) or queued must end, not wait for bytes forever.
+        error = ConnectionResetError("the client closed the connection")
+        bodies = [self._body, *(payload for _, payload in self._queue)]
+        for body in bodies:
+            if body is not None and not body.is_eof():
+                body.set_exception(error)
+        self._queue.clear()
+        self._wake()
+
+    # -- the request loop ----------------------------------------------------------------------------------
+
+    def close_when_idle(self) -> None:
+        """Close now when no request is being answered, else right after the current response."""
+        self.closing = True
+        if not self.busy and not self._queue and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None:
+            transport.write(data)
+
+    async def _run(self) -> None:
+        """Answer queued requests in order until the connection ends. Never raises."""
+        try:
+            while not self._lost:
+                if not self._queue:
+                    if self._bad_request is not None:
+                        self._write(
+                            render_local_answer(LocalAnswer(400, _bad_request_text(self._bad_request)), False, False)
+                        )
+                        break
+                    if self.closing:
+                        break
+                    self.idle_since = self._loop.time()
+                    self._waiter = self._loop.create_future()
+                    await self._waiter
+                    continue
+                message, payload = self._queue.popleft()
+                self._requests.message_consumed()
+                if self._buffer_paused and self._bad_request is None:
+                    self._resume_pipelined()
+                self.busy = True
+                try:
+                    keep_alive = await self._answer(message, payload)
+                finally:
+                    self.busy = False
+                    self._body = None
+                if not keep_alive:
+                    break
+        except Exception:  # top of the connection's loop: log with context, drop this connection only
+            log.exception("load balancer for service %s: answering a request failed", self._lb.service)
+            self.abort()
+            return
+        if self.transport is not None:
+            self.transport.close()  # after what is buffered has been sent
+
+    def _resume_pipelined(self) -> None:
+        # Let the parser emit the requests it held back, then read again unless the queue refilled.
+        self.data_received(b"")
+        if len(self._queue) < MAX_PIPELINED and self._bad_request is None:
+            self._resume_reading_for_buffer()
+
+    async def _answer(self, message: RawRequestMessage, payload: aiohttp.StreamReader) -> bool:
+        """Answer one request; returns whether the connection stays open for the next one."""
+        lb = self._lb
+        method = message.method
+        head_only = method == "HEAD"
+        has_body = type(payload) is not EmptyStreamReader
+        keep_alive = not message.should_close and not message.upgrade and not self.closing
+        expect = message.headers.get(_EXPECT)
+        if expect is not None and expect.lower() != "100-continue":
+            answer = LocalAnswer(417, f"Unsupported expectation: {expect!r}; only 100-continue is.\n")
+            self._write(render_local_answer(answer, False, head_only))
+            return False
+        url = await lb.select_target()
+        if url is None:
+            keep_alive = keep_alive and (not has_body or payload.is_eof())
+            self._write(render_local_answer(lb.no_replica_answer(), keep_alive, head_only))
+            return keep_alive
+        body: bytes | aiohttp.StreamReader | None = None
+        if has_body:
+            self._body = payload
+            if expect is not None and message.version >= (1, 1):
+                self._write(_CONTINUE)
+            length = message.headers.get(_CONTENT_LENGTH)
+            if not message.chunked and length is not None and int(length) <= BUFFER_LIMIT:
+                try:
+                    body = await payload.read()
+                except (OSError, HttpProcessingError):
+                    return False  # the client went away, or sent a broken body: nobody to answer
+            else:
+                body = payload
+        headers = compute_upstream_headers(message.headers, self._peer, "http")
+        path = message.path
+        if not path.startswith("/"):  # absolute-form target ("GET http://host/x HTTP/1.1")
+            path = message.url.raw_path_qs
+        result = await lb.forward(url, method, path, headers, body)
+        keep_alive = keep_alive and (not has_body or payload.is_eof()) and not self._lost
+        if isinstance(result, LocalAnswer):
+            self._write(render_local_answer(result, keep_alive, head_only))
+            return keep_alive
+        return await self._relay(message, result.response, result.url, keep_alive)
+
+    async def _relay(self, message: RawRequestMessage, response: UpstreamResponse, url: str, keep_alive: bool) -> bool:
+        """Send the replica's ``response`` to the client; always releases it. Returns whether to keep alive."""
+        try:
+            status = response.status
+            length = response.content_length
+            if is_buffered_response(status, length, message.method):
+                try:
+                    data = await response.read()
+                except UpstreamError as exc:
+                    last_error = str(exc)
+                    log.warning("service %s: reading the response of %s failed: %s", self._lb.service, url, last_error)
+                    answer = self._lb.bad_gateway_answer(1, last_error)
+                    self._write(render_local_answer(answer, keep_alive, message.method == "HEAD"))
+                    return keep_alive
+                # Content-Length stays as the replica sent it: ``data`` is exactly that many bytes (a HEAD
+                # answer keeps the length of the body it did not send).
+                self._write(
+                    render_response_head(
+                        status, response.reason, response.headers, _connection_line(message, keep_alive)
+                    )
+                    + data
+                )
+                return keep_alive
+            return await self._stream(message, response, url, keep_alive)
+        finally:
+            response.release()
+
+    async def _stream(self, message: RawRequestMessage, response: UpstreamResponse, url: str, keep_alive: bool) -> bool:
+        chunked = response.content_length is None and message.version >= (1, 1)
+        if response.content_length is None and not chunked:
+            keep_alive = False  # an HTTP/1.0 client learns where the body ends by the connection's end
+        extra = _connection_line(message, keep_alive) + ("Transfer-Encoding: chunked\r\n" if chunked else "")
+        self._write(render_response_head(response.status, response.reason, response.headers, extra))
+        while True:
+            try:
+                chunk = await response.read_chunk(STREAM_CHUNK)
+            except UpstreamError as exc:
+                # The status line is out: the only honest signal left is to cut the client's connection, so
+                # that it sees a truncated body rather than a complete-looking short one.
+                self._lb.log_body_failure(url, exc)
+                self.abort()
+                return False
+            if not chunk:
+                break
+            if self.transport is None:
+                return False  # the client went away
+            self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            if self._paused:
+                try:
+                    await self._drain_helper()
+                except ConnectionError:
+                    return False
+        if chunked:
+            self._write(_LAST_CHUNK)
+        return keep_alive
+
+
+def _connection_line(message: RawRequestMessage, keep_alive: bool) -> str:
+    if not keep_alive:
+        return "Connection: close\r\n"
+    # HTTP/1.1 keeps alive unless told; an HTTP/1.0 client that asked for keep-alive must hear it granted.
+    return "" if message.version >= (1, 1) else "Connection: keep-alive\r\n"
+
+
+def _bad_request_text(exc: HttpProcessingError) -> str:
+    return f"Bad request: {exc.message}\n"
+
+
+class HttpServer:
+    """The listening sockets and the connections, for one ``LoadBalancer`` that has been started.
+
+    ``start`` binds and listens; ``close`` stops listening, closes idle connections, lets requests in
+    flight finish for up to ``shutdown_seconds`` and then cuts what is left. At most ``max_connections``
+    client connections are open at once; the next one gets 503 and is closed (``Listener``). Not reusable
+    after ``close``.
     """
 
     def __init__(
         self,
-        service: str,
-        source: TargetSource,
-        sink: MetricsSink | None,
-        clock: Clock,
-        refresh_seconds: float = 0.5,
-        hold_seconds: float = DEFAULT_HOLD_SECONDS,
-        max_waiting: int = DEFAULT_MAX_WAITING,
-        upstream: Callable[[], UpstreamClient] = PooledUpstream,
+        lb: LoadBalancer,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        keepalive_seconds: float = KEEPALIVE_SECONDS,
+        shutdown_seconds: float = SHUTDOWN_SECONDS,
     ) -> None:
-        self.service = service
-        self._source = source
-        self._sink = sink
-        self._clock = clock
-        self._refresh_seconds = refresh_seconds
-        self._hold_seconds = hold_seconds
-        self._max_waiting = max_waiting
-        self._policy_name = ROUND_ROBIN
-        self._in_flight = InFlight()
-        self._policy: Policy = make_policy(ROUND_ROBIN, self._in_flight)
-        self._waiting = 0
-        self._last_report: LbReport | None = None
-        self._urls: tuple[str, ...] = ()
-        self._rejected_policy: str | None = None
-        self._counts: dict[int, int] = {}
-        self._make_upstream = upstream
-        self._upstream: UpstreamClient | None = None
-        self._refresh_task: asyncio.Task[None] | None = None
-        self._source_gone: asyncio.Event | None = None
-        # Set to make the refresh loop run a pass now (or notice that it is stopping).
-        self._poke: asyncio.Event | None = None
-        self._stopping = False
-        # Held requests wait on this; set while there are targets, or once holding has stopped.
-        self._wake_held: asyncio.Event | None = None
-        self._holding = False
-        self._no_replica_text = no_replica_message(service)
+        self.lb = lb
+        self.connections: set[_ClientConnection] = set()
+        self._max_connections = max_connections
+        self._keepalive_seconds = keepalive_seconds
+        self._shutdown_seconds = shutdown_seconds
+        self._listener: Listener | None = None
+        self._sweep: asyncio.TimerHandle | None = None
 
-    def make_app(self) -> web.Application:
-        """The aiohttp application: one catch-all route for every method and path.
-
-        Its startup runs ``start`` and its cleanup runs ``close``. ``serve`` does not use it: it runs
-        ``handle`` on aiohttp's low-level server, which skips the router (about 5% of the CPU per request).
-        """
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        app.on_startup.append(lambda app: self.start())
-        app.on_shutdown.append(lambda app: self._stop_holding_async())
-        app.on_cleanup.append(lambda app: self.close())
-        return app
-
-    async def start(self) -> None:
-        """Create the upstream client, read the source once, start the refresh task."""
-        self._source_gone = asyncio.Event()
-        self._poke = asyncio.Event()
-        self._wake_held = asyncio.Event()
-        self._stopping = False
-        self._holding = True
-        self._upstream = self._make_upstream()
-        # One pass before the site starts listening, so that the first request already has targets.
-        await self._refresh_pass()
-        self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"lb-refresh-{self.service}")
+    async def start(self, host: str, port: int) -> list[tuple[str, int]]:
+        """Listen on ``host:port``; returns the bound addresses (host, port). Raises OSError when it cannot."""
+        loop = asyncio.get_running_loop()
+        refusal = render_local_answer(
+            LocalAnswer(503, too_many_connections_message(self.lb.service, self._max_connections)), False, False
+        )
+        listener = Listener(
+            lambda release: _ClientConnection(self, loop, release),
+            refusal,
+            f"load balancer for service {self.lb.service}",
+            self._max_connections,
+        )
+        addresses = listener.start(host, port)
+        self._listener = listener
+        self._sweep = loop.call_later(self._keepalive_seconds / 4, self._sweep_idle)
+        return addresses
 
     async def close(self) -> None:
-        """Stop holding, stop the refresh task, flush the completed seconds, close the upstream client.
-
-        Idempotent.
-        """
-        self.stop_holding()
-        if self._refresh_task is not None:
-            # Ask the loop to stop instead of cancelling it: a cancelled flush cannot tell whether its worker
-            # thread wrote the counts, and guessing wrong would lose or double them.
-            assert self._poke is not None
-            self._stopping = True
-            self._poke.set()
-            await self._refresh_task
-            self._refresh_task = None
-        try:
-            await self._flush_counts()
-        except Exception:  # the last flush; nothing is left to retry it
-            log.exception("load balancer for service %s: final flush of request counts failed", self.service)
-        if self._upstream is not None:
-            await self._upstream.close()
-            self._upstream = None
-
-    async def wait_source_gone(self) -> None:
-        """Return once the source said the service no longer exists. Only valid after ``start``."""
-        assert self._source_gone is not None, "the load balancer has not started"
-        await self._source_gone.wait()
-
-    def stop_holding(self) -> None:
-        """Answer every held request with 503 now, and later requests without a target at once. Idempotent.
-
-        For the end of the service: without it, stopping would wait for held requests for up to
-        ``hold_seconds``.
-        """
-        self._holding = False
-        self._update_wake_held()
-
-    async def _stop_holding_async(self) -> None:
-        self.stop_holding()
-
-    @property
-    def waiting(self) -> int:
-        """Requests held right now for a READY replica."""
-        return self._waiting
-
-    async def _refresh_loop(self) -> None:
-        poke, gone = self._poke, self._source_gone
-        assert poke is not None and gone is not None
-        while not gone.is_set():
-            period = min(self._refresh_seconds, HOLD_REFRESH_SECONDS) if self._waiting else self._refresh_seconds
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(poke.wait(), period)
-            poke.clear()
-            if self._stopping:
-                return
-            await self._refresh_pass()
-
-    async def _refresh_pass(self) -> None:
-        """Read the source, apply what it says, flush completed seconds, report the load. Never raises."""
-        try:
-            await self._refresh_targets()
-        except Exception:  # top of the loop: keep the previous targets and try again next time
-            log.exception("load balancer for service %s: reading the targets failed", self.service)
-        try:
-            await self._flush_counts()
-        except Exception:  # top of the loop: the counts were kept and go with the next flush
-            log.exception("load balancer for service %s: recording request counts failed", self.service)
-        try:
-            await self._report_load()
-        except Exception:  # top of the loop: the next pass reports again (the last report is still due)
-            log.exception("load balancer for service %s: recording the load report failed", self.service)
-
-    async def _refresh_targets(self) -> None:
-        view = await asyncio.to_thread(self._source.read)
-        if view is None:
-            log.info("service %s no longer exists; the load balancer stops", self.service)
-            assert self._source_gone is not None
-            self._source_gone.set()
-            self.stop_holding()
+        """Stop listening and end every connection, as the class docstring says. Idempotent."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        listener, self._listener = self._listener, None
+        if listener is None:
             return
-        self._apply_view(view)
-        self._update_wake_held()
-
-    def _update_wake_held(self) -> None:
-        wake = self._wake_held
-        if wake is None:
-            return
-        if self._urls or not self._holding:
-            wake.set()
-        else:
-            wake.clear()
-
-    def _apply_view(self, view: LbView) -> None:
-        if view.policy != self._policy_name:
-            try:
-                policy = make_policy(view.policy, self._in_flight)
-            except ValueError as exc:
-                if view.policy != self._rejected_policy:
-                    log.warning("service %s: %s; keeping %s", self.service, exc, self._policy_name)
-                    self._rejected_policy = view.policy
-            else:
-                # The in-flight counts belong to the load balancer, not to a policy: a switch to least_load
-                # starts from the real load, including requests the previous policy sent.
-                policy.set_targets(view.ready_urls)
-                self._in_flight.set_targets(view.ready_urls)
-                self._policy, self._policy_name, self._urls = policy, view.policy, view.ready_urls
-                self._rejected_policy = None
-                log.info("service %s: policy %s, targets %s", self.service, view.policy, list(self._urls))
-                return
-        if view.ready_urls != self._urls:
-            self._policy.set_targets(view.ready_urls)
-            self._in_flight.set_targets(view.ready_urls)
-            self._urls = view.ready_urls
-            log.info("service %s: targets %s", self.service, list(self._urls))
-
-    async def _flush_counts(self) -> None:
-        now_second = int(self._clock.now())
-        completed, current = split_completed_seconds(self._counts, now_second)
-        if not completed:
-            return
-        self._counts = current
-        if self._sink is None:
-            return
-        try:
-            await asyncio.to_thread(self._sink.record_request_counts, completed)
-        except Exception:
-            # Put them back for the next flush (the handler may have added to ``self._counts`` meanwhile).
-            self._counts = merge_counts(self._counts, completed, now_second - MAX_UNFLUSHED_SECONDS)
-            raise
-
-    async def _report_load(self) -> None:
-        if self._sink is None:
-            return
-        now = self._clock.now()
-        in_flight = self._in_flight.snapshot()
-        if not is_report_due(self._last_report, in_flight, self._waiting, now):
-            return
-        report = LbReport(reported_at=now, in_flight=in_flight, waiting=self._waiting)
-        await asyncio.to_thread(self._sink.record_load, report)
-        self._last_report = report
-
-    def _count_request(self) -> None:
-        # Every request counts, including those answered 503: a service scaled to zero replicas must
-        # still show demand to the autoscaler, or it would never scale up again.
-        second = int(self._clock.now())
-        counts = self._counts
-        counts[second] = counts.get(second, 0) + 1
-
-    async def select_target(self) -> str | None:
-        """Count the request and choose its replica; None means "answer ``no_replica_answer``" (503).
-
-        The first step of every request, on either server. Without a READY replica it holds the request as
-        ``_hold`` says. Valid between ``start`` and ``close``.
-        """
-        self._count_request()
-        url = self._policy.select()
-        if url is None:
-            url = await self._hold()
-        return url
-
-    async def forward(
-        self, url: str, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
-    ) -> Forwarded | LocalAnswer:
-        """Send the request to ``url`` (from ``select_target``), trying other replicas on connection failures.
-
-        ``headers`` come from ``compute_upstream_headers``; a ``bytes`` body or None can be sent again, a
-        stream only once. Returns the replica's response (the caller relays it and must ``release`` it) or
-        the 502 to answer after ``MAX_ATTEMPTS`` failed attempts or an invalid response. Never raises
-        ``UpstreamError``. Shared by both servers, so that retries mean the same on each.
-        """
-        upstream = self._upstream
-        assert upstream is not None, "the load balancer has not started"
-        policy = self._policy
-        in_flight = self._in_flight
-        replayable = not isinstance(body, aiohttp.StreamReader)
-        # Tuples: the common case (the first attempt works) allocates nothing for them.
-        tried: tuple[str, ...] = ()
-        refused: tuple[str, ...] = ()
-        last_error = ""
-        attempt = 0
-        next_url: str | None = url
-        while next_url is not None:
-            attempt += 1
-            url = next_url
-            in_flight.start(url)
-            try:
-                try:
-                    response = await upstream.request(url, method, path, headers, body)
-                except UpstreamConnectError as exc:
-                    refused += (url,)
-                    last_error = str(exc)
-                    log.warning("service %s: cannot connect to %s: %s", self.service, url, last_error)
-                except UpstreamResetError as exc:
-                    last_error = str(exc)
-                    log.warning("service %s: connection to %s failed: %s", self.service, url, last_error)
-                    if not replayable:
-                        break
-                except UpstreamError as exc:  # e.g. an invalid HTTP response: no retry
-                    last_error = str(exc)
-                    log.warning("service %s: bad response from %s: %s", self.service, url, last_error)
-                    break
-                else:
-                    return Forwarded(response, url)
-            finally:
-                in_flight.end(url)
-            tried += (url,)
-            next_url = _select_retry(policy, tried, refused) if attempt < MAX_ATTEMPTS else None
-        return self.bad_gateway_answer(attempt, last_error)
-
-    def no_replica_answer(self) -> LocalAnswer:
-        """The 503 for a request that found no READY replica within the hold."""
-        return LocalAnswer(503, self._no_replica_text)
-
-    def bad_gateway_answer(self, attempts: int, last_error: str) -> LocalAnswer:
-        """The 502 after ``attempts`` failed attempts, naming the last error."""
-        return LocalAnswer(502, _bad_gateway_message(self.service, attempts, last_error))
-
-    def log_body_failure(self, url: str, exc: UpstreamError) -> None:
-        """Log a response body from ``url`` that broke off while being relayed."""
-        log.warning("service %s: the response body from %s broke off: %s", self.service, url, exc)
-
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Proxy one request; the aiohttp handler for every method and path. Valid between start and close."""
-        url = await self.select_target()
-        if url is None:
-            return _local_response(self.no_replica_answer())
-        body = await _read_body(request)
-        headers = compute_upstream_headers(request.headers, request.remote, request.scheme)
-        path = request.raw_path
-        if not path.startswith("/"):  # absolute-form target ("GET http://host/x HTTP/1.1")
-            path = request.rel_url.raw_path_qs
-        result = await self.forward(url, request.method, path, headers, body)
-        if isinstance(result, LocalAnswer):
-            return _local_response(result)
-        return await self._relay(request, result.response, result.url)
-
-    async def _hold(self) -> str | None:
-        """Wait until a target is available and select it; None after ``hold_seconds``, when
-        ``max_waiting`` requests are held already, or once holding stopped.
-
-        The first request to wait asks the refresh loop for a pass at once; all held requests wake together
-        when a pass finds targets.
-        """
-        wake, poke = self._wake_held, self._poke
-        if not self._holding or self._hold_seconds <= 0 or self._waiting >= self._max_waiting:
-            return None
-        assert wake is not None and poke is not None
+        listener.close()
+        for connection in list(self.connections):
+            connection.close_when_idle()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._hold_seconds
-        self._waiting += 1
-        if self._waiting == 1:
-            poke.set()
-        try:
-            while self._holding:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return None
-                try:
-                    await asyncio.wait_for(wake.wait(), remaining)
-                except asyncio.TimeoutError:
-                    return None
-                # Set means targets, unless holding stopped; another pass may have emptied them again since
-                # (the event is then clear once more, so this loop waits rather than spins).
-                url = self._policy.select()
-                if url is not None:
-                    return url
-            return None
-        finally:
-            self._waiting -= 1
+        deadline = loop.time() + self._shutdown_seconds
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for connection in list(self.connections):
+            connection.abort()
 
-    async def _relay(self, request: web.BaseRequest, upstream: UpstreamResponse, url: str) -> web.StreamResponse:
-        """Send ``upstream`` to the client; always releases ``upstream``."""
-        try:
-            length = upstream.content_length
-            if is_buffered_response(upstream.status, length, request.method):
-                try:
-                    data = await upstream.read()
-                except UpstreamError as exc:
-                    last_error = str(exc)
-                    log.warning("service %s: reading the response of %s failed: %s", self.service, url, last_error)
-                    return _local_response(self.bad_gateway_answer(1, last_error))
-                response = web.Response(
-                    body=data, status=upstream.status, reason=upstream.reason, headers=upstream.headers
-                )
-                # Content-Length stays as the replica sent it: ``data`` is exactly that many bytes (a HEAD
-                # answer keeps the length of the body it did not send).
-                strip_hop_by_hop(response.headers)
-                return response
-            return await self._stream(request, upstream, url)
-        finally:
-            upstream.release()
-
-    async def _stream(self, request: web.BaseRequest, upstream: UpstreamResponse, url: str) -> web.StreamResponse:
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=upstream.headers)
-        strip_hop_by_hop(response.headers)
-        try:
-            await response.prepare(request)
-        except ConnectionError:  # the client went away; aiohttp closes the connection
-            return response
-        while True:
-            try:
-                chunk = await upstream.read_chunk(STREAM_CHUNK)
-            except UpstreamError as exc:
-                # The status line is out: the only honest signal left is to cut the client's connection, so
-                # that it sees a truncated body rather than a complete-looking short one.
-                self.log_body_failure(url, exc)
-                if request.transport is not None:
-                    request.transport.abort()
-                return response
-            if not chunk:
-                return response
-            try:
-                await response.write(chunk)
-            except ConnectionError:  # the client went away
-                return response
+    def _sweep_idle(self) -> None:
+        """Close connections idle for ``keepalive_seconds``; runs every quarter of that while listening."""
+        loop = asyncio.get_running_loop()
+        oldest = loop.time() - self._keepalive_seconds
+        for connection in list(self.connections):
+            if not connection.busy and connection.idle_since < oldest:
+                connection.close_when_idle()
+        self._sweep = loop.call_later(self._keepalive_seconds / 4, self._sweep_idle)
 
 
-def _local_response(answer: LocalAnswer) -> web.Response:
-    return web.Response(status=answer.status, text=answer.text)
-
-
-async def _read_body(request: web.BaseRequest) -> bytes | aiohttp.StreamReader | None:
-    """None without a body, the whole body when it is small and of known length, else the stream."""
-    if not request.body_exists:
-        return None
-    length = request.content_length
-    if length is not None and length <= BUFFER_LIMIT:
-        return await request.content.read()
-    return request.content
-
-
-def _select_retry(policy: Policy, tried: Collection[str], refused: Collection[str]) -> str | None:
-    """The replica for the next attempt: one not tried yet; else one that did accept a connection.
-
-    With one replica whose pooled connection was reset, a second try on a fresh connection can work; with
-    one replica that refused the connection, a second try only delays the 502.
-    """
-    url = policy.select(tried)
-    if url is None:
-        url = policy.select(refused)
-    return url
-
-
-ServerKind = Literal["lean", "aiohttp"]
-
-
-async def serve(lb: LoadBalancer, host: str, port: int, stop: asyncio.Event, server: ServerKind = "lean") -> None:
+async def serve(
+    lb: LoadBalancer, host: str, port: int, stop: asyncio.Event, max_connections: int = DEFAULT_MAX_CONNECTIONS
+) -> None:
     """Run ``lb`` on ``host:port`` until ``stop`` is set or its source says the service is gone.
 
-    ``server`` picks the HTTP server facing the clients: ``"lean"`` (``skyserve_lite.lb.lean_server``, an
-    asyncio protocol on aiohttp's C request parser) or ``"aiohttp"`` (aiohttp's low-level ``web.Server``).
-    Both run the same proxy decisions (``select_target``, ``forward``). Raises OSError when the port cannot
-    be bound. On return the listening socket is closed, the requests in flight are answered, the counts of
-    completed seconds are flushed and the upstream client is closed.
+    Raises OSError when the port cannot be bound. On return the listening sockets are closed, the requests
+    in flight are answered, the counts of completed seconds are flushed and the upstream client is closed.
     """
-    if server == "lean":
-        from skyserve_lite.lb.lean_server import serve_lean  # the lean server imports this module
-
-        await serve_lean(lb, host, port, stop)
-        return
-    runner = web.ServerRunner(web.Server(lb.handle, access_log=None), handle_signals=False)
-    await runner.setup()
+    server = HttpServer(lb, max_connections)
     await lb.start()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = ", ".join(f"{address[0]}:{address[1]}" for address in runner.addresses)
-        log.info("load balancer for service %s listening on %s", lb.service, bound)
-        await wait_until_stopped(lb, stop)
+        addresses = await server.start(host, port)
+        bound = ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
+        log.info(
+            "load balancer for service %s listening on %s (at most %d client connections)",
+            lb.service,
+            bound,
+            max_connections,
+        )
+        await _wait_until_stopped(lb, stop)
     finally:
         # Stop accepting, answer the held requests and finish the ones in flight first, then close the
         # upstream client they use.
         lb.stop_holding()
-        await runner.cleanup()
+        await server.close()
         await lb.close()
 
 
-async def wait_until_stopped(lb: LoadBalancer, stop: asyncio.Event) -> None:
+async def _wait_until_stopped(lb: LoadBalancer, stop: asyncio.Event) -> None:
     """Return when ``stop`` is set or the service is gone from the store, whichever comes first."""
     waits = [asyncio.create_task(stop.wait()), asyncio.create_task(lb.wait_source_gone())]
     try:

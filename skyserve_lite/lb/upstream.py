@@ -1,16 +1,11 @@
-"""Upstream clients: how the load balancer sends one request to a replica and reads the answer.
+"""The upstream client contract: how the load balancer sends one request to a replica and reads the answer.
 
-The contract is ``UpstreamClient`` (below). Two implementations, one module each:
-
-``PooledUpstream`` (``pooled_upstream``, the default)
-    HTTP/1.1 keep-alive connections per replica url on plain asyncio protocols. The request head and a
-    buffered body go out in one ``transport.write``; the response is framed by aiohttp's response parser
-    (its C extension when built): Content-Length, chunked, bodies that end with the connection, and no body
-    for HEAD, 1xx, 204 and 304. It does per request only what a proxy needs, which is about a third less CPU
-    per proxied request than ``AiohttpUpstream`` (figures in docs/benchmarks.md).
-``AiohttpUpstream`` (``aiohttp_upstream``)
-    aiohttp's ``ClientSession``, the general-purpose client: the reference the tests hold the pooled client
-    to (the load balancer's tests run over both).
+The contract is ``UpstreamClient`` (below); ``LoadBalancer`` takes a factory of one. The implementation is
+``PooledUpstream`` (``pooled_upstream``): HTTP/1.1 keep-alive connections per replica url on plain asyncio
+protocols, the request head and a buffered body in one ``transport.write``, the response framed by
+aiohttp's response parser (its C extension when built): Content-Length, chunked, bodies that end with the
+connection, and no body for HEAD, 1xx, 204 and 304. It does per request only what a proxy needs: about a
+third less CPU per proxied request than aiohttp's ``ClientSession`` did (figures in docs/benchmarks.md).
 
 Errors, raised by ``UpstreamClient.request`` and by reading a response body, with the lower library's
 error as ``__cause__``::

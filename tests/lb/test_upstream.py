@@ -1,8 +1,4 @@
-"""Upstream clients against a scripted raw HTTP backend on 127.0.0.1: framing, reuse, failures.
-
-Scenarios run over both clients, so the pooled client is held to what aiohttp's ``ClientSession`` does; the
-few where aiohttp's client behaves otherwise say why and run over the pooled client only.
-"""
+"""The pooled upstream client against a scripted raw HTTP backend on 127.0.0.1: framing, reuse, failures."""
 
 from __future__ import annotations
 
@@ -13,7 +9,6 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from skyserve_lite.lb.aiohttp_upstream import AiohttpUpstream
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.upstream import (
     UpstreamClient,
@@ -23,14 +18,6 @@ from skyserve_lite.lb.upstream import (
 )
 
 from .scripted import CLOSE, scripted_backend
-
-UpstreamFactory = Callable[[], UpstreamClient]
-
-
-@pytest.fixture(params=[PooledUpstream, AiohttpUpstream], ids=["pooled", "aiohttp"])
-def upstream(request: pytest.FixtureRequest) -> UpstreamFactory:
-    factory: UpstreamFactory = request.param
-    return factory
 
 
 def _run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -73,11 +60,11 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     ids=["length", "chunked", "until-close", "204", "304", "head", "1xx", "connection-close"],
 )
 def test_response_framing_and_connection_reuse(
-    upstream: UpstreamFactory, answer: bytes, method: str, status: int, body: bytes, reused: bool
+    answer: bytes, method: str, status: int, body: bytes, reused: bool
 ) -> None:
     async def run() -> None:
         async with scripted_backend(answer) as backend:
-            client = upstream()
+            client = PooledUpstream()
             try:
                 for _ in range(3):
                     assert await _get(client, backend.url, method) == (status, body)
@@ -89,8 +76,7 @@ def test_response_framing_and_connection_reuse(
 
 
 @pytest.mark.timeout(30)
-def test_pooled_request_head_body_and_framing_as_sent() -> None:
-    # Pooled only: aiohttp's client drops header bytes that are not UTF-8 instead of sending them on.
+def test_request_head_body_and_framing_as_sent() -> None:
     async def run() -> None:
         async with scripted_backend(OK) as backend:
             client = PooledUpstream()
@@ -115,11 +101,11 @@ def test_pooled_request_head_body_and_framing_as_sent() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_connect_refused_is_a_connect_error(upstream: UpstreamFactory) -> None:
+def test_connect_refused_is_a_connect_error() -> None:
     async def run() -> None:
         async with scripted_backend(OK) as backend:
             url = backend.url
-        client = upstream()
+        client = PooledUpstream()
         try:
             with pytest.raises(UpstreamConnectError):
                 await _get(client, url)
@@ -130,9 +116,8 @@ def test_connect_refused_is_a_connect_error(upstream: UpstreamFactory) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_pooled_close_before_any_response_byte_is_a_reset() -> None:
-    # Pooled only: aiohttp's client retries a GET on a new connection by itself here; the load balancer
-    # makes that decision (tests/lb/test_server.py checks it over both clients).
+def test_close_before_any_response_byte_is_a_reset() -> None:
+    # The client never retries by itself: the load balancer decides (tests/lb/test_proxy.py checks it).
     async def run() -> None:
         async with scripted_backend(CLOSE, OK) as backend:
             client = PooledUpstream()
@@ -155,10 +140,10 @@ def test_pooled_close_before_any_response_byte_is_a_reset() -> None:
     ],
     ids=["length", "chunked"],
 )
-def test_a_body_cut_short_raises_on_read(upstream: UpstreamFactory, answer: bytes) -> None:
+def test_a_body_cut_short_raises_on_read(answer: bytes) -> None:
     async def run() -> None:
         async with scripted_backend(answer) as backend:
-            client = upstream()
+            client = PooledUpstream()
             try:
                 response = await client.request(backend.url, "GET", "/", CIMultiDict(), None)
                 try:
@@ -173,10 +158,10 @@ def test_a_body_cut_short_raises_on_read(upstream: UpstreamFactory, answer: byte
 
 
 @pytest.mark.timeout(30)
-def test_an_invalid_response_is_an_upstream_error_not_a_reset(upstream: UpstreamFactory) -> None:
+def test_an_invalid_response_is_an_upstream_error_not_a_reset() -> None:
     async def run() -> None:
         async with scripted_backend(b"NONSENSE\r\n\r\n") as backend:
-            client = upstream()
+            client = PooledUpstream()
             try:
                 with pytest.raises(UpstreamError) as raised:
                     await _get(client, backend.url)
@@ -188,7 +173,7 @@ def test_an_invalid_response_is_an_upstream_error_not_a_reset(upstream: Upstream
 
 
 @pytest.mark.timeout(30)
-def test_pooled_connections_idle_past_keepalive_are_not_reused() -> None:
+def test_connections_idle_past_keepalive_are_not_reused() -> None:
     async def run() -> None:
         async with scripted_backend(OK) as backend:
             client = PooledUpstream(keepalive_seconds=0.05)
@@ -206,7 +191,7 @@ def test_pooled_connections_idle_past_keepalive_are_not_reused() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_pooled_connection_released_after_a_sweep_is_still_reused() -> None:
+def test_connection_released_after_a_sweep_is_still_reused() -> None:
     async def run() -> None:
         async with scripted_backend(OK) as backend:
             client = PooledUpstream(keepalive_seconds=0.05)
@@ -225,7 +210,7 @@ def test_pooled_connection_released_after_a_sweep_is_still_reused() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_pooled_streams_a_large_body_with_bounded_buffering() -> None:
+def test_streams_a_large_body_with_bounded_buffering() -> None:
     size = 8 * 1024 * 1024
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (size, b"z" * size)
 

@@ -1,0 +1,601 @@
+"""The proxy decisions: which replica gets a request, holding, retries, counting and load reports.
+
+``LoadBalancer`` decides; the client-facing server (``skyserve_lite.lb.server``) speaks HTTP to clients and
+calls it per request; replicas are reached through an ``UpstreamClient`` (``skyserve_lite.lb.upstream``), by
+default the pooled one. Nothing here parses or writes HTTP bytes.
+
+What happens per request:
+
+1. ``select_target`` counts the request under its whole epoch second (from the injected clock) for the
+   autoscaler and asks the policy for a replica; with none (a service scaled to zero, or one just starting)
+   it holds the request until a replica is READY, up to ``hold_seconds`` and at most ``max_waiting``
+   requests at once; None means answer ``no_replica_answer`` (503 naming ``sky-lite serve status``);
+2. the server builds the replica's headers with ``compute_upstream_headers`` (minus hop-by-hop ones, plus
+   ``X-Forwarded-*``) and reads a body up to ``BUFFER_LIMIT`` whole, else hands it over as a stream;
+3. ``forward`` sends method, path, query, headers and body; on a connection failure (cannot connect, or
+   the connection dropped before a response) it tries another replica, at most ``MAX_ATTEMPTS`` in all;
+   when every attempt fails it returns the 502 to answer;
+4. the server relays status, headers (minus hop-by-hop ones) and body unchanged: no decompression, no
+   recompression; ``is_buffered_response`` says whether the body is read whole or streamed.
+
+Everything outside the request path comes in through the constructor: a ``TargetSource`` says which
+replicas are READY and which policy to use (an ``LbView``, the store's own type, re-exported here), a
+``MetricsSink`` takes the per-second request counts and the load reports, a ``Clock`` tells the time. A
+background task (``start`` to ``close``) reads the source every ``refresh_seconds``, flushes the counts of
+completed seconds to the sink and hands it a load report (requests in flight per replica, requests held)
+when the load changed, or every ``REPORT_HEARTBEAT_SECONDS`` when it did not. While requests are held it
+reads the source at once and then every ``HOLD_REFRESH_SECONDS``, so that a replica turning READY is used
+within about 0.1 s instead of one ``refresh_seconds`` later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy, istr
+
+from skyserve_lite.clock import Clock
+from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
+from skyserve_lite.lb.pooled_upstream import PooledUpstream
+from skyserve_lite.lb.settings import DEFAULT_HOLD_SECONDS
+from skyserve_lite.lb.upstream import (
+    UpstreamClient,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResetError,
+    UpstreamResponse,
+)
+from skyserve_lite.state.models import LbReport, LbView
+
+__all__ = [
+    "BUFFER_LIMIT",
+    "DEFAULT_HOLD_SECONDS",
+    "DEFAULT_MAX_WAITING",
+    "HOLD_REFRESH_SECONDS",
+    "HOP_BY_HOP_HEADERS",
+    "MAX_ATTEMPTS",
+    "REPORT_HEARTBEAT_SECONDS",
+    "STREAM_CHUNK",
+    "Forwarded",
+    "LbReport",
+    "LbView",
+    "LoadBalancer",
+    "LocalAnswer",
+    "MetricsSink",
+    "TargetSource",
+    "compute_upstream_headers",
+    "is_buffered_response",
+    "is_report_due",
+    "merge_counts",
+    "no_replica_message",
+    "split_completed_seconds",
+    "strip_hop_by_hop",
+]
+
+log = logging.getLogger(__name__)
+
+# Three tries cover the usual failure (one replica just died, the next one is fine) without letting a
+# request wander across a whole fleet: with 10 replicas of which 9 are dead, a client gets a 502 after 3
+# fast connection refusals instead of after 9.
+MAX_ATTEMPTS: Final = 3
+# 1 MiB: a typical JSON answer (a few KiB) is read whole and sent with a single write, head and body
+# together; a 5 MiB download is streamed so that 1,000 concurrent ones do not hold 5 GiB.
+BUFFER_LIMIT: Final = 1024 * 1024
+# Chunk for streamed bodies: 256 KiB is 20 writes for a 5 MiB body, and small enough for back-pressure.
+STREAM_CHUNK: Final = 256 * 1024
+# Counts the sink refused are kept for a retry on the next flush, but not forever: the autoscaler looks at
+# the last minutes, and 600 one-second keys are a few KiB.
+MAX_UNFLUSHED_SECONDS: Final = 600
+# An unchanged load report is repeated this often. The controller ignores a report older than 10 s (it takes
+# it for a load balancer that is gone); 2 s leaves room for 4 missed writes (a locked database, a slow pass)
+# before a live load balancer looks dead, at one small SQLite write every 2 s per idle service.
+REPORT_HEARTBEAT_SECONDS: Final = 2.0
+# Source reads while requests are held for a READY replica. A replica of a service woken from zero takes
+# seconds to minutes to start; reading every 0.1 s (an indexed SQLite read of well under 1 ms) adds at most
+# 0.1 s to the first answer, where the normal 0.5 s refresh would add up to 0.5 s.
+HOLD_REFRESH_SECONDS: Final = 0.1
+# Defaults for holding requests while no replica is READY. 30 s covers a local replica that starts in
+# seconds and stays within common client timeouts (60 s in nginx, browsers, requests' usual settings);
+# 256 held requests cost one coroutine and one socket each, and beyond them a burst gets 503 at once.
+DEFAULT_MAX_WAITING: Final = 256
+
+# RFC 9110 section 7.6.1, plus Proxy-Connection, which old clients still send and which means the same.
+HOP_BY_HOP_HEADERS: Final = (
+    istr("Connection"),
+    istr("Keep-Alive"),
+    istr("Proxy-Authenticate"),
+    istr("Proxy-Authorization"),
+    istr("Proxy-Connection"),
+    istr("TE"),
+    istr("Trailers"),
+    istr("Transfer-Encoding"),
+    istr("Upgrade"),
+)
+_CONNECTION = istr("Connection")
+_HOST = istr("Host")
+# The load balancer already answered "100 Continue" to the client; the replica gets the whole request.
+_EXPECT = istr("Expect")
+_X_FORWARDED_FOR = istr("X-Forwarded-For")
+_X_FORWARDED_HOST = istr("X-Forwarded-Host")
+_X_FORWARDED_PROTO = istr("X-Forwarded-Proto")
+# Responses that never have a body (RFC 9110 6.4.1); they take the buffered path whatever their headers say.
+_BODYLESS_STATUSES: Final = frozenset({204, 304})
+
+
+@dataclass(frozen=True, slots=True)
+class LocalAnswer:
+    """A response the load balancer makes itself (503 without a replica, 502 after failed attempts)."""
+
+    status: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """A replica's response to relay; whoever relays it must call ``response.release()`` once."""
+
+    response: UpstreamResponse
+    url: str
+
+
+def is_buffered_response(status: int, content_length: int | None, method: str) -> bool:
+    """Whether a response is read whole and sent with one write, rather than streamed.
+
+    Yes for a known length up to ``BUFFER_LIMIT``, for statuses that never have a body (204, 304), and for
+    any answer to HEAD; a larger or unknown-length body (chunked, or ending with the connection) streams.
+    """
+    return (
+        (content_length is not None and content_length <= BUFFER_LIMIT)
+        or status in _BODYLESS_STATUSES
+        or method == "HEAD"
+    )
+
+
+class TargetSource(Protocol):
+    def read(self) -> LbView | None:
+        """The current view, or None when the service no longer exists (the load balancer then stops).
+
+        Called from a worker thread, never concurrently with itself; may block (SQLite). Any exception is
+        logged and the previous view stays in force.
+        """
+        ...
+
+
+class MetricsSink(Protocol):
+    def record_request_counts(self, counts: Mapping[int, int]) -> None:
+        """Take ``{epoch_second: requests}`` for completed seconds; each second is handed over once.
+
+        Called from a worker thread, never concurrently with itself or ``record_load``; may block. On an
+        exception the counts are handed over again (merged with newer ones) on the next flush.
+        """
+        ...
+
+    def record_load(self, report: LbReport) -> None:
+        """Take the latest load report; it replaces any earlier one.
+
+        Called from a worker thread, never concurrently with itself or ``record_request_counts``; may
+        block. On an exception the next refresh pass hands over a fresh report.
+        """
+        ...
+
+
+def strip_hop_by_hop(headers: CIMultiDict[str]) -> None:
+    """Remove, in place, the hop-by-hop headers and every header named in ``Connection``."""
+    if _CONNECTION in headers:
+        for value in headers.getall(_CONNECTION):
+            for token in value.split(","):
+                name = token.strip()
+                if name:
+                    headers.popall(name, None)
+    for name in HOP_BY_HOP_HEADERS:
+        if name in headers:
+            del headers[name]
+
+
+def compute_upstream_headers(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], peer: str | None, scheme: str
+) -> CIMultiDict[str]:
+    """The headers to send to a replica for a request that arrived with ``headers``.
+
+    Hop-by-hop headers and ``Expect`` are dropped. ``Host`` is dropped too, so that the replica sees its
+    own address as nginx does by default; the client's Host goes to ``X-Forwarded-Host``.
+    ``X-Forwarded-For`` gets ``peer`` appended (an earlier proxy's list is kept); ``X-Forwarded-Host`` and
+    ``X-Forwarded-Proto`` say what this hop saw, replacing any value the client sent, because the load
+    balancer is the edge: a client must not be able to claim it came in over https.
+    """
+    out = CIMultiDict(headers)
+    strip_hop_by_hop(out)
+    host = out.pop(_HOST, None)
+    if _EXPECT in out:
+        del out[_EXPECT]
+    if peer is not None:
+        if _X_FORWARDED_FOR in out:
+            prior = ", ".join(out.popall(_X_FORWARDED_FOR))
+            out[_X_FORWARDED_FOR] = f"{prior}, {peer}"
+        else:
+            out[_X_FORWARDED_FOR] = peer
+    if host is not None:
+        out[_X_FORWARDED_HOST] = host
+    out[_X_FORWARDED_PROTO] = scheme
+    return out
+
+
+def split_completed_seconds(counts: Mapping[int, int], now_second: int) -> tuple[dict[int, int], dict[int, int]]:
+    """``(completed, current)``: seconds before ``now_second`` and the rest.
+
+    At 12:00:05.3 (``now_second`` 12:00:05) the counts of 12:00:04 are final and go to the sink, the
+    counts of 12:00:05 are still growing and stay.
+    """
+    completed = {second: n for second, n in counts.items() if second < now_second}
+    current = {second: n for second, n in counts.items() if second >= now_second}
+    return completed, current
+
+
+def merge_counts(into: Mapping[int, int], more: Mapping[int, int], oldest_second: int) -> dict[int, int]:
+    """``into`` plus ``more``, summed per second, without seconds before ``oldest_second``."""
+    merged = {second: n for second, n in into.items() if second >= oldest_second}
+    for second, n in more.items():
+        if second >= oldest_second:
+            merged[second] = merged.get(second, 0) + n
+    return merged
+
+
+def is_report_due(last: LbReport | None, in_flight: tuple[tuple[str, int], ...], waiting: int, now: float) -> bool:
+    """Whether a load balancer that last reported ``last`` reports now.
+
+    Yes when nothing was reported yet, when the load differs from ``last``, or when ``last`` is
+    ``REPORT_HEARTBEAT_SECONDS`` old or more (reported at 10.0: due again at 12.0 even if idle throughout).
+    A clock that went backwards counts as a change: a report from the future would look fresh too long.
+    """
+    if last is None or last.in_flight != in_flight or last.waiting != waiting:
+        return True
+    age = now - last.reported_at
+    return age >= REPORT_HEARTBEAT_SECONDS or age < 0
+
+
+def no_replica_message(service: str) -> str:
+    """The 503 body: says what is wrong and which command tells why."""
+    return f"No ready replica for service {service}. Run 'sky-lite serve status {service}' to see why.\n"
+
+
+def _bad_gateway_message(service: str, attempts: int, last_error: str) -> str:
+    return (
+        f"Bad gateway: {attempts} attempt(s) to reach a ready replica of service {service} failed; "
+        f"last error: {last_error}. Run 'sky-lite serve status {service}' to see the replicas.\n"
+    )
+
+
+class LoadBalancer:
+    """Proxies requests for one service to its READY replicas.
+
+    The constructor only stores its arguments; nothing runs before ``start``, which creates the upstream
+    client (``upstream``, a factory called inside the event loop: ``PooledUpstream`` unless told otherwise),
+    reads the source once (so the first request already has targets) and starts the refresh task.
+    ``stop_holding`` answers the held requests (503) and makes later ones without a target fail at once; the
+    service's end calls it before waiting for the requests in flight. ``close`` stops holding and the task,
+    flushes the completed seconds and closes the client. In between, ``select_target`` and ``forward`` are
+    the proxy decisions the server (``skyserve_lite.lb.server``) runs per request, and ``no_replica_answer``
+    and ``bad_gateway_answer`` the answers it makes itself. One ``LoadBalancer`` runs once at a time.
+
+    ``hold_seconds`` (0 or more; 0 answers 503 at once) and ``max_waiting`` bound how long and how many
+    requests wait for a READY replica; the hold is measured on the event loop's monotonic time.
+    """
+
+    def __init__(
+        self,
+        service: str,
+        source: TargetSource,
+        sink: MetricsSink | None,
+        clock: Clock,
+        refresh_seconds: float = 0.5,
+        hold_seconds: float = DEFAULT_HOLD_SECONDS,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+        upstream: Callable[[], UpstreamClient] = PooledUpstream,
+    ) -> None:
+        self.service = service
+        self._source = source
+        self._sink = sink
+        self._clock = clock
+        self._refresh_seconds = refresh_seconds
+        self._hold_seconds = hold_seconds
+        self._max_waiting = max_waiting
+        self._policy_name = ROUND_ROBIN
+        self._in_flight = InFlight()
+        self._policy: Policy = make_policy(ROUND_ROBIN, self._in_flight)
+        self._waiting = 0
+        self._last_report: LbReport | None = None
+        self._urls: tuple[str, ...] = ()
+        self._rejected_policy: str | None = None
+        self._counts: dict[int, int] = {}
+        self._make_upstream = upstream
+        self._upstream: UpstreamClient | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._source_gone: asyncio.Event | None = None
+        # Set to make the refresh loop run a pass now (or notice that it is stopping).
+        self._poke: asyncio.Event | None = None
+        self._stopping = False
+        # Held requests wait on this; set while there are targets, or once holding has stopped.
+        self._wake_held: asyncio.Event | None = None
+        self._holding = False
+        self._no_replica_text = no_replica_message(service)
+
+    async def start(self) -> None:
+        """Create the upstream client, read the source once, start the refresh task."""
+        self._source_gone = asyncio.Event()
+        self._poke = asyncio.Event()
+        self._wake_held = asyncio.Event()
+        self._stopping = False
+        self._holding = True
+        self._upstream = self._make_upstream()
+        # One pass before the site starts listening, so that the first request already has targets.
+        await self._refresh_pass()
+        self._refresh_task = asyncio.create_task(self._refresh_loop(), name=f"lb-refresh-{self.service}")
+
+    async def close(self) -> None:
+        """Stop holding, stop the refresh task, flush the completed seconds, close the upstream client.
+
+        Idempotent.
+        """
+        self.stop_holding()
+        if self._refresh_task is not None:
+            # Ask the loop to stop instead of cancelling it: a cancelled flush cannot tell whether its worker
+            # thread wrote the counts, and guessing wrong would lose or double them.
+            assert self._poke is not None
+            self._stopping = True
+            self._poke.set()
+            await self._refresh_task
+            self._refresh_task = None
+        try:
+            await self._flush_counts()
+        except Exception:  # the last flush; nothing is left to retry it
+            log.exception("load balancer for service %s: final flush of request counts failed", self.service)
+        if self._upstream is not None:
+            await self._upstream.close()
+            self._upstream = None
+
+    async def wait_source_gone(self) -> None:
+        """Return once the source said the service no longer exists. Only valid after ``start``."""
+        assert self._source_gone is not None, "the load balancer has not started"
+        await self._source_gone.wait()
+
+    def stop_holding(self) -> None:
+        """Answer every held request with 503 now, and later requests without a target at once. Idempotent.
+
+        For the end of the service: without it, stopping would wait for held requests for up to
+        ``hold_seconds``.
+        """
+        self._holding = False
+        self._update_wake_held()
+
+    @property
+    def waiting(self) -> int:
+        """Requests held right now for a READY replica."""
+        return self._waiting
+
+    async def _refresh_loop(self) -> None:
+        poke, gone = self._poke, self._source_gone
+        assert poke is not None and gone is not None
+        while not gone.is_set():
+            period = min(self._refresh_seconds, HOLD_REFRESH_SECONDS) if self._waiting else self._refresh_seconds
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(poke.wait(), period)
+            poke.clear()
+            if self._stopping:
+                return
+            await self._refresh_pass()
+
+    async def _refresh_pass(self) -> None:
+        """Read the source, apply what it says, flush completed seconds, report the load. Never raises."""
+        try:
+            await self._refresh_targets()
+        except Exception:  # top of the loop: keep the previous targets and try again next time
+            log.exception("load balancer for service %s: reading the targets failed", self.service)
+        try:
+            await self._flush_counts()
+        except Exception:  # top of the loop: the counts were kept and go with the next flush
+            log.exception("load balancer for service %s: recording request counts failed", self.service)
+        try:
+            await self._report_load()
+        except Exception:  # top of the loop: the next pass reports again (the last report is still due)
+            log.exception("load balancer for service %s: recording the load report failed", self.service)
+
+    async def _refresh_targets(self) -> None:
+        view = await asyncio.to_thread(self._source.read)
+        if view is None:
+            log.info("service %s no longer exists; the load balancer stops", self.service)
+            assert self._source_gone is not None
+            self._source_gone.set()
+            self.stop_holding()
+            return
+        self._apply_view(view)
+        self._update_wake_held()
+
+    def _update_wake_held(self) -> None:
+        wake = self._wake_held
+        if wake is None:
+            return
+        if self._urls or not self._holding:
+            wake.set()
+        else:
+            wake.clear()
+
+    def _apply_view(self, view: LbView) -> None:
+        if view.policy != self._policy_name:
+            try:
+                policy = make_policy(view.policy, self._in_flight)
+            except ValueError as exc:
+                if view.policy != self._rejected_policy:
+                    log.warning("service %s: %s; keeping %s", self.service, exc, self._policy_name)
+                    self._rejected_policy = view.policy
+            else:
+                # The in-flight counts belong to the load balancer, not to a policy: a switch to least_load
+                # starts from the real load, including requests the previous policy sent.
+                policy.set_targets(view.ready_urls)
+                self._in_flight.set_targets(view.ready_urls)
+                self._policy, self._policy_name, self._urls = policy, view.policy, view.ready_urls
+                self._rejected_policy = None
+                log.info("service %s: policy %s, targets %s", self.service, view.policy, list(self._urls))
+                return
+        if view.ready_urls != self._urls:
+            self._policy.set_targets(view.ready_urls)
+            self._in_flight.set_targets(view.ready_urls)
+            self._urls = view.ready_urls
+            log.info("service %s: targets %s", self.service, list(self._urls))
+
+    async def _flush_counts(self) -> None:
+        now_second = int(self._clock.now())
+        completed, current = split_completed_seconds(self._counts, now_second)
+        if not completed:
+            return
+        self._counts = current
+        if self._sink is None:
+            return
+        try:
+            await asyncio.to_thread(self._sink.record_request_counts, completed)
+        except Exception:
+            # Put them back for the next flush (requests may have added to ``self._counts`` meanwhile).
+            self._counts = merge_counts(self._counts, completed, now_second - MAX_UNFLUSHED_SECONDS)
+            raise
+
+    async def _report_load(self) -> None:
+        if self._sink is None:
+            return
+        now = self._clock.now()
+        in_flight = self._in_flight.snapshot()
+        if not is_report_due(self._last_report, in_flight, self._waiting, now):
+            return
+        report = LbReport(reported_at=now, in_flight=in_flight, waiting=self._waiting)
+        await asyncio.to_thread(self._sink.record_load, report)
+        self._last_report = report
+
+    def _count_request(self) -> None:
+        # Every request counts, including those answered 503: a service scaled to zero replicas must
+        # still show demand to the autoscaler, or it would never scale up again.
+        second = int(self._clock.now())
+        counts = self._counts
+        counts[second] = counts.get(second, 0) + 1
+
+    async def select_target(self) -> str | None:
+        """Count the request and choose its replica; None means "answer ``no_replica_answer``" (503).
+
+        The first step of every request. Without a READY replica it holds the request as
+        ``_hold`` says. Valid between ``start`` and ``close``.
+        """
+        self._count_request()
+        url = self._policy.select()
+        if url is None:
+            url = await self._hold()
+        return url
+
+    async def forward(
+        self, url: str, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
+    ) -> Forwarded | LocalAnswer:
+        """Send the request to ``url`` (from ``select_target``), trying other replicas on connection failures.
+
+        ``headers`` come from ``compute_upstream_headers``; a ``bytes`` body or None can be sent again, a
+        stream only once. Returns the replica's response (the caller relays it and must ``release`` it) or
+        the 502 to answer after ``MAX_ATTEMPTS`` failed attempts or an invalid response. Never raises
+        ``UpstreamError``.
+        """
+        upstream = self._upstream
+        assert upstream is not None, "the load balancer has not started"
+        policy = self._policy
+        in_flight = self._in_flight
+        replayable = not isinstance(body, aiohttp.StreamReader)
+        # Tuples: the common case (the first attempt works) allocates nothing for them.
+        tried: tuple[str, ...] = ()
+        refused: tuple[str, ...] = ()
+        last_error = ""
+        attempt = 0
+        next_url: str | None = url
+        while next_url is not None:
+            attempt += 1
+            url = next_url
+            in_flight.start(url)
+            try:
+                try:
+                    response = await upstream.request(url, method, path, headers, body)
+                except UpstreamConnectError as exc:
+                    refused += (url,)
+                    last_error = str(exc)
+                    log.warning("service %s: cannot connect to %s: %s", self.service, url, last_error)
+                except UpstreamResetError as exc:
+                    last_error = str(exc)
+                    log.warning("service %s: connection to %s failed: %s", self.service, url, last_error)
+                    if not replayable:
+                        break
+                except UpstreamError as exc:  # e.g. an invalid HTTP response: no retry
+                    last_error = str(exc)
+                    log.warning("service %s: bad response from %s: %s", self.service, url, last_error)
+                    break
+                else:
+                    return Forwarded(response, url)
+            finally:
+                in_flight.end(url)
+            tried += (url,)
+            next_url = _select_retry(policy, tried, refused) if attempt < MAX_ATTEMPTS else None
+        return self.bad_gateway_answer(attempt, last_error)
+
+    def no_replica_answer(self) -> LocalAnswer:
+        """The 503 for a request that found no READY replica within the hold."""
+        return LocalAnswer(503, self._no_replica_text)
+
+    def bad_gateway_answer(self, attempts: int, last_error: str) -> LocalAnswer:
+        """The 502 after ``attempts`` failed attempts, naming the last error."""
+        return LocalAnswer(502, _bad_gateway_message(self.service, attempts, last_error))
+
+    def log_body_failure(self, url: str, exc: UpstreamError) -> None:
+        """Log a response body from ``url`` that broke off while being relayed."""
+        log.warning("service %s: the response body from %s broke off: %s", self.service, url, exc)
+
+    async def _hold(self) -> str | None:
+        """Wait until a target is available and select it; None after ``hold_seconds``, when
+        ``max_waiting`` requests are held already, or once holding stopped.
+
+        The first request to wait asks the refresh loop for a pass at once; all held requests wake together
+        when a pass finds targets.
+        """
+        wake, poke = self._wake_held, self._poke
+        if not self._holding or self._hold_seconds <= 0 or self._waiting >= self._max_waiting:
+            return None
+        assert wake is not None and poke is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._hold_seconds
+        self._waiting += 1
+        if self._waiting == 1:
+            poke.set()
+        try:
+            while self._holding:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(wake.wait(), remaining)
+                except asyncio.TimeoutError:
+                    return None
+                # Set means targets, unless holding stopped; another pass may have emptied them again since
+                # (the event is then clear once more, so this loop waits rather than spins).
+                url = self._policy.select()
+                if url is not None:
+                    return url
+            return None
+        finally:
+            self._waiting -= 1
+
+
+def _select_retry(policy: Policy, tried: Collection[str], refused: Collection[str]) -> str | None:
+    """The replica for the next attempt: one not tried yet; else one that did accept a connection.
+
+    With one replica whose pooled connection was reset, a second try on a fresh connection can work; with
+    one replica that refused the connection, a second try only delays the 502.
+    """
+    url = policy.select(tried)
+    if url is None:
+        url = policy.select(refused)
+    return url
