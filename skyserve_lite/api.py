@@ -42,11 +42,13 @@ from skyserve_lite.files.capture import (
     format_size,
     needs_capture,
 )
-from skyserve_lite.lb.settings import hold_seconds_from_env
+from skyserve_lite.forcedown import ForceDownReport, force_down
+from skyserve_lite.lb.settings import LbSettings
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.providers import check_task_for_cloud, make_providers
 from skyserve_lite.providers.base import ReplicaLog
+from skyserve_lite.providers.local import PASSTHROUGH_SETTING, parse_env_passthrough
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import is_valid_service_name
@@ -224,6 +226,13 @@ class Controller(Protocol):
         Raises ``NotFoundError`` for an unknown service or a replica without a log."""
         ...
 
+    def force_down(self, regions: Sequence[str] = ()) -> ForceDownReport:
+        """Stop everything this state directory started, found from the provider side (the controller's pid
+        file, process tags, the clouds' controller tag) without reading the store: for a damaged database.
+        ``regions`` are cloud regions to search besides those it finds. Idempotent; never raises for what
+        it cannot stop (the report's ``errors`` say)."""
+        ...
+
 
 class LocalController:
     """The controller of a state directory on this machine (``$SKY_LITE_HOME``)."""
@@ -399,6 +408,9 @@ class LocalController:
             raise NotFoundError(f"service {name!r} has no log for replica {replica_id}")
         return found
 
+    def force_down(self, regions: Sequence[str] = ()) -> ForceDownReport:
+        return force_down(self.home, regions=regions)
+
 
 def check_submission(task: SubmittedTask) -> ControllerSettings:
     """Everything checked before a task is stored: the cloud can run it, and every SKY_LITE_* setting the
@@ -406,7 +418,8 @@ def check_submission(task: SubmittedTask) -> ControllerSettings:
     Returns the controller settings."""
     check_task_for_cloud(task)
     settings = ControllerSettings.from_env()
-    hold_seconds_from_env(os.environ)
+    LbSettings.from_env(os.environ)
+    parse_env_passthrough(os.environ.get(PASSTHROUGH_SETTING, ""))
     return settings
 
 

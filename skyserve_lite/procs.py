@@ -1,7 +1,12 @@
-"""Process helpers shared by the local provider, the load balancer runner and the controller daemon.
+"""Process helpers shared by the local provider, its replica supervisor, the load balancer runner, the
+controller daemon and `serve down --force`.
 
 Linux first: liveness reads ``/proc/PID/stat`` so that a zombie counts as dead and a reused pid is told
-apart from the process we started (by its start time). Elsewhere it falls back to ``kill(pid, 0)``.
+apart from the process we started (by its start time). Elsewhere it falls back to ``kill(pid, 0)``, and
+the process table (``list_processes``, ``read_environ``, ``read_cmdline``) is empty: what is found only
+through it (escaped descendants, processes tagged by an earlier controller) is not found there.
+
+Imports nothing but the standard library: the replica supervisor runs with a replica's bare environment.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -23,11 +29,16 @@ def process_start_time(pid: int) -> int | None:
         return None
     except OSError:
         return _fallback_alive(pid)
-    # The command name (field 2) may hold spaces and parentheses: split after its closing one.
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = _stat_fields(stat)
     if fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name, from the state (field 3) on."""
+    # The command name (field 2) may hold spaces and parentheses: split after its closing one.
+    return stat[stat.rindex(")") + 2:].split()
 
 
 def _fallback_alive(pid: int) -> int | None:
@@ -54,8 +65,10 @@ def spawn_detached(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], lo
 
     The caller keeps the ``Popen`` to reap the child when it exits; the process outlives the caller.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)  # a log an older version created 0644
+    with open(fd, "ab") as log:
         return subprocess.Popen(
             list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
@@ -102,10 +115,145 @@ def _group_alive(pgid: int) -> bool:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = _stat_fields(stat)
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             return True
     return False
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One live process as the process table shows it; ``start_time`` tells it apart from a later process
+    that reuses its pid."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    start_time: int
+
+
+def list_processes() -> list[ProcessInfo]:
+    """Every live process of this machine (zombies excluded), from ``/proc``; empty without ``/proc``."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    found = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            process = _read_process(entry)
+            if process is not None:
+                found.append(process)
+    return found
+
+
+def find_process(pid: int) -> ProcessInfo | None:
+    """``pid`` as the process table shows it, or None when it is gone, a zombie, or there is no ``/proc``."""
+    return _read_process(Path(f"/proc/{pid}"))
+
+
+def _read_process(entry: Path) -> ProcessInfo | None:
+    try:
+        fields = _stat_fields((entry / "stat").read_text())
+    except (OSError, ValueError):
+        return None  # exited meanwhile
+    if fields[0] in ("Z", "X"):
+        return None
+    return ProcessInfo(pid=int(entry.name), ppid=int(fields[1]), pgid=int(fields[2]), start_time=int(fields[19]))
+
+
+def read_environ(pid: int) -> dict[str, str] | None:
+    """The environment ``pid`` was started with (``/proc/PID/environ``); None when it cannot be read: gone,
+    another user's, or no ``/proc``."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    environ = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            environ[name.decode(errors="replace")] = value.decode(errors="replace")
+    return environ
+
+
+def read_cmdline(pid: int) -> list[str] | None:
+    """The argv of ``pid``; None when it cannot be read (gone, a kernel thread, no ``/proc``)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0")[:-1]] if raw else None
+
+
+def find_descendants(pid: int, processes: Collection[ProcessInfo]) -> list[ProcessInfo]:
+    """Every process below ``pid`` in the parent tree of ``processes`` (children, theirs, and so on)."""
+    children: dict[int, list[ProcessInfo]] = {}
+    for process in processes:
+        children.setdefault(process.ppid, []).append(process)
+    found: list[ProcessInfo] = []
+    seen = {pid}
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), ()):
+            if child.pid not in seen:
+                seen.add(child.pid)
+                found.append(child)
+                pending.append(child.pid)
+    return found
+
+
+def signal_process(process: ProcessInfo, signum: signal.Signals) -> bool:
+    """Send ``signum`` to ``process`` if that very process still runs (not a later one with its pid); True
+    if it was sent. Through a pidfd where the kernel has them, so the pid cannot be reused between the
+    check and the kill."""
+    try:
+        fd = os.pidfd_open(process.pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd here: check, then kill (a tiny window for a reused pid)
+        return is_alive(process.pid, process.start_time) and _kill(process.pid, signum)
+    try:
+        if not is_alive(process.pid, process.start_time):
+            return False
+        signal.pidfd_send_signal(fd, signum)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _kill(pid: int, signum: signal.Signals) -> bool:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def stop_processes(processes: Sequence[ProcessInfo], grace_seconds: float) -> list[ProcessInfo]:
+    """SIGTERM each process, wait up to ``grace_seconds`` for all of them, then SIGKILL what is left.
+
+    Returns the processes that were still running to be signalled. Idempotent: processes that are gone
+    (or whose pid now belongs to another process) are skipped. Waits at most a moment after the SIGKILL.
+    """
+    signalled = [p for p in processes if signal_process(p, signal.SIGTERM)]
+    deadline = time.monotonic() + grace_seconds
+    pending = signalled
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pending = [p for p in pending if is_alive(p.pid, p.start_time)]
+    kill_processes(pending)
+    return signalled
+
+
+def kill_processes(processes: Sequence[ProcessInfo], wait_seconds: float = 2.0) -> None:
+    """SIGKILL each process that still runs and wait up to ``wait_seconds`` for them to be gone."""
+    pending = [p for p in processes if signal_process(p, signal.SIGKILL)]
+    deadline = time.monotonic() + wait_seconds
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.02)
+        pending = [p for p in pending if is_alive(p.pid, p.start_time)]
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:

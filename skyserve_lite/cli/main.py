@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.live import Live
 
 from skyserve_lite import __version__, api
+from skyserve_lite.cli.params import FiniteFloatRange
 from skyserve_lite.cli.render import (
     history_table,
     plan_renderable,
@@ -98,7 +99,7 @@ def serve() -> None:
 @click.option("-n", "--name", help="Service name (default: the YAML's name, else the file's stem).")
 @_yes_option
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the service is READY.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for READY.")
 def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: float) -> None:
     """Start a service from TASK_FILE."""
@@ -221,7 +222,7 @@ def serve_history(name: str, output: str) -> None:
 @click.argument("task_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--trace", "trace_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="CSV with a header: time_s,qps[,ongoing_requests]; each row holds until the next.")
-@click.option("--period", type=click.FloatRange(min=0.1), default=None,
+@click.option("--period", type=FiniteFloatRange(min=0.1), default=None,
               help="Decision period in seconds (default: the policy's own, 20 s for request rate).")
 @_output_option
 def serve_simulate(task_file: Path, trace_file: Path, period: float | None, output: str) -> None:
@@ -269,13 +270,24 @@ def serve_status(names: tuple[str, ...], output: str) -> None:
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_services", is_flag=True, help="Take down every service.")
 @_yes_option
-@click.option("--timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(min=0), default=300.0, show_default=True,
               help="Seconds to wait for everything to stop.")
-def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: float) -> None:
+@click.option("--force", is_flag=True,
+              help="With --all: stop everything this state directory started (controller, load balancers, "
+              "replica processes, cloud instances by the controller tag) without reading its database, "
+              "e.g. when state.db is damaged. Changes no file.")
+@click.option("--region", "regions", multiple=True,
+              help="With --force: also search this cloud region for instances (repeatable; the default "
+              "region and those state.db still names are searched anyway).")
+def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: float, force: bool,
+               regions: tuple[str, ...]) -> None:
     """Stop services: every replica, the load balancer, and the controller when none is left."""
     with _errors():
         if all_services == bool(names):
             raise click.UsageError("name the services to take down, or pass --all (not both)")
+        if force or regions:
+            _force_down(all_services, yes, force, regions)
+            return
         controller = _controller()
         views = controller.get_status(names)
         targets = [view.service.name for view in views]
@@ -289,6 +301,25 @@ def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: f
             controller.finish_down(targets, timeout)
         for target in targets:
             click.echo(f"Service {target} is down.")
+
+
+def _force_down(all_services: bool, yes: bool, force: bool, regions: tuple[str, ...]) -> None:
+    """`serve down --all --force`: what the controller found and stopped, one line each; exit 1 when
+    something could not be stopped."""
+    if not force:
+        raise click.UsageError("--region goes with --force")
+    if not all_services:
+        raise click.UsageError("--force takes down everything this state directory started: pass --all")
+    if not yes:
+        click.confirm("Stop every process and cloud instance this state directory started, without reading "
+                      "its database?", abort=True)
+    report = _controller().force_down(regions)
+    for line in report.lines():
+        click.echo(line)
+    for error in report.errors:
+        click.echo(f"Error: {error}", err=True)
+    if report.errors:
+        sys.exit(1)
 
 
 @serve.command("logs")
@@ -356,7 +387,7 @@ def controller_tick() -> None:
 
 
 @controller.command("run")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=None,
+@click.option("--interval", type=FiniteFloatRange(min=0.1), default=None,
               help="Seconds between passes (default 2, or $SKY_LITE_CONTROLLER_INTERVAL_SECONDS).")
 def controller_run(interval: float | None) -> None:
     """Reconcile on an interval until stopped (SIGTERM or Ctrl-C)."""

@@ -45,6 +45,9 @@ class GuardedProvider:
     def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
         return self._call("list_instances", lambda: self.inner.list_instances(regions))
 
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        return self._call("find_instances", lambda: self.inner.find_instances(instance_ids, regions))
+
     def terminate(self, instance_ids: Sequence[str]) -> None:
         self._call("terminate", lambda: self.inner.terminate(instance_ids))
 

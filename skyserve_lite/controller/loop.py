@@ -154,8 +154,10 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
                 if not store.is_current():
                     # The state directory was deleted under us: nothing can be reconciled any more, and
                     # relaunching "vanished" replicas into a deleted directory would only leak processes.
-                    log.error("%s was deleted or replaced; stopping, with the processes this controller started",
-                              store.path)
+                    # Each provider stops what only it can find: the local one, every replica process of
+                    # this home by its tag, whichever controller started it (before a restart too).
+                    log.error("%s was deleted or replaced; stopping, with every replica process of %s",
+                              store.path, home)
                     reconciler.abandon()
                     break
                 started = time.monotonic()

@@ -25,7 +25,7 @@ from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
 from skyserve_lite.errors import ProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import Instance, Provider
-from skyserve_lite.state.models import ReplicaRecord
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -113,16 +113,36 @@ class Reconciler:
         known: set[str] = set()
         for cloud in self._clouds_in_use(snapshots):
             provider = self._providers[cloud]
+            regions = self._regions_in_use(snapshots, cloud)
             try:
-                found = provider.list_instances(self._regions_in_use(snapshots, cloud))
+                found = provider.list_instances(regions)
             except ProviderError as exc:
                 log.warning("inventory of %s unavailable this pass: %s", cloud, exc)
                 continue
             known.add(cloud)
             instances.extend((cloud, instance) for instance in found)
+            instances.extend((cloud, instance) for instance in self._look_up_unlisted(provider, cloud, snapshots,
+                                                                                       found, regions))
         partial = Observation(instances=tuple(instances), known_clouds=frozenset(known))
         probes = self._prober.probe(find_probe_targets(snapshots, partial))
         return Observation(instances=partial.instances, known_clouds=partial.known_clouds, probes=probes)
+
+    @staticmethod
+    def _look_up_unlisted(provider: Provider, cloud: str, snapshots: Sequence[ServiceSnapshot],
+                          listed: Sequence[Instance], regions: Sequence[str]) -> list[Instance]:
+        """Instances of live or departing replicas that the listing left out, looked up by id: a listing
+        can lag launches, and before a replica is failed or forgotten its instance is asked for directly."""
+        seen = {i.instance_id for i in listed}
+        missing = sorted({r.instance_id for s in snapshots for r in s.replicas
+                          if r.cloud == cloud and r.instance_id and r.instance_id not in seen
+                          and (r.status.is_live or r.status is ReplicaStatus.SHUTTING_DOWN)})
+        if not missing:
+            return []
+        try:
+            return provider.find_instances(missing, regions)
+        except ProviderError as exc:
+            log.warning("looking up %d unlisted %s instances failed this pass: %s", len(missing), cloud, exc)
+            return []
 
     @staticmethod
     def _regions_in_use(snapshots: Sequence[ServiceSnapshot], cloud: str) -> list[str]:

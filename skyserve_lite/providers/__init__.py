@@ -105,6 +105,9 @@ class LazyProvider:
     def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
         return self.provider.list_instances(regions)
 
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        return self.provider.find_instances(instance_ids, regions)
+
     def terminate(self, instance_ids: Sequence[str]) -> None:
         self.provider.terminate(instance_ids)
 

@@ -490,6 +490,20 @@ class AwsProvider:
         return instances
 
     @_boundary
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        """By id in each region (an ``instance-id`` filter, so an id unknown there is no error): EC2's
+        tag-filtered listing can lag RunInstances, a lookup by id sees the instance sooner."""
+        default_region = self._find_default_region()
+        instances = []
+        for region in sorted(set(regions) | ({default_region} if default_region else set())):
+            for start in range(0, len(instance_ids), 200):  # at most 200 values per filter
+                filters = [{"Name": "instance-id", "Values": list(instance_ids[start:start + 200])},
+                           {"Name": f"tag:{TAG_CONTROLLER}", "Values": [self._controller_id]}]
+                for raw in self._describe_instances(region, filters):
+                    instances.append(self._remember(instance_from_ec2(raw, region), raw))
+        return instances
+
+    @_boundary
     def terminate(self, instance_ids: Sequence[str]) -> None:
         """Terminate these instances: one ``TerminateInstances`` per region.
 

@@ -7,7 +7,7 @@ Four calls that act, one that reads and one for a lost state, the same for every
 - ``terminate(instance_ids)`` stops instances;
 - ``release_service(service)`` drops what a provider kept for a service once it has no instance left;
 - ``read_log(...)`` finds a replica's output, for `serve logs`;
-- ``abandon()`` stops what only this object can still find, once the state that records it is gone.
+- ``abandon()`` stops what only the provider side can still find, once the state that records it is gone.
 
 Instances carry the service, replica id and version they were launched for (as cloud tags, or in the
 local provider's metadata files), so the controller can adopt an instance launched just before a crash
@@ -129,6 +129,14 @@ class Provider(Protocol):
         """
         ...
 
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        """Look these instances up by id, not through the listing: the controller asks for replicas whose
+        instance ``list_instances`` did not return, since a cloud's listing can lag its launches (EC2's does).
+        Returns those found, in any state (terminated included); an unknown id is simply absent. Raises
+        ``ProviderError`` when the lookup cannot be made; the controller then decides from the listing alone.
+        """
+        ...
+
     def terminate(self, instance_ids: Sequence[str]) -> None:
         """Stop these instances. Idempotent: unknown or already-stopped ids are ignored.
 
@@ -152,7 +160,9 @@ class Provider(Protocol):
 
     def abandon(self) -> None:
         """The state that records this provider's instances is gone (the state directory was deleted):
-        stop whatever only this object can still find, e.g. processes it spawned whose bookkeeping files
-        went with the state. Instances others can find (a cloud's, by their tags) are left alone.
-        Idempotent; raises ``ProviderError`` when something could not be stopped."""
+        stop whatever only the provider side can still find, whichever controller started it (local: every
+        replica process tagged with a directory below the provider's, from the process table, not only the
+        processes this object spawned, since the controller may have restarted since). Instances others can
+        find (a cloud's, by their tags) are left alone. Idempotent; raises ``ProviderError`` when something
+        could not be stopped."""
         ...

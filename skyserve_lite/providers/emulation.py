@@ -10,8 +10,10 @@ What an instance runs comes from the controller's own records, not from the inst
 service, version and replica id (they are on every ``Instance``), and ``find_version`` returns that
 version's task as the controller stored it. The instance is launched on a ``LocalProvider`` with the
 task's full spec and the directory of its task file, so ``envs``, ``setup``, ``run``, ``workdir`` and local
-``file_mounts`` all work as they do for local replicas. Nothing of this reaches the cloud: the user data
-an instance is launched with is exactly what a real instance needs.
+``file_mounts`` all work as they do for local replicas, with the same bare environment (the controller's
+cloud credentials stay out of it; ``SKY_LITE_REPLICA_ENV_PASSTHROUGH`` adds to it) and the same tags:
+``SKY_LITE_HOME`` names the state directory, so `serve down --force` finds emulated processes too. Nothing
+of this reaches the cloud: the user data an instance is launched with is exactly what a real instance needs.
 
 The wrapper is a ``Provider`` itself: the controller cannot tell it apart from the cloud it wraps.
 """
@@ -67,7 +69,7 @@ class EmulatedProvider:
         # The instances' files come from the state directory's own blob store, as a real instance's come
         # from what the controller uploaded.
         self._local = LocalProvider(home / "emulated" / inner.name, clock, grace_seconds=2.0,
-                                    blobs=blob_store_of(home))
+                                    blobs=blob_store_of(home), state_home=home)
 
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
         # Booting happens when the cloud reports the instance running (list_instances), as on a real VM.
@@ -84,6 +86,10 @@ class EmulatedProvider:
         if stale:
             self._local.terminate(stale)
         return emulated
+
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        local = {(i.service, i.replica_id): i for i in self._local.list_instances()}
+        return [self._emulate_one(i, local) for i in self._inner.find_instances(instance_ids, regions)]
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         self._inner.terminate(instance_ids)

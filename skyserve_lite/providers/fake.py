@@ -37,6 +37,8 @@ class FakeProvider:
     # ``list_instances`` until ``catch_up`` (as EC2's DescribeInstances lags RunInstances).
     lagging: bool = False
     unlisted: set[str] = field(default_factory=set)
+    # Whether a lookup by id (``find_instances``) sees unlisted instances; False: it lags as well.
+    found_by_id: bool = True
     _next_id: int = 1
     _launch_failures: list[tuple[str, bool]] = field(default_factory=list)
     _inventory_failures: int = 0
@@ -98,6 +100,12 @@ class FakeProvider:
             raise TransientProviderError("scripted inventory failure")
         return [i for i in self.instances.values()
                 if i.state is not InstanceState.TERMINATED and i.instance_id not in self.unlisted]
+
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        """By id, the unlisted ones too (a lookup by id sees what a lagging listing does not)."""
+        self.calls.append(Call("find_instances", tuple(sorted(instance_ids))))
+        return [self.instances[i] for i in instance_ids
+                if i in self.instances and (self.found_by_id or i not in self.unlisted)]
 
     def catch_up(self) -> None:
         """The inventory lists every instance from now on."""

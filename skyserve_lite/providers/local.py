@@ -3,20 +3,37 @@
 Each replica gets a directory ``$SKY_LITE_HOME/replicas/SERVICE/REPLICA-NONCE/`` holding::
 
     instance.json   who it is (service, replica id, version, launch token, port); written before the spawn
-    pid             written by the replica's own wrapper as its first act, so a crash of the controller
-                    between spawn and bookkeeping cannot hide the process
+    pid             written by the replica's supervisor (or, where there is none, its wrapper) as its first
+                    act, so a crash of the controller between spawn and bookkeeping cannot hide the process
     exit_code       written by the wrapper when `setup` fails or `run` exits
     setup.sh run.sh the task's commands;  replica.log  their output;  workdir/  the version's `workdir`
 
-The wrapper runs ``setup`` then ``run`` under bash in its own session, with the task's ``envs`` plus
-``PORT`` (a free 127.0.0.1 port the workload must listen on) and ``SKY_LITE_REPLICA_ID``. ``workdir`` and
-local ``file_mounts`` are written from the version's snapshot (``files``: captured when the version was
-submitted, so editing the files on disk afterwards changes no replica): a destination ``/data/x`` or
-``~/x`` lands at ``data/x`` or ``x`` below the replica's working directory, and nothing may land outside
-the replica's directory.
+Each replica is its supervisor (``skyserve_lite/supervisor.py``, Linux: a child subreaper that stops every
+descendant, those that called ``setsid`` or double-forked included) running the wrapper, which runs
+``setup`` then ``run`` under bash, in a session of its own.
 
-Termination kills the process group and renames ``instance.json`` to ``instance.terminated.json``: the
-inventory stops reporting it, the log stays for ``serve logs`` until the service is released.
+**Environment.** A replica gets a bare environment, not the controller's (which holds the operator's
+cloud credentials): ``PATH``, ``HOME``, ``LANG``, ``TMPDIR`` and ``LC_*`` as the controller has them, the
+variables ``SKY_LITE_REPLICA_ENV_PASSTHROUGH`` names (``NAME,NAME``), the task's ``envs``, and then
+``PORT`` (a free 127.0.0.1 port the workload must listen on), ``SKY_LITE_REPLICA_ID``,
+``SKY_LITE_SERVICE`` and the two tags below (``compute_replica_env``).
+
+**Tags.** Every replica process carries ``SKY_LITE_HOME`` (the state directory, realpath) and
+``SKY_LITE_REPLICA_DIR`` (its replica directory) in its environment, and so does every descendant that
+keeps its environment. The process table (``/proc/PID/environ``) is thus the provider's own record of what
+runs, which no deleted state directory takes away: ``find_replica_processes`` finds them, whoever started
+them (this object, a controller before a restart, or `serve down --force`).
+
+``workdir`` and local ``file_mounts`` are written from the version's snapshot (``files``: captured when the
+version was submitted, so editing the files on disk afterwards changes no replica): a destination
+``/data/x`` or ``~/x`` lands at ``data/x`` or ``x`` below the replica's working directory, and nothing may
+land outside the replica's directory.
+
+Termination (``stop_replica_processes``) sends SIGTERM to the top of each replica's tree (its supervisor),
+which passes it once to every descendant and SIGKILLs them after the grace; whatever still carries the
+replica's tag after that (a supervisor killed by hand) is SIGKILLed by its tag. Then ``instance.json`` is
+renamed to ``instance.terminated.json``: the inventory stops reporting it, the log stays for ``serve logs``
+until the service is released.
 
 Errors: no ``OSError`` leaves the provider. A launch request that cannot be prepared (a file mount
 landing on a file) becomes a permanent ``LaunchOutcome`` (a transient one when the machine ran short: a full
@@ -34,18 +51,19 @@ import errno
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from skyserve_lite import procs
+from skyserve_lite import procs, supervisor
 from skyserve_lite.clock import Clock
-from skyserve_lite.errors import TransientProviderError
+from skyserve_lite.errors import TransientProviderError, UsageError
 from skyserve_lite.files.blobs import BlobStore, blob_store_of
 from skyserve_lite.files.capture import is_cloud_uri, needs_capture
 from skyserve_lite.files.manifest import Manifest
@@ -61,12 +79,24 @@ _OWN_FILES = frozenset({INSTANCE_FILE, TERMINATED_FILE, LOG_FILE, "instance.tmp"
                         "exit_code.tmp", "setup.sh", "run.sh", "wrapper.sh"})
 # A replica whose wrapper has not written its pid this long after launch never started.
 _SPAWN_GRACE_SECONDS = 30.0
+# A supervisor takes its grace to stop the replica's descendants, then exits: wait that much longer for it.
+_SUPERVISOR_MARGIN_SECONDS = 1.0
+
+# The tags every replica process carries in its environment (see the module docstring).
+TAG_HOME = "SKY_LITE_HOME"
+TAG_REPLICA_DIR = "SKY_LITE_REPLICA_DIR"
+# Extra variables of the controller's environment that replicas get, comma-separated names.
+PASSTHROUGH_SETTING = "SKY_LITE_REPLICA_ENV_PASSTHROUGH"
+# What a replica gets of the controller's environment without asking: enough for a shell, a locale and a
+# temporary directory; nothing that may hold a secret (AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, ...).
+BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
+_BASE_ENV_PREFIX = "LC_"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 _WRAPPER = """\
-echo $$ > pid.tmp && mv pid.tmp pid
 cd {cwd}
 if [ -s {setup} ]; then
   bash {setup}
@@ -118,14 +148,29 @@ class LocalProvider:
     name = "local"
 
     def __init__(self, home: Path, clock: Clock, *, new_id: Callable[[], str] | None = None,
-                 grace_seconds: float = 5.0, blobs: BlobStore | None = None) -> None:
-        self._root = home / "replicas"
+                 grace_seconds: float = 5.0, blobs: BlobStore | None = None, state_home: Path | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
+        """``home`` holds ``replicas/``; ``state_home`` (default ``home``) is the state directory the
+        replicas' ``SKY_LITE_HOME`` tag names (emulation keeps its replicas below the state directory).
+        ``environ`` (default ``os.environ``, read now) is what replicas take their base environment and
+        ``SKY_LITE_REPLICA_ENV_PASSTHROUGH`` from."""
+        # Tags are compared as paths: the real one, whichever way the home was spelled.
+        self._root = Path(os.path.realpath(home)) / "replicas"
+        self._state_home = Path(os.path.realpath(state_home or home))
         # Where the versions' files are: the state directory's blob store (emulation passes its own home's).
         self._blobs = blobs or blob_store_of(home)
         self._clock = clock
         self._new_id = new_id or (lambda: uuid.uuid4().hex[:10])
         self._grace_seconds = grace_seconds
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._environ = dict(os.environ if environ is None else environ)
+        self._passthrough: tuple[str, ...] = ()
+        self._setting_error: str | None = None  # an invalid passthrough setting fails every launch, naming it
+        try:
+            self._passthrough = parse_env_passthrough(self._environ.get(PASSTHROUGH_SETTING, ""))
+        except UsageError as exc:
+            self._setting_error = str(exc)
+        self._swept = False
 
     # --- Provider --------------------------------------------------------------------------------
     @_os_errors_are_transient
@@ -145,13 +190,28 @@ class LocalProvider:
 
     @_os_errors_are_transient
     def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
+        """Every replica directory with an ``instance.json``.
+
+        The first call of this object also stops the replica processes below its directory that no
+        ``instance.json`` claims any more (their directory went with a state directory deleted while no
+        controller ran): they are nobody's instances, no inventory could ever report them, and a new
+        controller of the same home would otherwise leave them running for good."""
         self._reap()
+        if not self._swept:
+            stop_replica_processes(lambda tag: tag.is_relative_to(self._root) and not (tag / INSTANCE_FILE).exists(),
+                                   (), self._grace_seconds)
+            self._swept = True
         instances = []
         for meta_path in self._find_records():
             record = _read_record(meta_path)
             if record is not None:
                 instances.append(self._observe(meta_path.parent, record))
         return instances
+
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        """The listing has no lag here: the ones of ``list_instances`` with these ids."""
+        wanted = set(instance_ids)
+        return [i for i in self.list_instances(regions) if i.instance_id in wanted]
 
     @_os_errors_are_transient
     def terminate(self, instance_ids: Sequence[str]) -> None:
@@ -161,8 +221,9 @@ class LocalProvider:
             record = _read_record(meta_path)
             if record is not None and record.instance_id in wanted:
                 directories.append(meta_path.parent)
-        pgids = [pid for pid in (_read_pid(d) for d in directories) if pid is not None]
-        procs.terminate_groups(pgids, self._grace_seconds)
+        targets = set(directories)
+        pids = [pid for pid in (_read_pid(d) for d in directories) if pid is not None]
+        stop_replica_processes(targets.__contains__, pids, self._grace_seconds)
         for directory in directories:
             with contextlib.suppress(FileNotFoundError):  # terminated meanwhile by another call
                 os.replace(directory / INSTANCE_FILE, directory / TERMINATED_FILE)
@@ -189,10 +250,13 @@ class LocalProvider:
 
     @_os_errors_are_transient
     def abandon(self) -> None:
-        """Stop every process group this object started and that still runs: their bookkeeping files may
-        be gone with the state directory, so nothing else would find them."""
+        """Stop every replica process below this provider's directory, found from the process table by its
+        tag (whoever started it: this object, or a controller of the same home before a restart) and every
+        process this object spawned: their bookkeeping files may be gone with the state directory, so
+        nothing else would find them."""
         self._reap()
-        procs.terminate_groups(list(self._children), self._grace_seconds)
+        stop_replica_processes(lambda tag: tag.is_relative_to(self._root), list(self._children),
+                               self._grace_seconds)
         self._reap()
 
     # --- helpers ---------------------------------------------------------------------------------
@@ -204,7 +268,9 @@ class LocalProvider:
         instance_id = f"local-{self._new_id()}"
         directory = self._root / request.service / f"{request.replica_id}-{instance_id.removeprefix('local-')}"
         with _step(f"replica directory {directory}", "cannot create it"):
-            directory.mkdir(parents=True, mode=0o700)
+            self._root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            (self._root / request.service).mkdir(exist_ok=True, mode=0o700)
+            directory.mkdir(mode=0o700)
         try:
             with _step(f"replica directory {directory}"):  # any step below that names no field of its own
                 _prepare(directory, request, self._blobs)
@@ -212,19 +278,32 @@ class LocalProvider:
                     port = procs.find_free_port()
                 record = _Record(instance_id, request.service, request.replica_id, request.version,
                                  request.launch_token, port, self._clock.now())
+                if self._setting_error is not None:
+                    raise _LaunchError(self._setting_error)
+                env = compute_replica_env(self._environ, self._passthrough, dict(request.spec.envs), {
+                    "PORT": str(port), "SKY_LITE_REPLICA_ID": str(request.replica_id),
+                    "SKY_LITE_SERVICE": request.service, TAG_HOME: str(self._state_home),
+                    TAG_REPLICA_DIR: str(directory)})
+                bash = shutil.which("bash", path=env["PATH"])
+                if bash is None:
+                    raise _LaunchError(f"run: no bash on the replicas' PATH ({env['PATH']})")
                 _write_json(directory / INSTANCE_FILE, record.__dict__)
-                env = dict(os.environ)
-                env.update(dict(request.spec.envs))
-                env.update({"PORT": str(port), "SKY_LITE_REPLICA_ID": str(request.replica_id),
-                            "SKY_LITE_SERVICE": request.service})
                 with _step("run", "cannot start bash"):
-                    child = procs.spawn_detached(["bash", str(directory / "wrapper.sh")], cwd=directory, env=env,
+                    child = procs.spawn_detached(self._launcher(directory, bash), cwd=directory, env=env,
                                                  log_path=directory / LOG_FILE)
         except _LaunchError:
             _discard(directory)
             raise
         self._children[child.pid] = child
         return self._observe(directory, record)
+
+    def _launcher(self, directory: Path, bash: str) -> list[str]:
+        """The argv of a replica: its wrapper under the supervisor, or (where there is none) the wrapper
+        writing its own pid first."""
+        wrapper = [bash, str(directory / "wrapper.sh")]
+        if supervisor.is_supported():
+            return supervisor.supervisor_argv(directory / "pid", self._grace_seconds, wrapper)
+        return [bash, "-c", 'echo $$ > pid.tmp && mv pid.tmp pid && exec "$0" "$1"', *wrapper]
 
     def _observe(self, directory: Path, record: _Record) -> Instance:
         pid = _read_pid(directory)
@@ -248,6 +327,60 @@ class LocalProvider:
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
                 del self._children[pid]
+
+
+def parse_env_passthrough(text: str) -> tuple[str, ...]:
+    """The variable names of ``SKY_LITE_REPLICA_ENV_PASSTHROUGH`` (``NAME,NAME``; blanks ignored). Raises
+    ``UsageError`` naming the setting for anything that is not a variable name."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        if not _ENV_NAME.fullmatch(name):
+            raise UsageError(f"{PASSTHROUGH_SETTING}: {name!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*); "
+                             "list names separated by commas")
+    return names
+
+
+def compute_replica_env(environ: Mapping[str, str], passthrough: Collection[str], envs: Mapping[str, str],
+                        own: Mapping[str, str]) -> dict[str, str]:
+    """A replica's whole environment: the base (``BASE_ENV`` and ``LC_*``) and the ``passthrough`` names of
+    ``environ``, then the task's ``envs``, then ``own`` (``PORT``, the replica's ids and tags), each
+    overriding the ones before. ``PATH`` falls back to the system default."""
+    env = {name: value for name, value in environ.items()
+           if name in BASE_ENV or name.startswith(_BASE_ENV_PREFIX) or name in passthrough}
+    env.setdefault("PATH", os.defpath)
+    env.update(envs)
+    env.update(own)
+    return env
+
+
+def find_replica_processes(is_target: Callable[[Path], bool]) -> list[tuple[procs.ProcessInfo, Path]]:
+    """Every live process whose ``SKY_LITE_REPLICA_DIR`` tag ``is_target`` accepts, with that directory.
+    Reads the process table only (empty without ``/proc``); processes of other users are not seen."""
+    found = []
+    for process in procs.list_processes():
+        environ = procs.read_environ(process.pid)
+        tag = environ.get(TAG_REPLICA_DIR) if environ is not None else None
+        if tag and os.path.isabs(tag) and is_target(Path(tag)):
+            found.append((process, Path(tag)))
+    return found
+
+
+def stop_replica_processes(is_target: Callable[[Path], bool], pids: Collection[int],
+                           grace_seconds: float) -> list[tuple[procs.ProcessInfo, Path]]:
+    """Stop every replica process whose tag ``is_target`` accepts, all its descendants included, and the
+    process groups of ``pids`` (recorded pids: replicas started before their processes were tagged, or
+    where there is no ``/proc``). Returns the tagged processes that were running. Idempotent.
+
+    SIGTERM goes once to the top of each tree (a supervisor, which passes it on to its descendants, or a
+    tagged process whose supervisor is gone); after ``grace_seconds`` plus the supervisor's margin, what
+    still carries a target's tag is SIGKILLed. Raises ``OSError`` only from the process table itself."""
+    tagged = find_replica_processes(is_target)
+    tagged_pids = {process.pid for process, _tag in tagged}
+    procs.terminate_groups([pid for pid in pids if pid not in tagged_pids], grace_seconds)
+    tops = [process for process, _tag in tagged if process.ppid not in tagged_pids]
+    procs.stop_processes(tops, grace_seconds + _SUPERVISOR_MARGIN_SECONDS)
+    procs.kill_processes([process for process, _tag in find_replica_processes(is_target)])
+    return tagged
 
 
 class _LaunchError(Exception):

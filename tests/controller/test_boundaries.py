@@ -60,6 +60,10 @@ class RaisingProvider:
         self._maybe_raise("list_instances")
         return self.fake.list_instances(regions)
 
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        self._maybe_raise("find_instances")
+        return self.fake.find_instances(instance_ids, regions)
+
     def terminate(self, instance_ids: Sequence[str]) -> None:
         self._maybe_raise("terminate")
         self.fake.terminate(instance_ids)
@@ -219,3 +223,13 @@ def test_a_service_whose_planning_raises_is_skipped_and_the_others_are_planned(
     assert fleet.status("good") is ServiceStatus.READY
     assert fleet.status("bad") is ServiceStatus.REPLICA_INIT  # left as it was
     assert fleet.aws.fake.calls_to("terminate") == []  # its instance is no orphan
+
+
+def test_a_lookup_by_id_that_raises_leaves_the_pass_to_the_listing(
+        make_fleet: Callable[[str, Callable[[], Exception]], Fleet], error: Callable[[], Exception]) -> None:
+    fleet = make_fleet("find_instances", error)
+    fleet.tick()
+    fleet.aws.fake.unlisted.update(fleet.aws.fake.instances)  # the listing lags: a lookup by id is tried
+    fleet.tick()
+    assert fleet.status("good") is ServiceStatus.READY
+    assert [r.status for r in fleet.store.list_replicas("bad")] == [ReplicaStatus.PROVISIONING]  # waits

@@ -16,6 +16,7 @@ from .conftest import Harness
 
 def test_launches_the_inventory_does_not_list_yet_are_not_failed(harness: Harness) -> None:
     harness.provider.lagging = True
+    harness.provider.found_by_id = False  # lookups by id lag as well
     harness.create(replicas=3)
     for _ in range(30):  # 30 s of passes without the instances being listed
         harness.tick()
@@ -30,8 +31,23 @@ def test_launches_the_inventory_does_not_list_yet_are_not_failed(harness: Harnes
     assert set(harness.statuses().values()) == {"READY"}
 
 
+def test_an_unlisted_instance_found_by_id_is_used_at_once(harness: Harness) -> None:
+    harness.provider.lagging = True  # the listing lags; a lookup by id sees the instances
+    harness.create(replicas=2)
+    harness.tick()
+    harness.tick()
+    assert set(harness.statuses().values()) == {"READY"}
+    lookups = harness.provider.calls_to("find_instances")
+    assert lookups and set(lookups[-1].args) == {r.instance_id for r in harness.replicas()}
+    harness.provider.catch_up()
+    before = len(harness.provider.calls_to("find_instances"))
+    harness.tick()
+    assert len(harness.provider.calls_to("find_instances")) == before  # nothing missing: no lookup
+
+
 def test_a_launch_never_listed_fails_only_after_the_grace(harness: Harness) -> None:
     harness.provider.lagging = True
+    harness.provider.found_by_id = False
     harness.create(replicas=1)
     harness.tick()
     harness.tick(harness.settings.instance_visibility_grace_seconds + 1)

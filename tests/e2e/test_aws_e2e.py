@@ -135,3 +135,69 @@ def test_up_update_scale_preempt_down_against_moto(moto: str, sky: SkyLite, tmp_
     sky.run("serve", "down", "web", "-y")
     assert instances("running") == {}
     assert sky.processes() == []
+
+
+FILES_TASK = """\
+resources:
+  cloud: aws
+  region: us-east-1
+  zone: us-east-1a
+  image_id: {image}
+workdir: ./app
+service:
+  readiness_probe:
+    path: /message.txt
+    initial_delay_seconds: 60
+  replicas: 2
+run: exec python3 -m http.server $PORT --bind 127.0.0.1
+"""
+
+
+def bucket_keys(prefix: str) -> set[str]:
+    s3 = boto3.client("s3", region_name=REGION)
+    keys: set[str] = set()
+    for bucket in s3.list_buckets()["Buckets"]:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket["Name"], Prefix=prefix):
+            keys |= {item["Key"] for item in page.get("Contents", [])}
+    return keys
+
+
+def test_aws_replicas_run_their_versions_snapshot_against_moto(moto: str, sky: SkyLite, tmp_path: Path) -> None:
+    """The workdir snapshot story on AWS with emulated instances: blobs go to the service's bucket once per
+    digest, a replacement runs the submitted files (not the edited disk), a rollback runs the old ones."""
+    boto3.client("iam", region_name=REGION).create_instance_profile(InstanceProfileName="sky-lite-replica")
+    sky.env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+                   SKY_LITE_EMULATE_INSTANCES="1", SKY_LITE_AWS_INSTANCE_PROFILE="sky-lite-replica")
+    image = ec2().describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "message.txt").write_text("version one")
+    (tmp_path / "app" / "static.txt").write_text("never changes")
+    task = tmp_path / "web.yaml"
+    task.write_text(FILES_TASK.format(image=image))
+    endpoint = sky.run("serve", "up", str(task), "-n", "web", "--timeout", "120").stdout.rsplit(" ", 1)[1].strip()
+    assert http_get(endpoint + "/message.txt")[1] == "version one"
+    blobs_v1 = bucket_keys("blobs/")
+    assert len(blobs_v1) == 2
+
+    (tmp_path / "app" / "message.txt").write_text("version two")
+    assert "workdir: contents changed (1 file: message.txt)" in sky.run("serve", "update", "web", str(task),
+                                                                          "-y").stdout
+    wait_until(lambda: settled(sky, 2, 2), timeout=90, message="two READY replicas of version 2")
+    assert {http_get(endpoint + "/message.txt")[1] for _ in range(6)} == {"version two"}
+    assert len(bucket_keys("blobs/") - blobs_v1) == 1  # only the changed file's blob was uploaded
+
+    # Edited on disk, never submitted; a replica's instance is lost: its replacement runs version 2's files.
+    (tmp_path / "app" / "message.txt").write_text("never submitted")
+    victim = min(r["replica_id"] for r in replicas(sky).values() if r["status"] == "READY")
+    ec2().terminate_instances(InstanceIds=[replicas(sky)[victim]["instance_id"]])
+    wait_until(lambda: replicas(sky)[victim]["status"] == "FAILED" and settled(sky, 2, 2), timeout=90,
+               message="a replacement replica READY")
+    assert {http_get(endpoint + "/message.txt")[1] for _ in range(6)} == {"version two"}
+
+    sky.run("serve", "rollback", "web", "--to", "1", "-y")
+    wait_until(lambda: settled(sky, 3, 2), timeout=90, message="the rollback READY")
+    assert {http_get(endpoint + "/message.txt")[1] for _ in range(6)} == {"version one"}
+
+    sky.run("serve", "down", "web", "-y")
+    assert instances("running") == {}
+    assert not (sky.home / "blobs").exists()

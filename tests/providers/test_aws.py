@@ -504,6 +504,19 @@ def test_inventory_pages_through_many_instances_with_one_paginated_call_set_per_
                for c in api.calls)
 
 
+def test_find_instances_looks_ids_up_directly_and_only_this_controllers(provider: AwsProvider, api: Api) -> None:
+    (outcome,) = provider.launch([request(1, spec(image_id=ami()))])
+    assert outcome.instance is not None
+    theirs = boto3.client("ec2", region_name=REGION).run_instances(ImageId=ami(), MinCount=1, MaxCount=1)
+    their_id = theirs["Instances"][0]["InstanceId"]
+    api.calls.clear()
+    found = provider.find_instances([outcome.instance.instance_id, their_id, "i-0123456789abcdef0"], [REGION])
+    assert [(i.instance_id, i.replica_id) for i in found] == [(outcome.instance.instance_id, 1)]
+    (call,) = api.named("DescribeInstances")
+    assert {"Name": "instance-id", "Values": [outcome.instance.instance_id, their_id, "i-0123456789abcdef0"]} in \
+        call.params["Filters"]
+
+
 def test_inventory_lists_the_given_regions_and_the_default_one(provider: AwsProvider, api: Api) -> None:
     provider.launch([request(1, spec(image_id=ami("eu-west-1"), region="eu-west-1", zone=None))])
     api.calls.clear()

@@ -185,3 +185,25 @@ def test_cloud_providers_are_built_on_first_use_and_abandoning_one_never_built_b
             "print(sorted(p), 'boto3' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["['aws',", "'local']", "False"]
+
+
+def test_an_emulated_instance_gets_a_bare_environment_tagged_with_the_state_directory(
+        tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "t0ken")
+    monkeypatch.setenv("HF_HOME", "/models")
+    monkeypatch.setenv("SKY_LITE_REPLICA_ENV_PASSTHROUGH", "HF_HOME")
+    text = TASK.replace("run: exec", "run: env > env.txt; exec")
+    provider = EmulatedProvider(FakeProvider(name="aws"), tmp_path / "home", SystemClock(),
+                                lambda _service, _version: version_of(project, text))
+    try:
+        provider.launch([request(1)])
+        (instance,) = provider.list_instances()
+        assert instance.url is not None
+        env = dict(line.split("=", 1) for line in get(instance.url + "/env.txt").splitlines() if "=" in line)
+    finally:
+        provider.abandon()
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "AWS_SESSION_TOKEN" not in env
+    assert (env["GREETING"], env["HF_HOME"], env["SKY_LITE_REPLICA_ID"]) == ("hi", "/models", "1")
+    assert env["SKY_LITE_HOME"] == str(tmp_path / "home")
+    assert env["SKY_LITE_REPLICA_DIR"].startswith(str(tmp_path / "home" / "emulated" / "aws" / "replicas" / "svc"))

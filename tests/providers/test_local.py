@@ -15,11 +15,18 @@ import pytest
 
 from skyserve_lite import procs
 from skyserve_lite.clock import FakeClock, SystemClock
-from skyserve_lite.errors import TransientProviderError
+from skyserve_lite.errors import TransientProviderError, UsageError
 from skyserve_lite.files.blobs import BlobStore, blob_store_of
 from skyserve_lite.files.capture import capture_task_files
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest, ReplicaLog
-from skyserve_lite.providers.local import LocalProvider
+from skyserve_lite.providers.local import (
+    PASSTHROUGH_SETTING,
+    TAG_REPLICA_DIR,
+    LocalProvider,
+    compute_replica_env,
+    find_replica_processes,
+    parse_env_passthrough,
+)
 from skyserve_lite.spec.parse import parse_task
 from tests.providers.http import get_text as get
 
@@ -310,6 +317,7 @@ def _break_liveness(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _break_signals(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(procs, "terminate_groups", _fail(PermissionError(errno.EPERM, "not allowed")))
+    monkeypatch.setattr(procs, "stop_processes", _fail(PermissionError(errno.EPERM, "not allowed")))
 
 
 def _break_removal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -353,3 +361,201 @@ def test_read_log_translates_an_unreadable_log(provider: LocalProvider, monkeypa
     monkeypatch.undo()
     assert provider.read_log("svc", 1, None, None) == ReplicaLog(path=next((provider._root / "svc").glob("1-*"))
                                                                  / "replica.log")
+
+
+# --- the replica's environment: the task's, not the controller's ---------------------------------------
+def read_env_dump(directory: Path, timeout: float = 15) -> dict[str, str]:
+    """The environment a replica's `run` saw, as `env -0 > env.dump` wrote it (the rename makes it whole)."""
+    deadline = time.monotonic() + timeout
+    while not (directory / "env.dump").exists():
+        assert time.monotonic() < deadline, "the replica never dumped its environment"
+        time.sleep(0.05)
+    items = (directory / "env.dump").read_bytes().decode().split("\0")
+    return dict(item.split("=", 1) for item in items if item)
+
+
+DUMP_ENV = "env -0 > env.tmp && mv env.tmp env.dump; exec sleep 300"
+
+
+def test_a_replica_gets_the_task_env_a_bare_base_and_the_passthrough_but_no_controller_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "t0ken")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("HF_HOME", "/models")
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    monkeypatch.setenv(PASSTHROUGH_SETTING, "HF_HOME, PIP_INDEX_URL,UNSET_ONE")
+    provider = LocalProvider(tmp_path / "home", SystemClock(), grace_seconds=2)
+    try:
+        (outcome,) = provider.launch([request(DUMP_ENV, replica_id=3, extra="envs:\n  GREETING: hi\n")])
+        assert outcome.instance is not None
+        directory = next((provider._root / "svc").glob("3-*"))
+        env = read_env_dump(directory)
+    finally:
+        provider.abandon()
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "AWS_SESSION_TOKEN" not in env
+    assert "s3cr3t" not in (directory / "env.dump").read_text()
+    assert {name: env[name] for name in ("PATH", "HOME", "LANG", "LC_TIME")} == {
+        name: os.environ[name] for name in ("PATH", "HOME", "LANG", "LC_TIME")}
+    assert (env["HF_HOME"], env["PIP_INDEX_URL"]) == ("/models", "https://mirror.example/simple")
+    assert (env["GREETING"], env["SKY_LITE_REPLICA_ID"], env["SKY_LITE_SERVICE"]) == ("hi", "3", "svc")
+    assert outcome.instance.url == f"http://127.0.0.1:{env['PORT']}"
+    assert (env["SKY_LITE_HOME"], env[TAG_REPLICA_DIR]) == (str(tmp_path / "home"), str(directory))
+    own = {"PORT", "SKY_LITE_REPLICA_ID", "SKY_LITE_SERVICE", "SKY_LITE_HOME", TAG_REPLICA_DIR}
+    base = {"PATH", "HOME", "LANG", "TMPDIR"}
+    # Nothing else (bash adds PWD, OLDPWD, SHLVL and `_` itself).
+    bash = {"PWD", "OLDPWD", "SHLVL", "_"}
+    assert set(env) - own - base - bash - {"GREETING", "HF_HOME", "PIP_INDEX_URL"} == {
+        name for name in env if name.startswith("LC_")}
+
+
+@pytest.mark.parametrize(("environ", "passthrough", "envs", "expected"), [
+    pytest.param({"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "x", "USER": "me"}, (), {}, {"PATH": "/bin"},
+                 id="only-the-base"),
+    pytest.param({}, (), {}, {"PATH": os.defpath}, id="no-path-gets-the-default"),
+    pytest.param({"PATH": "/bin", "LC_ALL": "C", "LCX": "no"}, (), {}, {"PATH": "/bin", "LC_ALL": "C"},
+                 id="locale"),
+    pytest.param({"PATH": "/bin", "TOKEN": "a"}, ("TOKEN", "MISSING"), {}, {"PATH": "/bin", "TOKEN": "a"},
+                 id="passthrough"),
+    pytest.param({"PATH": "/bin", "MODE": "controller"}, ("MODE",), {"MODE": "task", "PORT": "1"},
+                 {"PATH": "/bin", "MODE": "task", "PORT": "2"}, id="task-over-passthrough-own-over-task"),
+])
+def test_compute_replica_env(environ: dict[str, str], passthrough: tuple[str, ...], envs: dict[str, str],
+                             expected: dict[str, str]) -> None:
+    assert compute_replica_env(environ, passthrough, envs, {"PORT": "2"} if "PORT" in envs else {}) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    pytest.param("", (), id="unset"),
+    pytest.param("A, B_2 ,,_c", ("A", "B_2", "_c"), id="names"),
+    pytest.param("A,B-C", "'B-C' is not a variable name", id="dash"),
+    pytest.param("2X", "'2X' is not a variable name", id="digit-first"),
+    pytest.param("A=B", "'A=B' is not a variable name", id="assignment"),
+    pytest.param("AWS_*", "'AWS_\\*' is not a variable name", id="pattern"),
+])
+def test_parse_env_passthrough(text: str, expected: tuple[str, ...] | str) -> None:
+    if isinstance(expected, tuple):
+        assert parse_env_passthrough(text) == expected
+    else:
+        with pytest.raises(UsageError, match=f"{PASSTHROUGH_SETTING}: {expected}"):
+            parse_env_passthrough(text)
+
+
+def test_an_invalid_passthrough_setting_fails_each_launch_naming_it(tmp_path: Path) -> None:
+    provider = LocalProvider(tmp_path / "home", SystemClock(), environ={PASSTHROUGH_SETTING: "OK,NOT OK"})
+    (outcome,) = provider.launch([request("sleep 30")])
+    assert outcome.instance is None and outcome.permanent
+    assert outcome.error is not None and outcome.error.startswith(f"{PASSTHROUGH_SETTING}: 'NOT OK'")
+    assert provider.list_instances() == []
+
+
+# --- every descendant of a replica stops with it; replicas are found from the process table -------------
+# `run` leaves the replica's process group twice (setsid) and starts a double-forked daemon.
+ESCAPING = ("setsid sleep 1000 & (setsid bash -c 'sleep 1001 & exit 0' &); "
+            "( ( exec -a sky-lite-daemon sleep 1002 ) & ); echo escaped; exec sleep 300")
+
+
+def replica_processes(root: Path) -> list[procs.ProcessInfo]:
+    return [p for p, _tag in find_replica_processes(lambda tag: tag.is_relative_to(root))]
+
+
+def wait_for_processes(root: Path, count: int, timeout: float = 15) -> list[procs.ProcessInfo]:
+    """The replica processes below ``root`` once there are ``count`` (the short-lived shells of a `run`
+    that starts its children come and go first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = replica_processes(root)
+        if len(found) == count:
+            return found
+        assert time.monotonic() < deadline, f"only {found} of {count} processes"
+        time.sleep(0.05)
+
+
+def alive(processes: list[procs.ProcessInfo]) -> list[procs.ProcessInfo]:
+    return [p for p in processes if procs.is_alive(p.pid, p.start_time)]
+
+
+def test_terminate_stops_descendants_that_left_the_process_group(provider: LocalProvider) -> None:
+    (outcome,) = provider.launch([request(ESCAPING)])
+    assert outcome.instance is not None
+    # supervisor, wrapper, run's sleep 300, and the three that left: six processes carry the replica's tag.
+    started = wait_for_processes(provider._root, 6)
+    pgid = int(wait_for_directory(provider).joinpath("pid").read_text())
+    assert {p.pgid for p in started} - {pgid}, "nothing left the process group: the test tests nothing"
+
+    provider.terminate([outcome.instance.instance_id])
+
+    assert alive(started) == []
+    assert provider.list_instances() == []
+
+
+def test_terminate_stops_escaped_descendants_by_their_tag_when_the_supervisor_was_killed(
+        provider: LocalProvider) -> None:
+    (outcome,) = provider.launch([request(ESCAPING)])
+    assert outcome.instance is not None
+    started = wait_for_processes(provider._root, 6)
+    supervisor = int(wait_for_directory(provider).joinpath("pid").read_text())
+    os.kill(supervisor, 9)  # its orphans go to init: only their tag still says whose they are
+
+    provider.terminate([outcome.instance.instance_id])
+
+    assert alive(started) == []
+
+
+def test_when_run_exits_what_it_left_behind_is_stopped_too(provider: LocalProvider) -> None:
+    provider.launch([request("setsid sleep 1000 & sleep 1; exit 4")])
+    started = wait_for_processes(provider._root, 5)  # supervisor, wrapper, run, its sleep 1, sleep 1000
+    assert wait_for(provider, 1, InstanceState.EXITED).detail == "run exited with code 4"
+    assert alive(started) == []
+
+
+def test_abandon_after_a_restart_stops_every_replica_of_the_home_even_with_the_home_deleted(
+        tmp_path: Path) -> None:
+    before_restart = LocalProvider(tmp_path / "home", SystemClock(), grace_seconds=2)
+    before_restart.launch([request(ESCAPING, replica_id=1), request("sleep 300", replica_id=2)])
+    started = wait_for_processes(before_restart._root, 6 + 4)
+    del before_restart  # the controller restarted: nothing of that object remains
+    after_restart = LocalProvider(tmp_path / "home", SystemClock(), grace_seconds=2)
+    assert after_restart._children == {}
+    shutil.rmtree(tmp_path / "home")  # the state directory, bookkeeping files included
+
+    after_restart.abandon()
+
+    assert alive(started) == []
+    after_restart.abandon()  # idempotent
+
+
+def test_a_new_provider_stops_replicas_whose_directory_is_gone_and_leaves_recorded_ones(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    first = LocalProvider(home, SystemClock(), grace_seconds=2)
+    first.launch([request("sleep 300", replica_id=1), request("sleep 300", replica_id=2)])
+    wait_for_processes(first._root, 4 + 4)
+    gone = [d for d in (first._root / "svc").glob("1-*")]
+    (kept,) = [i for i in first.list_instances() if i.replica_id == 2]
+    lost = [p for p, tag in find_replica_processes(lambda tag: tag in gone)]
+    shutil.rmtree(gone[0])  # its record went (a home deleted and made again while no controller ran)
+
+    restarted = LocalProvider(home, SystemClock(), grace_seconds=2)
+    assert [i.instance_id for i in restarted.list_instances()] == [kept.instance_id]
+
+    assert lost and alive(lost) == []
+    assert wait_for(restarted, 2, InstanceState.RUNNING).instance_id == kept.instance_id
+    restarted.terminate([kept.instance_id])
+
+
+def test_replica_directories_and_logs_are_private(provider: LocalProvider, tmp_path: Path) -> None:
+    (outcome,) = provider.launch([request("sleep 30")])
+    assert outcome.instance is not None
+    (directory,) = (tmp_path / "home" / "replicas" / "svc").glob("1-*")
+    for path in (tmp_path / "home" / "replicas", tmp_path / "home" / "replicas" / "svc", directory):
+        assert path.stat().st_mode & 0o777 == 0o700, path
+    assert (directory / "replica.log").stat().st_mode & 0o777 == 0o600
+
+
+def test_spawned_processes_log_into_a_private_folder_and_file(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "x.log"
+    child = procs.spawn_detached(["true"], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, log_path=log)
+    child.wait(10)
+    assert (tmp_path / "logs").stat().st_mode & 0o777 == 0o700
+    assert log.stat().st_mode & 0o777 == 0o600

@@ -1,0 +1,235 @@
+"""`sky-lite serve down --all --force`: stop everything a state directory started, without its database.
+
+For a ``state.db`` that is damaged, truncated or gone. Nothing here opens the store: what runs is found from
+the provider side, where a damaged file cannot hide it.
+
+==============================  =====================================================================
+what                            found by
+==============================  =====================================================================
+the controller loop             ``controller.pid`` (pid and start time: a reused pid is not taken for it)
+load balancers                  their argv: ``python -m skyserve_lite.lb --home HOME --service NAME``
+local and emulated replicas,    the ``SKY_LITE_REPLICA_DIR`` tag below HOME in ``/proc/PID/environ``,
+with their descendants          and ``pid`` files whose process runs that directory's wrapper (replicas
+                                started before processes were tagged)
+cloud instances                 the controller tag (``sky-lite:controller``): the id from
+                                ``HOME/controller-id``, else from ``state.db`` if it can still be read
+==============================  =====================================================================
+
+The controller goes first, since it would relaunch what the rest stops; then load balancers, replicas and
+cloud instances. Idempotent: a second run finds nothing and says so. It deletes no file: the state
+directory stays for the operator to inspect, move away or remove.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import sqlite3
+import urllib.parse
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from skyserve_lite import procs
+from skyserve_lite.clock import SystemClock
+from skyserve_lite.controller.guard import guard_provider
+from skyserve_lite.controller.loop import find_controller
+from skyserve_lite.errors import ProviderError
+from skyserve_lite.providers.base import Instance, InstanceState, Provider
+from skyserve_lite.providers.local import find_replica_processes, stop_replica_processes
+
+# Where the store also keeps its controller id, so that it survives a damaged database (see the report).
+CONTROLLER_ID_FILE = "controller-id"
+_CONTROLLER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# As ProcessLoadBalancerRunner starts a load balancer: ``python -m skyserve_lite.lb --home HOME ...``.
+_LB_MODULE = "skyserve_lite.lb"
+# A controller stops after its current pass (probes and launches included): give it that long.
+_CONTROLLER_GRACE_SECONDS = 10.0
+_LB_GRACE_SECONDS = 5.0
+# Reading what is left of a damaged state.db must never hang the way the store's 30 s busy timeout does.
+_PEEK_TIMEOUT_SECONDS = 0.5
+
+# A controller id -> the cloud providers to search for instances with that tag (by cloud name).
+CloudProviders = Callable[[str], Mapping[str, Provider]]
+
+
+@dataclass(frozen=True)
+class StoppedProcesses:
+    """Processes of one thing this home started, stopped: ``what`` is "the controller", "the load balancer
+    of web", "replica 2 of web"."""
+
+    what: str
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ForceDownReport:
+    """What `serve down --force` found and stopped. ``errors`` are what it could not do (exit 1); ``notes``
+    what it did not try, and why."""
+
+    home: Path
+    processes: tuple[StoppedProcesses, ...] = ()
+    instances: tuple[tuple[str, Instance], ...] = ()
+    notes: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """The report as the CLI prints it, one line each."""
+        lines = []
+        for stopped in self.processes:
+            pids = ", ".join(str(pid) for pid in stopped.pids)
+            lines.append(f"Stopped {stopped.what} (pid{'s' if len(stopped.pids) > 1 else ''} {pids}).")
+        for cloud, instance in self.instances:
+            where = f" in {instance.region}" if instance.region else ""
+            lines.append(f"Terminated {cloud} instance {instance.instance_id}{where} "
+                         f"(replica {instance.replica_id} of {instance.service}).")
+        if not self.processes and not self.instances:
+            lines.append(f"Nothing that {self.home} started was running.")
+        return lines + list(self.notes)
+
+
+def force_down(home: Path, *, regions: Sequence[str] = (), clouds: CloudProviders | None = None,
+               grace_seconds: float = 5.0) -> ForceDownReport:
+    """Stop everything ``home`` started (see the module docstring); never opens the store.
+
+    ``regions`` are searched for cloud instances besides the default region and those ``state.db`` still
+    names; ``clouds`` builds the cloud providers (default: this home's, as a controller builds them).
+    Never raises for what it cannot stop: the report's ``errors`` say. Idempotent."""
+    home = Path(os.path.realpath(home))
+    stopped: list[StoppedProcesses] = []
+    errors: list[str] = []
+    controller = find_controller(home)
+    if controller is not None:
+        process = procs.find_process(controller.pid)
+        if process is not None and procs.stop_processes([process], _CONTROLLER_GRACE_SECONDS):
+            stopped.append(StoppedProcesses("the controller", (process.pid,)))
+    load_balancers = find_load_balancers(home)
+    for process in procs.stop_processes([p for p, _service in load_balancers], _LB_GRACE_SECONDS):
+        service = dict((p.pid, s) for p, s in load_balancers)[process.pid]
+        stopped.append(StoppedProcesses(f"the load balancer of {service}", (process.pid,)))
+    replicas = stop_replica_processes(lambda tag: tag.is_relative_to(home), find_recorded_replica_pids(home),
+                                      grace_seconds)
+    by_replica: dict[Path, list[int]] = {}
+    for process, tag in replicas:
+        by_replica.setdefault(tag, []).append(process.pid)
+    stopped.extend(StoppedProcesses(describe_replica(home, tag), tuple(sorted(pids)))
+                   for tag, pids in sorted(by_replica.items()))
+    errors.extend(_find_survivors(home))
+
+    controller_id, stored_regions = peek_store(home)
+    if controller_id is None:
+        return ForceDownReport(home, tuple(stopped), (), (
+            f"Cloud instances were not searched: the controller id of {home} is unknown (no {CONTROLLER_ID_FILE} "
+            "file, and state.db cannot be read). They carry the tag sky-lite:controller: look for instances "
+            "with that tag key in your cloud account.",), tuple(errors))
+    build = clouds or _make_clouds(home)
+    instances: list[tuple[str, Instance]] = []
+    for cloud, provider in sorted(build(controller_id).items()):
+        try:
+            instances.extend((cloud, i) for i in terminate_tagged(provider, sorted({*regions, *stored_regions})))
+        except ProviderError as exc:
+            errors.append(f"{cloud}: instances tagged sky-lite:controller={controller_id} could not be "
+                          f"stopped: {exc}")
+    return ForceDownReport(home, tuple(stopped), tuple(instances), (), tuple(errors))
+
+
+def terminate_tagged(provider: Provider, regions: Collection[str]) -> list[Instance]:
+    """Terminate every instance ``provider`` lists (it lists only those with its controller tag) that is
+    not terminated yet; returns them. Raises ``ProviderError``."""
+    guarded = guard_provider(provider)
+    found = [i for i in guarded.list_instances(regions) if i.state is not InstanceState.TERMINATED]
+    if found:
+        guarded.terminate([i.instance_id for i in found])
+    return found
+
+
+def find_load_balancers(home: Path) -> list[tuple[procs.ProcessInfo, str]]:
+    """The load balancer processes of ``home`` with their service, by their argv."""
+    found = []
+    for process in procs.list_processes():
+        argv = procs.read_cmdline(process.pid)
+        if argv is None or _LB_MODULE not in argv:
+            continue
+        options = dict(itertools.pairwise(argv))
+        lb_home, service = options.get("--home"), options.get("--service")
+        if lb_home and service and os.path.realpath(lb_home) == str(home):
+            found.append((process, service))
+    return found
+
+
+def find_recorded_replica_pids(home: Path) -> list[int]:
+    """Pids in the ``pid`` files of ``home``'s replica directories whose process still runs that
+    directory's wrapper (its argv names it): a replica started before processes were tagged."""
+    pids = []
+    for pid_file in [*home.glob("replicas/*/*/pid"), *home.glob("emulated/*/replicas/*/*/pid")]:
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        argv = procs.read_cmdline(pid)
+        if argv is not None and str(pid_file.parent / "wrapper.sh") in argv:
+            pids.append(pid)
+    return pids
+
+
+def describe_replica(home: Path, tag: Path) -> str:
+    """``replica 2 of web`` for ``HOME/replicas/web/2-NONCE``, ``emulated aws instance of replica 2 of web``
+    for ``HOME/emulated/aws/replicas/web/2-NONCE``."""
+    parts = tag.relative_to(home).parts
+    replica = f"replica {tag.name.split('-', 1)[0]} of {tag.parent.name}"
+    if len(parts) == 5 and parts[0] == "emulated":
+        return f"emulated {parts[1]} instance of {replica}"
+    return replica
+
+
+def peek_store(home: Path) -> tuple[str | None, tuple[str, ...]]:
+    """The controller id of ``home`` and the cloud regions its replicas used, as far as they can be known
+    without the store: ``HOME/controller-id``, else whatever ``state.db`` still answers to a read-only
+    query that gives up at once (a damaged database answers nothing: (None, ()))."""
+    try:
+        recorded = (home / CONTROLLER_ID_FILE).read_text().strip()
+    except OSError:
+        recorded = ""
+    controller_id = recorded if _CONTROLLER_ID.fullmatch(recorded) else None
+    regions: tuple[str, ...] = ()
+    path = home / "state.db"
+    if not path.is_file():
+        return controller_id, regions
+    uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+    try:
+        db = sqlite3.connect(uri, uri=True, timeout=_PEEK_TIMEOUT_SECONDS)
+        try:
+            if controller_id is None:
+                row = db.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()
+                stored = str(row[0]) if row else ""
+                controller_id = stored if _CONTROLLER_ID.fullmatch(stored) else None
+            regions = tuple(str(r[0]) for r in db.execute(
+                "SELECT DISTINCT region FROM replicas WHERE region IS NOT NULL AND cloud != 'local'"))
+        finally:
+            db.close()
+    except sqlite3.Error:
+        pass  # damaged: what the file no longer tells, the provider side has to
+    return controller_id, regions
+
+
+def _find_survivors(home: Path) -> list[str]:
+    """What still runs after everything was stopped (another user's process, one stuck in the kernel)."""
+    survivors = []
+    controller = find_controller(home)
+    if controller is not None:
+        survivors.append(f"the controller (pid {controller.pid})")
+    survivors += [f"the load balancer of {service} (pid {p.pid})" for p, service in find_load_balancers(home)]
+    survivors += [f"{describe_replica(home, tag)} (pid {p.pid})"
+                  for p, tag in find_replica_processes(lambda tag: tag.is_relative_to(home))]
+    return [f"still running after SIGKILL: {survivor}" for survivor in survivors]
+
+
+def _make_clouds(home: Path) -> CloudProviders:
+    def build(controller_id: str) -> Mapping[str, Provider]:
+        from skyserve_lite.providers import make_providers
+
+        providers = make_providers(home, SystemClock(), controller_id)
+        return {name: provider for name, provider in providers.items() if name != "local"}
+
+    return build
