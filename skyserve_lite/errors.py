@@ -8,6 +8,8 @@ The tree::
     ├── NotFoundError               a service, version or replica that does not exist (exit 1)
     ├── StateConflictError          the request contradicts the stored state (exit 1):
     │                               the service exists already, an expected version does not match
+    ├── StateDamagedError           the state database is not SQLite, truncated or corrupt (exit 1)
+    ├── StateBusyError              the state database stayed locked by another process (exit 1)
     ├── ControllerError             the controller could not be reached, started or locked (exit 1)
     ├── WaitTimeoutError            a wait (`serve up` until READY, `serve down`) ran out of time (exit 1)
     └── ProviderError               a provider call failed; vendor errors are translated into these
@@ -15,7 +17,8 @@ The tree::
         └── PermanentProviderError  retrying will not help (bad parameters, no permission)
 
 Vendor exceptions (botocore, OSError from a spawn) are translated into ``ProviderError`` subclasses
-in exactly one place per provider, with ``raise ... from exc``.
+in exactly one place per provider, with ``raise ... from exc``; ``sqlite3`` errors into ``StateDamagedError``
+and ``StateBusyError`` in one place, the state store's connection.
 """
 
 from __future__ import annotations
@@ -56,6 +59,21 @@ class NotFoundError(SkyLiteError):
 
 class StateConflictError(SkyLiteError):
     """The request contradicts the stored state; nothing was changed."""
+
+
+class StateDamagedError(SkyLiteError):
+    """The state database cannot be read: not an SQLite file, truncated or corrupt.
+
+    ``path`` is the database file; the message says how to get going again without it.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class StateBusyError(SkyLiteError):
+    """The state database stayed locked by another process for longer than sky-lite waits for it."""
 
 
 class ControllerError(SkyLiteError):

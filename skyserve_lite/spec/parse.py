@@ -37,6 +37,8 @@ _T = TypeVar("_T")
 
 # DNS-1123 label: what a hostname part, a Kubernetes name and a cloud tag accept alike.
 _NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+# What `export NAME=...` accepts as NAME: a name is written into boot scripts as is, only values are quoted.
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _TOP_KEYS = ("name", "resources", "envs", "workdir", "file_mounts", "setup", "run", "service")
 _RESOURCE_KEYS = (
@@ -201,6 +203,24 @@ class _Parser:
                 raise self.fail(_join(path, key), f"must be a string, got {_kind(item)}")
         return tuple(sorted(pairs))
 
+    def envs(self, value: object, path: str) -> Pairs:
+        """Environment variables: names a shell can export, values as ``string_map`` reads them.
+
+        A name is checked here, not where it is used, because some uses put it into shell text unquoted
+        (`export NAME=...` in a boot script): `K$(touch /x)` would run as a command there. A NUL cannot be
+        part of any environment variable (the kernel's environment is NUL-separated strings).
+        """
+        for name in self.mapping(value, path, None):
+            if _ENV_NAME_RE.fullmatch(name) is None:
+                raise self.fail(_join(path, name), "not a valid environment variable name: use letters, digits "
+                                                   "and _, not starting with a digit")
+        pairs = self.string_map(value, path)
+        for name, text in pairs:
+            if "\0" in text:
+                raise self.fail(_join(path, name), "the value holds a NUL character, which no environment "
+                                                   "variable can carry")
+        return pairs
+
     def enum(self, value: object, path: str, enum_type: type[Any]) -> Any:
         text = self.string(value, path)
         try:
@@ -226,7 +246,7 @@ class _Parser:
         return TaskSpec(
             name=name,
             resources=self.optional(doc, "resources", "", self.resources, Resources()),
-            envs=self.optional(doc, "envs", "", self.string_map, ()),
+            envs=self.optional(doc, "envs", "", self.envs, ()),
             workdir=self.optional(doc, "workdir", "", self.command, None),
             file_mounts=self.optional(doc, "file_mounts", "", self.file_mounts, ()),
             setup=self.optional(doc, "setup", "", self.string, None),

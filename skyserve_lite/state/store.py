@@ -11,19 +11,29 @@ only its request counts and its load report (in-flight and held requests).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sqlite3
+import stat
+import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from skyserve_lite.autoscalers.base import AutoscalerState
-from skyserve_lite.errors import NotFoundError, StateConflictError
+from skyserve_lite.errors import (
+    NotFoundError,
+    SkyLiteError,
+    StateBusyError,
+    StateConflictError,
+    StateDamagedError,
+    UsageError,
+)
 from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state.models import (
@@ -45,11 +55,193 @@ DB_NAME = "state.db"
 _REPLICA_COLUMNS = tuple(field.name for field in dataclasses.fields(ReplicaRecord))
 
 
+# Written into every state directory sky-lite creates: what tells "made by sky-lite" from "a directory that
+# was there already" (which keeps its mode, and is refused if other users can write to it).
+HOME_MARKER = ".sky-lite-home"
+
+
+# Must match skyserve_lite.forcedown.CONTROLLER_ID_FILE (the store must not import it: an import cycle).
+CONTROLLER_ID_FILE = "controller-id"
+
+
+def _record_controller_id(home: Path, controller_id: str) -> None:
+    """Keep the controller id outside the database too, so `serve down --all --force` can find the cloud
+    instances tagged with it when state.db is damaged. Best effort: the store never reads it."""
+    path = home / CONTROLLER_ID_FILE
+    try:
+        if path.read_text().strip() == controller_id:
+            return
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        temporary = path.with_name(CONTROLLER_ID_FILE + ".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as stream:
+            stream.write(controller_id + "\n")
+        os.replace(temporary, path)
+
+
 def prepare_home(home: Path) -> Path:
-    """Create the state directory with mode 0700 (idempotent) and return it."""
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(home, 0o700)
+    """Make sure ``home`` is a state directory sky-lite may use, and return it. Idempotent.
+
+    A missing directory is created with mode 0700 and marked as sky-lite's (``HOME_MARKER``). An existing
+    one is used as it is, its mode never changed (``SKY_LITE_HOME=/tmp`` must not make /tmp private); but
+    if other users can write to it and sky-lite did not create it, it is refused with ``UsageError`` and
+    nothing is written, since they could plant or swap the state files in it.
+    """
+    home.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(mode=0o700)
+    except FileExistsError:
+        _check_existing_home(home)
+        return home
+    os.chmod(home, 0o700)  # mkdir's mode goes through the umask
+    fd = os.open(home / HOME_MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as marker:
+        marker.write("sky-lite created this state directory ($SKY_LITE_HOME).\n")
     return home
+
+
+def _check_existing_home(home: Path) -> None:
+    status = home.stat()
+    if not stat.S_ISDIR(status.st_mode):
+        raise UsageError(f"state directory {home} exists and is not a directory; set SKY_LITE_HOME to a directory")
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not _is_marked_home(home):
+        raise UsageError(
+            f"refusing to use {home} as the state directory: other users can write to it (mode "
+            f"{stat.S_IMODE(status.st_mode):o}) and sky-lite did not create it. Set SKY_LITE_HOME to a path that "
+            f"does not exist yet (sky-lite creates it, private to you), or make this one private with "
+            f"`chmod go-w {home}`")
+
+
+def _is_marked_home(home: Path) -> bool:
+    """Whether ``home`` holds the marker sky-lite writes when it creates a state directory, as a file of ours:
+    in a directory anyone can write, anyone could create a file of that name."""
+    try:
+        marker = (home / HOME_MARKER).lstat()
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(marker.st_mode) and marker.st_uid == os.getuid()
+
+
+_T = TypeVar("_T")
+
+# How long opening the store (creating it, its PRAGMAs, its migrations) keeps trying while another process
+# holds the database. Two `serve up` on a fresh home meet at `PRAGMA journal_mode=WAL`, where SQLite answers
+# "locked" at once rather than calling its busy handler; the winner is done in milliseconds, so 5 s is
+# plenty for it and still an answer "within seconds" when something holds the file for good.
+_OPEN_WAIT_SECONDS = 5.0
+# How long a query of an open store waits for another writer (every write is one short transaction).
+_BUSY_TIMEOUT_SECONDS = 30.0
+_SQLITE_MAGIC = b"SQLite format 3\0"
+# sqlite3's messages for a file it cannot read, for Pythons without ``sqlite_errorname`` (3.10).
+_DAMAGE_MESSAGES = frozenset({"file is not a database", "database disk image is malformed", "disk I/O error"})
+
+
+def _translate(path: Path, exc: sqlite3.DatabaseError) -> SkyLiteError | None:
+    """sky-lite's error for an ``sqlite3`` one, or None when it is not about the file or its locks (a
+    constraint or an SQL mistake is a bug here, and keeps its own type and traceback)."""
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    text = str(exc)
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or text in ("database is locked", "database table is locked"):
+        return StateBusyError(f"the state database {path} stayed locked by another process ({text}); "
+                              "try again in a moment")
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_IOERR_READ", "SQLITE_IOERR_SHORT_READ")) or (
+            not name and text in _DAMAGE_MESSAGES):
+        return _damaged(path, text)
+    return None
+
+
+def _damaged(path: Path, problem: str) -> StateDamagedError:
+    return StateDamagedError(str(path), (
+        f"the state database {path} is damaged or not a sky-lite database ({problem}). Stop what this state "
+        f"directory started with `sky-lite serve down --all --force`, which works without it; then move "
+        f"{path.name} and any {path.name}-wal and {path.name}-shm beside it out of {path.parent}, and the next "
+        "command starts with an empty state"))
+
+
+def _guarded(path: Path, call: Callable[..., _T], *args: Any) -> _T:
+    try:
+        return call(*args)
+    except sqlite3.DatabaseError as exc:
+        translated = _translate(path, exc)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+class _Connection(sqlite3.Connection):
+    """The store's connection: every query and every fetch of its rows raises ``StateDamagedError`` or
+    ``StateBusyError`` for what ``_translate`` recognises. The one place ``sqlite3`` errors are translated,
+    so a damage found by any query of any method (not only at open) is one clear error."""
+
+    def __init__(self, database: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+        super().__init__(database, *args, **kwargs)
+        self.db_path = Path(database)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        return self.cursor(_Cursor).execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> sqlite3.Cursor:
+        return self.cursor(_Cursor).executemany(sql, parameters)
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor of ``_Connection``: SQLite reads rows lazily, so a damaged page may surface at any fetch."""
+
+    @property
+    def _path(self) -> Path:
+        connection = self.connection
+        return connection.db_path if isinstance(connection, _Connection) else Path("?")
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
+        return _guarded(self._path, super().execute, sql, parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> _Cursor:
+        return _guarded(self._path, super().executemany, sql, parameters)
+
+    def fetchone(self) -> Any:
+        return _guarded(self._path, super().fetchone)
+
+    def fetchmany(self, size: int | None = 1) -> list[Any]:
+        return _guarded(self._path, super().fetchmany, size)
+
+    def fetchall(self) -> list[Any]:
+        return _guarded(self._path, super().fetchall)
+
+    def __next__(self) -> Any:
+        return _guarded(self._path, super().__next__)
+
+
+def _retry_while_busy(path: Path, connection: sqlite3.Connection, step: Callable[[], None]) -> None:
+    """Run ``step`` (part of opening the store) again while the database is locked, for at most
+    ``_OPEN_WAIT_SECONDS`` in all. Still locked then: ``StateBusyError``, or ``StateDamagedError`` when the
+    file holds no SQLite header (it was emptied or truncated under a process that keeps it open)."""
+    deadline = time.monotonic() + _OPEN_WAIT_SECONDS
+    while True:
+        # SQLite's own busy handler waits where it can; the loop covers where it answers "locked" at once.
+        remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        connection.execute(f"PRAGMA busy_timeout = {remaining_ms}")
+        try:
+            step()
+            return
+        except StateBusyError:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            if time.monotonic() >= deadline:
+                if not _has_sqlite_header(path):
+                    raise _damaged(path, "the file is empty or truncated, and another process still has "
+                                         "it open") from None
+                raise
+            time.sleep(0.02)
+
+
+def _has_sqlite_header(path: Path) -> bool:
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        return False
 
 
 class Store:
@@ -66,6 +258,11 @@ class Store:
 
         With ``create=False`` a missing store raises ``NotFoundError`` instead: processes the controller
         starts (load balancers) must never create an empty store where a deleted one was.
+
+        Others opening or writing the same store at that moment (two `serve up` on a fresh home) are waited
+        for, a few seconds at most. Raises ``StateDamagedError`` at once for a file that is not a readable
+        SQLite database (and so does any later query that finds damage), ``StateBusyError`` when it stays
+        locked beyond the wait, ``UsageError`` for a home ``prepare_home`` refuses.
         """
         path = home / DB_NAME
         if not create and not path.exists():
@@ -75,12 +272,23 @@ class Store:
             # Create the file with 0600 before SQLite writes anything into it.
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
         os.chmod(path, 0o600)
-        connection = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=NORMAL")
-        connection.execute("PRAGMA foreign_keys=ON")
-        store = cls(connection, path)
-        store._migrate()
+        connection = sqlite3.connect(path, timeout=_OPEN_WAIT_SECONDS, isolation_level=None,
+                                     check_same_thread=False, factory=_Connection)
+        try:
+            store = cls(connection, path)
+
+            def set_up() -> None:
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=NORMAL")
+                connection.execute("PRAGMA foreign_keys=ON")
+                store._migrate()
+
+            _retry_while_busy(path, connection, set_up)
+            connection.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_SECONDS * 1000)}")
+        except BaseException:
+            connection.close()
+            raise
+        _record_controller_id(home, store.controller_id)
         return store
 
     def close(self) -> None:

@@ -7,12 +7,16 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import click
 import pytest
 
 from skyserve_lite import procs
 from skyserve_lite.api import ControllerStatus, LocalController
+from skyserve_lite.cli.main import main
+from skyserve_lite.cli.params import FiniteFloatRange
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.spec.parse import load_task_file
 from skyserve_lite.state.store import Store
@@ -234,3 +238,92 @@ def test_status_says_unverified_when_the_running_controller_stopped_completing_p
     assert "has not completed a pass for 45s" in stderr
     controller = json.loads(cli("serve", "status", "-o", "json")[1])["controller"]
     assert controller["running"] is True and controller["unverified_for_seconds"] == 45
+
+
+# --- a damaged state.db: one line, exit 1, in seconds ------------------------------------------------------
+def _damaged_content(kind: str, tmp_path: Path) -> bytes:
+    if kind == "garbage":
+        return bytes(range(256)) * 64
+    if kind == "empty-not-sqlite":
+        return b"\n" * 4096  # blank, but not the 0 bytes SQLite would take for a new database
+    real = tmp_path / "real"
+    for number in range(20):
+        add_service(real, tmp_path, f"svc-{number}")  # each closes its store: the WAL is in the file after
+    content = (real / "state.db").read_bytes()
+    return content[:len(content) // 2]
+
+
+@pytest.mark.parametrize(("kind", "args"), [
+    pytest.param("garbage", ["serve", "status"], id="garbage-status"),
+    pytest.param("truncated", ["serve", "status"], id="truncated-status"),
+    pytest.param("empty-not-sqlite", ["serve", "status"], id="empty-not-sqlite-status"),
+    pytest.param("garbage", ["serve", "up", "TASK", "--no-wait"], id="garbage-up"),
+    pytest.param("truncated", ["serve", "down", "--all", "-y"], id="truncated-down"),
+    pytest.param("empty-not-sqlite", ["serve", "history", "svc-1"], id="empty-not-sqlite-history"),
+])
+def test_a_damaged_database_is_one_line_exit_1_in_seconds(tmp_path: Path, kind: str, args: list[str]) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "state.db").write_bytes(_damaged_content(kind, tmp_path))
+    (tmp_path / "task.yaml").write_text(TASK)
+    argv = [str(tmp_path / "task.yaml") if arg == "TASK" else arg for arg in args]
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "skyserve_lite", *argv], capture_output=True, text=True,
+                            env={**os.environ, "SKY_LITE_HOME": str(home)}, timeout=60)
+    assert time.monotonic() - started < 10
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"Error: the state database {home / 'state.db'} is damaged")
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+    assert "sky-lite serve down --all --force" in result.stderr
+    assert result.stdout == ""
+
+
+# --- a state directory other users can write -----------------------------------------------------------------
+def test_a_shared_directory_as_home_is_refused_with_exit_2_and_left_alone(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    exit_code, stdout, stderr = Cli(LocalController(shared, start_daemon=False))("serve", "status")
+    assert exit_code == 2
+    assert stderr.startswith(f"Error: refusing to use {shared} as the state directory: other users can write")
+    assert stdout == ""
+    assert shared.stat().st_mode & 0o7777 == 0o1777
+    assert list(shared.iterdir()) == []
+
+
+# --- float options: finite numbers only ------------------------------------------------------------------
+# (command, the other arguments it needs, the option)
+FLOAT_OPTIONS = [
+    (("serve", "up"), ("task.yaml",), "--timeout"),
+    (("serve", "simulate"), ("task.yaml", "--trace", "trace.csv"), "--period"),
+    (("serve", "down"), ("--all", "-y"), "--timeout"),
+    (("controller", "run"), (), "--interval"),
+]
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999"])
+@pytest.mark.parametrize(("command", "others", "option"), FLOAT_OPTIONS,
+                         ids=[" ".join((*command, option)) for command, _, option in FLOAT_OPTIONS])
+def test_float_options_refuse_nan_and_infinities(cli: Cli, home: Path, command: tuple[str, ...],
+                                                 others: tuple[str, ...], option: str, value: str) -> None:
+    exit_code, stdout, stderr = cli(*command, *others, option, value)
+    assert exit_code == 2
+    assert f"Invalid value for '{option}': '{value}' is not a finite number." in stderr
+    assert stdout == ""
+    assert not home.exists()
+
+
+def test_every_float_option_is_in_the_table_and_uses_the_finite_type() -> None:
+    def walk(command: click.Command, path: tuple[str, ...]) -> dict[tuple[tuple[str, ...], str], object]:
+        found: dict[tuple[tuple[str, ...], str], object] = {
+            (path, max(param.opts, key=len)): param.type for param in command.params
+                 if isinstance(param.type, click.types.FloatParamType)}
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                found |= walk(sub, (*path, name))
+        return found
+
+    found = walk(main, ())
+    assert set(found) == {(command, option) for command, _, option in FLOAT_OPTIONS}
+    assert all(isinstance(kind, FiniteFloatRange) for kind in found.values())
+

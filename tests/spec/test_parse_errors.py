@@ -36,6 +36,8 @@ def resources(**fields: object) -> str:
     return task(resources=fields)
 
 
+_BAD_ENV_NAME = "not a valid environment variable name: use letters, digits and _, not starting with a digit"
+
 CASES = [
     # --- not YAML, or not a task document ---------------------------------------------------------
     pytest.param("run: x\nservice: {replicas: 1\n", "", "invalid YAML (line 3, column 1)",
@@ -116,6 +118,20 @@ CASES = [
                  id="env-value-list"),
     pytest.param(task(envs={"MODEL": None}), "envs.MODEL", "must be a string, got nothing",
                  id="env-value-null"),
+    pytest.param(task(envs={"K$(touch /x)": "v"}), "envs.K$(touch /x)", _BAD_ENV_NAME,
+                 id="env-name-command-substitution"),
+    pytest.param(task(envs={"A=B": "v"}), "envs.A=B", _BAD_ENV_NAME, id="env-name-equals-sign"),
+    pytest.param(task(envs={"1ST": "v"}), "envs.1ST", _BAD_ENV_NAME, id="env-name-leading-digit"),
+    pytest.param(task(envs={"MY-VAR": "v"}), "envs.MY-VAR", _BAD_ENV_NAME, id="env-name-dash"),
+    pytest.param(task(envs={"A B": "v"}), "envs.A B", _BAD_ENV_NAME, id="env-name-space"),
+    pytest.param(task(envs={"A;B": "v"}), "envs.A;B", _BAD_ENV_NAME, id="env-name-semicolon"),
+    pytest.param(task(envs={"A\nB": "v"}), "envs.A\nB", _BAD_ENV_NAME, id="env-name-newline"),
+    pytest.param(task(envs={"NAÏVE": "v"}), "envs.NAÏVE", _BAD_ENV_NAME, id="env-name-non-ascii-letter"),
+    pytest.param(task(envs={"": "v"}), "envs.", _BAD_ENV_NAME, id="env-name-empty"),
+    pytest.param(task(envs={"OK": "v", "BAD NAME": "v"}), "envs.BAD NAME", _BAD_ENV_NAME,
+                 id="env-name-bad-among-good"),
+    pytest.param(task(envs={"MODEL": "a\0b"}), "envs.MODEL", "the value holds a NUL character",
+                 id="env-value-nul"),
     pytest.param(resources(labels={"team": {"a": 1}}), "resources.labels.team",
                  "must be a string, got a mapping", id="label-value-mapping"),
     pytest.param(task(file_mounts={"/data": 3}), "file_mounts./data",

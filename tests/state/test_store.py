@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sqlite3
 import stat
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from skyserve_lite.errors import NotFoundError, StateConflictError
+from skyserve_lite.errors import (
+    NotFoundError,
+    StateBusyError,
+    StateConflictError,
+    StateDamagedError,
+    UsageError,
+)
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 from skyserve_lite.state.schema import MIGRATIONS
-from skyserve_lite.state.store import Store
+from skyserve_lite.state.store import HOME_MARKER, Store, prepare_home
 
 TEXT = "# my service\nservice:\n  replicas: 2   # two of them\nrun: echo hi\n"
 
@@ -140,3 +152,209 @@ def test_open_without_create_refuses_a_missing_store(tmp_path: Path) -> None:
     with pytest.raises(NotFoundError, match="no state store"):
         Store.open(tmp_path / "gone", create=False)
     assert not (tmp_path / "gone").exists()
+
+
+# --- the state directory: created private, an existing one left as it is --------------------------------
+def test_a_created_home_is_marked_as_sky_lites(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    prepare_home(home)
+    marker = home / HOME_MARKER
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    assert stat.S_IMODE(marker.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o711, 0o700], ids=oct)
+def test_an_existing_home_keeps_its_mode(tmp_path: Path, mode: int) -> None:
+    home = tmp_path / "mine"
+    home.mkdir()
+    home.chmod(mode)
+    Store.open(home).close()
+    assert stat.S_IMODE(home.stat().st_mode) == mode
+    assert not (home / HOME_MARKER).exists()  # only a directory sky-lite creates is marked
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o777, 0o775, 0o770, 0o722], ids=oct)
+def test_an_existing_home_others_can_write_is_refused_and_left_alone(tmp_path: Path, mode: int) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    with pytest.raises(UsageError) as caught:
+        Store.open(shared)
+    assert str(caught.value).startswith(f"refusing to use {shared} as the state directory: other users can "
+                                        f"write to it (mode {mode:o})")
+    assert f"chmod go-w {shared}" in str(caught.value)
+    assert caught.value.exit_code == 2
+    assert stat.S_IMODE(shared.stat().st_mode) == mode
+    assert list(shared.iterdir()) == []
+
+
+def test_a_home_sky_lite_created_stays_usable_when_made_group_writable(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    Store.open(home).close()
+    home.chmod(0o770)
+    Store.open(home).close()
+    assert stat.S_IMODE(home.stat().st_mode) == 0o770
+
+
+def test_a_marker_that_is_not_a_file_does_not_make_a_home_sky_lites(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    (shared / HOME_MARKER).mkdir(parents=True)
+    shared.chmod(0o777)
+    with pytest.raises(UsageError, match="other users can write to it"):
+        prepare_home(shared)
+
+
+def test_a_home_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="exists and is not a directory"):
+        Store.open(tmp_path / "file")
+
+
+# --- opening at the same time ----------------------------------------------------------------------------
+def test_threads_opening_a_fresh_home_at_once_all_get_the_store(tmp_path: Path) -> None:
+    # The race is rare per home (without the retry, 4 to 12 openers lost in 100 homes of 3 openers):
+    # the next test makes the losing moment certain.
+    errors: list[BaseException] = []
+    for trial in range(60):
+        home = tmp_path / f"home-{trial}"
+        barrier = threading.Barrier(3)
+
+        def open_it(home: Path = home, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                Store.open(home).close()
+            except BaseException as exc:  # collected and reported below, with the others
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+
+
+def test_an_open_waits_for_a_writer_sqlite_answers_locked_at_once_for(tmp_path: Path) -> None:
+    # What the loser of two fresh opens meets: the winner writes the not-yet-WAL file (a RESERVED lock),
+    # and SQLite answers `PRAGMA journal_mode=WAL` with "database is locked" at once, without waiting.
+    writer = sqlite3.connect(tmp_path / "state.db", isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("CREATE TABLE scratch (x)")
+    release = threading.Timer(0.3, lambda: writer.execute("ROLLBACK"))
+    release.start()
+    try:
+        store = Store.open(tmp_path)
+    finally:
+        release.join()
+        writer.close()
+    assert store.schema_version == len(MIGRATIONS)
+    store.close()
+
+
+def _open_and_create(home: str, barrier: Any, results: Any) -> None:
+    barrier.wait()
+    try:
+        store = Store.open(Path(home))
+        try:
+            store.create_service("svc", task(), 30001, now=1.0)
+        finally:
+            store.close()
+        results.put("created")
+    except StateConflictError as exc:
+        results.put(f"conflict: {exc}")
+    except BaseException as exc:  # reported to the test, not lost in the child
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_creating_on_a_fresh_home_at_once_get_one_winner_and_clean_conflicts(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    for trial in range(5):
+        home = tmp_path / f"home-{trial}"
+        barrier, results = context.Barrier(6), context.Queue()
+        processes = [context.Process(target=_open_and_create, args=(str(home), barrier, results))
+                     for _ in range(6)]
+        for process in processes:
+            process.start()
+        outcomes = sorted(results.get(timeout=30) for _ in processes)
+        for process in processes:
+            process.join(timeout=30)
+        assert outcomes[0] == "conflict: service 'svc' already exists; change it with " \
+                              "`sky-lite serve update svc TASK.yaml`", outcomes
+        assert outcomes.count("created") == 1 and len(set(outcomes)) == 2, outcomes
+
+
+# --- a damaged database ----------------------------------------------------------------------------------
+def _real_database(tmp_path: Path) -> bytes:
+    store = Store.open(tmp_path / "real")
+    for number in range(20):
+        store.create_service(f"svc-{number}", task(TEXT + "#" * 3000 + "\n"), 30001 + number, now=1.0)
+    store.close()  # the last connection to close checkpoints the WAL into the file
+    return (tmp_path / "real" / "state.db").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "zeros", "text", "truncated-half", "truncated-header"])
+def test_a_damaged_database_is_one_clear_error_at_open(tmp_path: Path, damage: str) -> None:
+    real = _real_database(tmp_path)
+    content = {"garbage": bytes(range(256)) * 40, "zeros": bytes(4096), "text": b"not a database\n",
+               "truncated-half": real[:len(real) // 2], "truncated-header": real[:60]}[damage]
+    home = tmp_path / "home"
+    prepare_home(home)
+    (home / "state.db").write_bytes(content)
+    started = time.monotonic()
+    with pytest.raises(StateDamagedError) as caught:
+        Store.open(home)
+    assert time.monotonic() - started < 3
+    message = str(caught.value)
+    assert message.startswith(f"the state database {home / 'state.db'} is damaged")
+    assert "sky-lite serve down --all --force" in message and "move state.db" in message
+    assert caught.value.exit_code == 1
+    assert (home / "state.db").read_bytes() == content  # left for the operator to look at
+
+
+def test_damage_a_later_query_finds_is_the_same_clear_error(tmp_path: Path) -> None:
+    real = bytearray(_real_database(tmp_path))
+    page = 4096
+    for offset in range(3 * page, len(real), page):  # keep the header and the first tables' pages
+        real[offset + 8:offset + page] = b"\xff" * (page - 8)
+    (tmp_path / "home").mkdir(mode=0o700)
+    (tmp_path / "home" / "state.db").write_bytes(bytes(real))
+    store = Store.open(tmp_path / "home")
+    with pytest.raises(StateDamagedError, match="is damaged"):
+        for service in store.list_services():
+            store.get_version(service.name, 1)
+    store.close()
+
+
+def test_a_database_emptied_under_a_process_that_holds_it_is_damaged_not_a_hang(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The open waits out its whole bound here (a fresh file being created looks the same for a moment).
+    monkeypatch.setattr("skyserve_lite.state.store._OPEN_WAIT_SECONDS", 1.0)
+    holder = Store.open(tmp_path)
+    holder.create_service("svc", task(), 30001, now=1.0)  # WAL frames and shared memory held by `holder`
+    os.truncate(tmp_path / "state.db", 0)
+    started = time.monotonic()
+    with pytest.raises(StateDamagedError, match="empty or truncated, and another process still has it open"):
+        Store.open(tmp_path)
+    assert time.monotonic() - started < 3
+    holder.close()
+
+
+def test_a_locked_healthy_database_is_waited_for_then_a_clear_busy_error(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("skyserve_lite.state.store._OPEN_WAIT_SECONDS", 0.5)
+    Store.open(tmp_path).close()
+    blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # holds the write lock every open takes for its migration check
+    with pytest.raises(StateBusyError, match="stayed locked by another process"):
+        Store.open(tmp_path)
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    Store.open(tmp_path).close()
+
+
+def test_the_controller_id_is_kept_outside_the_database_too(tmp_path: Path) -> None:
+    """`serve down --all --force` finds the cloud instances by it when state.db is damaged."""
+    store = Store.open(tmp_path)
+    assert (tmp_path / "controller-id").read_text().strip() == store.controller_id
+    assert (tmp_path / "controller-id").stat().st_mode & 0o777 == 0o600
+    store.close()
