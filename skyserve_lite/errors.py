@@ -10,6 +10,7 @@ The tree::
     │                               the service exists already, an expected version does not match
     ├── StateDamagedError           the state database is not SQLite, truncated or corrupt (exit 1)
     ├── StateBusyError              the state database stayed locked by another process (exit 1)
+    ├── StateUnwritableError        the state database cannot be written: a full disk, a read-only home (exit 1)
     ├── ControllerError             the controller could not be reached, started or locked (exit 1)
     ├── WaitTimeoutError            a wait (`serve up` until READY, `serve down`) ran out of time (exit 1)
     └── ProviderError               a provider call failed; vendor errors are translated into these
@@ -74,6 +75,10 @@ class StateDamagedError(SkyLiteError):
 
 class StateBusyError(SkyLiteError):
     """The state database stayed locked by another process for longer than sky-lite waits for it."""
+
+
+class StateUnwritableError(SkyLiteError):
+    """The state database cannot be written (a full disk, a read-only file system); nothing was changed."""
 
 
 class ControllerError(SkyLiteError):

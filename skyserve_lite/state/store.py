@@ -32,6 +32,7 @@ from skyserve_lite.errors import (
     StateBusyError,
     StateConflictError,
     StateDamagedError,
+    StateUnwritableError,
     UsageError,
 )
 from skyserve_lite.files.manifest import TaskFiles
@@ -136,6 +137,8 @@ _BUSY_TIMEOUT_SECONDS = 30.0
 _SQLITE_MAGIC = b"SQLite format 3\0"
 # sqlite3's messages for a file it cannot read, for Pythons without ``sqlite_errorname`` (3.10).
 _DAMAGE_MESSAGES = frozenset({"file is not a database", "database disk image is malformed", "disk I/O error"})
+_UNWRITABLE_MESSAGES = frozenset({"database or disk is full", "attempt to write a readonly database",
+                                  "unable to open database file"})
 
 
 def _translate(path: Path, exc: sqlite3.DatabaseError) -> SkyLiteError | None:
@@ -149,6 +152,11 @@ def _translate(path: Path, exc: sqlite3.DatabaseError) -> SkyLiteError | None:
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_IOERR_READ", "SQLITE_IOERR_SHORT_READ")) or (
             not name and text in _DAMAGE_MESSAGES):
         return _damaged(path, text)
+    if name.startswith(("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_IOERR")) or (
+            not name and text in _UNWRITABLE_MESSAGES):
+        # Nothing was written: every write is one transaction, rolled back whole.
+        return StateUnwritableError(f"cannot write the state database {path} ({text}): free some space or make "
+                                    f"{path.parent} writable, then try again; nothing was changed")
     return None
 
 
@@ -305,7 +313,8 @@ class Store:
         try:
             yield self._db
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite rolls back on its own after some errors (a full disk)
+                self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
 

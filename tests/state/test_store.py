@@ -18,6 +18,7 @@ from skyserve_lite.errors import (
     StateBusyError,
     StateConflictError,
     StateDamagedError,
+    StateUnwritableError,
     UsageError,
 )
 from skyserve_lite.spec.model import SubmittedTask
@@ -357,4 +358,17 @@ def test_the_controller_id_is_kept_outside_the_database_too(tmp_path: Path) -> N
     store = Store.open(tmp_path)
     assert (tmp_path / "controller-id").read_text().strip() == store.controller_id
     assert (tmp_path / "controller-id").stat().st_mode & 0o777 == 0o600
+    store.close()
+
+
+def test_a_full_disk_is_one_clear_error_and_nothing_is_half_written(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    store.create_service("a", SubmittedTask("service: {replicas: 1}\nrun: x\n", "/t.yaml",
+                                            parse_task("service: {replicas: 1}\nrun: x\n")), 30001, 0.0)
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from now on
+    big = "x" * 200_000
+    with pytest.raises(StateUnwritableError, match=r"cannot write the state database .*database or disk is full"):
+        store.add_events([(0.0, "a", None, "service", big)])
+    assert [e.message for e in store.list_events("a") if e.message == big] == []
     store.close()
