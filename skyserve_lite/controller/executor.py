@@ -25,7 +25,7 @@ from skyserve_lite.controller.lb_runner import LoadBalancerRunner, find_lb_port
 from skyserve_lite.controller.plan import Event, LaunchBatch, PassPlan
 from skyserve_lite.errors import ProviderError, TransientProviderError
 from skyserve_lite.files.blobs import BlobStore
-from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider, find_source_dir
+from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
 
@@ -136,11 +136,10 @@ class Executor:
             self._store.put_replicas(failed)
             return
         version = self._store.get_version(batch.service, batch.version)
-        source_dir = find_source_dir(version.source)
         requests = [LaunchRequest(service=r.service, replica_id=r.replica_id, version=r.version,
                                   spec=self._store.get_version(r.service, r.version).spec
                                   if r.version != batch.version else version.spec,
-                                  launch_token=r.launch_token, is_spot=r.is_spot, source_dir=source_dir)
+                                  launch_token=r.launch_token, is_spot=r.is_spot)
                     for r in rows]
         try:
             outcomes = provider.launch(requests)

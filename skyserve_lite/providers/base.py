@@ -53,15 +53,8 @@ class LaunchRequest:
     spec: TaskSpec
     launch_token: str
     is_spot: bool
-    # Directory of the submitted task file: relative `workdir` and `file_mounts` sources resolve here.
-    source_dir: str | None = None
-
-
-def find_source_dir(source: str) -> str | None:
-    """The ``source_dir`` of a task submitted from the file ``source``; None when it is no absolute path
-    (a task read from a string: relative sources then resolve against the working directory)."""
-    path = Path(source)
-    return str(path.parent) if path.is_absolute() else None
+    # The version's files come with ``spec.files`` (its snapshot, taken when it was submitted): providers
+    # never read the submitter's disk.
 
 
 @dataclass(frozen=True)

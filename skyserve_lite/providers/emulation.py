@@ -34,7 +34,6 @@ from skyserve_lite.providers.base import (
     LaunchRequest,
     Provider,
     ReplicaLog,
-    find_source_dir,
 )
 from skyserve_lite.providers.local import LocalProvider
 from skyserve_lite.state.models import VersionRecord
@@ -48,11 +47,10 @@ FindVersion = Callable[[str, int], VersionRecord | None]
 
 
 def compute_boot_request(instance: Instance, version: VersionRecord) -> LaunchRequest:
-    """The local launch that plays ``instance``: its own replica, the version's task, resolved where the
-    task file was. The instance id is the launch token: one local process per cloud instance."""
+    """The local launch that plays ``instance``: its own replica, the version's task and snapshot. The
+    instance id is the launch token: one local process per cloud instance."""
     return LaunchRequest(service=instance.service, replica_id=instance.replica_id, version=instance.version,
-                         spec=version.spec, launch_token=instance.instance_id, is_spot=instance.is_spot,
-                         source_dir=find_source_dir(version.source))
+                         spec=version.spec, launch_token=instance.instance_id, is_spot=instance.is_spot)
 
 
 class EmulatedProvider:

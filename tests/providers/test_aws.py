@@ -211,9 +211,9 @@ def spec(*, image_id: str | None = "ami-default", zone: str | None = "us-east-1a
 
 
 def request(replica_id: int, task: TaskSpec, *, token: str = "tok-1", spot: bool = False, version: int = 1,
-            service: str = "svc", source_dir: Path | None = None) -> LaunchRequest:
+            service: str = "svc") -> LaunchRequest:
     return LaunchRequest(service=service, replica_id=replica_id, version=version, spec=task, launch_token=token,
-                         is_spot=spot, source_dir=str(source_dir) if source_dir else None)
+                         is_spot=spot)
 
 
 def describe(instance_id: str, region: str = REGION) -> dict[str, Any]:
@@ -792,10 +792,12 @@ def test_user_data_is_the_same_size_whatever_the_number_of_files(session: boto3.
     pytest.param({"file_mounts": (("/data/w.bin", "w.bin"),)}, "file_mounts", id="file_mounts"),
 ])
 def test_a_version_stored_without_a_snapshot_is_a_permanent_outcome_naming_the_field(
-        session: boto3.Session, api: Api, profile: str, tmp_path: Path, fields: dict[str, Any], field: str) -> None:
+        session: boto3.Session, api: Api, profile: str, tmp_path: Path, fields: dict[str, Any], field: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     write_tree(tmp_path, {"app/server.py": "x\n", "w.bin": "w"})  # on disk, but never read from there
     provider = make_provider(session, instance_profile=profile)
-    [outcome] = provider.launch([request(1, spec(image_id=ami(), **fields), version=4, source_dir=tmp_path)])
+    monkeypatch.chdir(tmp_path)  # where a relative workdir would resolve, were it read from disk
+    [outcome] = provider.launch([request(1, spec(image_id=ami(), **fields), version=4)])
     assert outcome.permanent and outcome.instance is None and outcome.error is not None
     assert outcome.error.startswith(f"{field}: version 4 has no snapshot of its files")
     assert "submit it again with `sky-lite serve update`" in outcome.error
