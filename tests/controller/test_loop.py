@@ -54,8 +54,8 @@ def test_loop_runs_passes_until_stopped_and_releases_the_lock(tmp_path: Path) ->
     try:
         assert is_controller_running(home)
         assert read_controller_pid(home) == os.getpid()
-        for _ in range(200):  # a pass ran: it launched the replica and recorded the launch
-            if store.list_replicas("svc"):
+        for _ in range(600):  # a pass ran: it launched the replica and recorded the launch's outcome
+            if any(r.instance_id for r in store.list_replicas("svc")):
                 break
             stop.wait(0.05)
         (replica,) = store.list_replicas("svc")
