@@ -19,6 +19,7 @@ from skyserve_lite.controller.loop import (
 )
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, UsageError
+from skyserve_lite.forcedown import force_down
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ServiceStatus
@@ -54,8 +55,9 @@ def test_loop_runs_passes_until_stopped_and_releases_the_lock(tmp_path: Path) ->
     try:
         assert is_controller_running(home)
         assert read_controller_pid(home) == os.getpid()
-        for _ in range(600):  # a pass ran: it launched the replica and recorded the launch's outcome
-            if any(r.instance_id for r in store.list_replicas("svc")):
+        for _ in range(600):  # a pass ran to its end: the launch's outcome and the service status recorded
+            if (any(r.instance_id for r in store.list_replicas("svc"))
+                    and store.get_service("svc").status is not ServiceStatus.CONTROLLER_INIT):
                 break
             stop.wait(0.05)
         (replica,) = store.list_replicas("svc")
@@ -64,10 +66,7 @@ def test_loop_runs_passes_until_stopped_and_releases_the_lock(tmp_path: Path) ->
     finally:
         stop.set()
         thread.join(10)
-        for directory in (home / "replicas" / "svc").glob("*"):
-            pid = (directory / "pid").read_text().strip() if (directory / "pid").exists() else None
-            if pid:
-                procs.terminate_groups([int(pid)], grace_seconds=2)
+        force_down(home, clouds=lambda _controller_id: {})  # the replica and load balancer the pass started
         store.close()
     assert not thread.is_alive()
     assert not is_controller_running(home)
