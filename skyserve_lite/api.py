@@ -245,21 +245,28 @@ class LocalController:
     def _open(self) -> Store:
         return Store.open(self.home)
 
-    def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
-        check_service_name(name)
+    @contextmanager
+    def _submitting(self, task: SubmittedTask) -> Iterator[tuple[SubmittedTask, Store, ControllerSettings]]:
+        """Check ``task``, capture its files and open the store for storing it: the task with its snapshot,
+        the store and the settings. The blob store's writing lock is held from the first blob written
+        until the ``with`` body has stored the version that needs them (see ``files.blobs``)."""
         settings = check_submission(task)
         blobs = blob_store_of(self.home)
-        # Held from the first blob written until the version that needs them is stored (see files.blobs).
         with _capture_lock(task, blobs):
-            task = _with_files(task, settings, blobs)
+            captured = _with_files(task, settings, blobs)
             store = self._open()
             try:
-                port = _pick_lb_port(store.used_lb_ports())
-                service = store.create_service(name, task, port, self._clock.now())
-                store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
-                                   f"{task.source}" + _describe_files(task))])
+                yield captured, store, settings
             finally:
                 store.close()
+
+    def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
+        check_service_name(name)
+        with self._submitting(task) as (task, store, _settings):
+            port = _pick_lb_port(store.used_lb_ports())
+            service = store.create_service(name, task, port, self._clock.now())
+            store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
+                               f"{task.source}" + _describe_files(task))])
         if self._start_daemon:
             ensure_controller(self.home)
         return service
@@ -329,22 +336,15 @@ class LocalController:
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None,
                       reuse_identical_files: bool = False) -> VersionRecord:
-        settings = check_submission(task)
-        blobs = blob_store_of(self.home)
-        with _capture_lock(task, blobs):
-            task = _with_files(task, settings, blobs)
-            store = self._open()
-            try:
-                version = store.add_version(name, task, mode.value, self._clock.now(),
-                                            expect_version=expect_version, note=note,
-                                            reuse_identical_files=reuse_identical_files,
-                                            keep_snapshot_versions=settings.keep_snapshot_versions)
-                store.add_events([(self._clock.now(), name, None, "service",
-                                   f"version {version.version} submitted ({mode.value}"
-                                   + (f", {note}" if note else "") + f") from {task.source}"
-                                   + _describe_files(task))])
-            finally:
-                store.close()
+        with self._submitting(task) as (task, store, settings):
+            version = store.add_version(name, task, mode.value, self._clock.now(),
+                                        expect_version=expect_version, note=note,
+                                        reuse_identical_files=reuse_identical_files,
+                                        keep_snapshot_versions=settings.keep_snapshot_versions)
+            store.add_events([(self._clock.now(), name, None, "service",
+                               f"version {version.version} submitted ({mode.value}"
+                               + (f", {note}" if note else "") + f") from {task.source}"
+                               + _describe_files(task))])
         if self._start_daemon:
             ensure_controller(self.home)
         return version
