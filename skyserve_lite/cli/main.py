@@ -404,5 +404,52 @@ def controller_run(interval: float | None) -> None:
         run_loop(home_dir(), settings)
 
 
+@controller.command("ensure")
+def controller_ensure() -> None:
+    """Start the background controller if it is not running; silent when it is (what cron runs)."""
+    from skyserve_lite.controller.cron import ensure_supervised
+
+    with _errors():
+        home = home_dir()
+        pid = ensure_supervised(home)
+        if pid is not None:  # one line for the controller's log, where cron appends it
+            click.echo(f"{time.strftime('%Y-%m-%d %H:%M:%S')} controller ensure: started the controller "
+                       f"(pid {pid}) for {home}")
+
+
+@controller.group("cron")
+def controller_cron() -> None:
+    """Install or remove the crontab lines that keep the controller running."""
+
+
+@controller_cron.command("install")
+def controller_cron_install() -> None:
+    """Add (or update) this state directory's `controller ensure` lines in your crontab."""
+    from skyserve_lite.controller.cron import CronChange, install_cron
+
+    with _errors():
+        home = home_dir()
+        change, lines = install_cron(home)
+        said = {CronChange.ADDED: f"Added the cron lines for {home} to your crontab:",
+                CronChange.REPLACED: f"Updated the cron lines for {home} in your crontab:",
+                CronChange.UNCHANGED: f"The cron lines for {home} were installed already:"}[change]
+        click.echo(said)
+        for line in lines:
+            click.echo(f"  {line}")
+
+
+@controller_cron.command("remove")
+def controller_cron_remove() -> None:
+    """Remove this state directory's `controller ensure` lines from your crontab, and nothing else."""
+    from skyserve_lite.controller.cron import CronChange, uninstall_cron
+
+    with _errors():
+        home = home_dir()
+        if uninstall_cron(home) is CronChange.REMOVED:
+            click.echo(f"Removed the cron lines for {home} from your crontab.")
+        else:
+            click.echo(f"No cron lines for {home} in your crontab; nothing to remove.")
+
+
 def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
