@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from skyserve_lite.clock import FakeClock
 from skyserve_lite.lb.listener import IntervalTally, compute_raised_open_file_limit
-from skyserve_lite.lb.proxy import LbView, LoadBalancer
-from skyserve_lite.lb.server import HttpServer
+
+from .serving import serving
 
 REPO = Path(__file__).resolve().parents[2]
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -82,32 +81,8 @@ async def _serving(max_connections: int) -> AsyncIterator[int]:
 
     app = web.Application()
     app.router.add_get("/", ok)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        view = LbView((f"http://{host}:{port}",), "round_robin")
-        lb = LoadBalancer("svc", _Source(view), None, FakeClock(0.0), hold_seconds=0)
-        server = HttpServer(lb, max_connections=max_connections)
-        await lb.start()
-        try:
-            yield (await server.start("127.0.0.1", 0))[0][1]
-        finally:
-            lb.stop_holding()
-            await server.close()
-            await lb.close()
-    finally:
-        await runner.cleanup()
-
-
-class _Source:
-    def __init__(self, view: LbView) -> None:
-        self.view = view
-
-    def read(self) -> LbView:
-        return self.view
+    async with serving(app, max_connections=max_connections) as (_host, port):
+        yield port
 
 
 async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:

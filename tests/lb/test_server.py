@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from skyserve_lite.clock import FakeClock
-from skyserve_lite.lb.proxy import LbView, LoadBalancer, LocalAnswer
-from skyserve_lite.lb.server import HttpServer, render_local_answer, render_response_head
+from skyserve_lite.lb.proxy import LocalAnswer
+from skyserve_lite.lb.server import render_local_answer, render_response_head
+
+from .serving import serving
 
 BIG = 4 * 1024 * 1024
 BIG_BODY = hashlib.sha256(b"server").digest() * (BIG // 32)
@@ -57,32 +58,8 @@ def _backend() -> web.Application:
 
 @contextlib.asynccontextmanager
 async def _serving(targets_alive: bool = True) -> AsyncIterator[tuple[str, int]]:
-    runner = web.AppRunner(_backend(), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        urls = (f"http://{host}:{port}",) if targets_alive else ()
-        lb = LoadBalancer("svc", _Source(LbView(urls, "round_robin")), None, FakeClock(0.0), hold_seconds=0)
-        server = HttpServer(lb)
-        await lb.start()
-        try:
-            yield (await server.start("127.0.0.1", 0))[0]
-        finally:
-            lb.stop_holding()
-            await server.close()
-            await lb.close()
-    finally:
-        await runner.cleanup()
-
-
-class _Source:
-    def __init__(self, view: LbView) -> None:
-        self.view = view
-
-    def read(self) -> LbView:
-        return self.view
+    async with serving(_backend(), targets_alive=targets_alive) as address:
+        yield address
 
 
 async def _read_response(reader: asyncio.StreamReader, head_only: bool = False) -> tuple[int, dict[str, str], bytes]:
