@@ -511,12 +511,6 @@ def _pick_lb_port(used: set[int]) -> int:
     return port
 
 
-@dataclass(frozen=True)
-class WaitOutcome:
-    view: ServiceView
-    ready: bool
-
-
 def is_endpoint_listening(endpoint: str) -> bool:
     """Whether something accepts TCP connections at ``http://HOST:PORT``."""
     host, _, port = endpoint.removeprefix("http://").rstrip("/").rpartition(":")
