@@ -31,6 +31,10 @@ from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
 
+# How often a pass records that it completed: one small write per 5 s, not per pass (steady passes write
+# nothing else). `serve status` calls a heartbeat older than 30 s (or 10 passes) stale.
+HEARTBEAT_SECONDS = 5.0
+
 
 class Executor:
     def __init__(self, store: Store, providers: Mapping[str, Provider], lb_runner: LoadBalancerRunner,
@@ -42,6 +46,14 @@ class Executor:
         self._new_token = new_token or (lambda: uuid.uuid4().hex)
         self._blobs = blobs
         self._collected_once = False
+        self._heartbeat_at = float("-inf")
+
+    def record_pass(self) -> None:
+        """Record that a pass completed, at most every ``HEARTBEAT_SECONDS``."""
+        now = self._clock.now()
+        if now - self._heartbeat_at >= HEARTBEAT_SECONDS:
+            self._store.record_pass(now)
+            self._heartbeat_at = now
 
     def collect_garbage(self, *, force: bool = False) -> None:
         """Delete the blobs no stored version needs any more: on the first pass (what a submission that

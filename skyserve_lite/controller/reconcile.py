@@ -30,10 +30,6 @@ from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
 
-# How often a pass records that it completed: one small write per 5 s, not per pass (steady passes write
-# nothing else). `serve status` calls a heartbeat older than 30 s (or 10 passes) stale.
-HEARTBEAT_SECONDS = 5.0
-
 
 class Reconciler:
     """Owns nothing but its dependencies; ``reconcile_once`` is the whole behaviour. Not thread-safe.
@@ -54,7 +50,6 @@ class Reconciler:
         self._settings = settings
         self._executor = Executor(store, self._providers, lb_runner, clock, blobs=blobs)
         self._versions = VersionCache()
-        self._heartbeat_at = float("-inf")
 
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
@@ -64,12 +59,9 @@ class Reconciler:
         if not plan.is_empty:
             self._executor.apply(plan)
         self._executor.collect_garbage(force=bool(plan.deletions))
-        now = self._clock.now()
-        if now - self._heartbeat_at >= HEARTBEAT_SECONDS:
-            # Written only when the pass got this far: a pass that cannot write (a full disk) leaves the
-            # heartbeat old, and `serve status` then says that what it shows is unverified.
-            self._store.record_pass(now)
-            self._heartbeat_at = now
+        # Only when the pass got this far: a pass that cannot write (a full disk) leaves the heartbeat old,
+        # and `serve status` then says that what it shows is unverified.
+        self._executor.record_pass()
         return plan
 
     def abandon(self) -> None:

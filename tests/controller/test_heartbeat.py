@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from skyserve_lite.controller.reconcile import HEARTBEAT_SECONDS
+from skyserve_lite.controller.executor import HEARTBEAT_SECONDS
 from skyserve_lite.providers.base import InstanceState
 
 from .conftest import Harness
