@@ -22,12 +22,14 @@ from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
 from skyserve_lite.controller.forecast import forecast_update
 from skyserve_lite.controller.guard import guard_provider
+from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START, find_lb_port, lb_log_path
 from skyserve_lite.controller.loop import read_controller_pid
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
 from skyserve_lite.errors import (
     ControllerError,
+    MissingBlobsError,
     NotFoundError,
     ProviderError,
     StateConflictError,
@@ -174,6 +176,14 @@ class ControllerStatus:
                 "unverified_for_seconds": None if self.unverified_for is None else round(self.unverified_for)}
 
 
+@dataclass(frozen=True)
+class StatusReport:
+    """What `serve status` shows, read in one call: the services and whether a controller acts on them."""
+
+    services: tuple[ServiceView, ...]
+    controller: ControllerStatus
+
+
 class Controller(Protocol):
     """The CLI's one door to a controller. Every method is safe to retry."""
 
@@ -183,6 +193,10 @@ class Controller(Protocol):
 
     def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
         """Views of the named services (all when empty). Raises ``NotFoundError`` for an unknown name."""
+        ...
+
+    def get_status_report(self, names: Sequence[str] = ()) -> StatusReport:
+        """``get_status`` and ``controller_status`` in one call (one round trip to a remote controller)."""
         ...
 
     def get_rollout_state(self, name: str) -> RolloutState:
@@ -220,10 +234,12 @@ class Controller(Protocol):
         """Wait until the services are gone; stop the background controller when none is left."""
         ...
 
-    def read_log(self, name: str, replica_id: int | None, *, controller: bool = False,
-                 load_balancer: bool = False) -> ReplicaLog:
-        """The log of a replica (from its provider), the service's load balancer, or the controller.
-        Raises ``NotFoundError`` for an unknown service or a replica without a log."""
+    def stream_log(self, name: str, replica_id: int | None, *, controller: bool = False,
+                   load_balancer: bool = False, follow: bool = False) -> Iterator[bytes]:
+        """The bytes of a replica's log (from its provider), the service's load balancer's, or the
+        controller's, in chunks; with ``follow``, new bytes as they are written, and an empty chunk each time
+        the log was polled with nothing new (so a consumer may stop), until the log goes away. Raises
+        ``NotFoundError`` (before the first chunk) for an unknown service or a replica without a log."""
         ...
 
     def force_down(self, regions: Sequence[str] = ()) -> ForceDownReport:
@@ -237,13 +253,22 @@ class Controller(Protocol):
 class LocalController:
     """The controller of a state directory on this machine (``$SKY_LITE_HOME``)."""
 
-    def __init__(self, home: Path, clock: Clock | None = None, *, start_daemon: bool = True) -> None:
+    def __init__(self, home: Path, clock: Clock | None = None, *, start_daemon: bool = True,
+                 stop_when_idle: bool = True) -> None:
+        """``start_daemon``: submissions start the background controller; ``stop_when_idle``: the last
+        `serve down` stops it (not on a controller host, whose loop cron keeps running anyway)."""
         self.home = home
         self._clock = clock or SystemClock()
         self._start_daemon = start_daemon
+        self._stop_when_idle = stop_when_idle
 
     def _open(self) -> Store:
         return Store.open(self.home)
+
+    def _shown(self, service: ServiceRecord) -> ServiceRecord:
+        """``service`` with the endpoint address of this host (``controller.host``)."""
+        host = load_host_settings(self.home).endpoint_host
+        return service if host == service.endpoint_host else dataclasses.replace(service, endpoint_host=host)
 
     @contextmanager
     def _submitting(self, task: SubmittedTask) -> Iterator[tuple[SubmittedTask, Store, ControllerSettings]]:
@@ -254,17 +279,22 @@ class LocalController:
         blobs = blob_store_of(self.home)
         with _capture_lock(task, blobs):
             captured = _with_files(task, settings, blobs)
+            _check_blobs(captured, blobs)
             store = self._open()
             try:
                 yield captured, store, settings
             finally:
                 store.close()
 
-    def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
+    def create_service(self, name: str, task: SubmittedTask, *, key: str | None = None) -> ServiceRecord:
+        """See ``Controller``; ``key`` is a submission's idempotency key (a retry returns the service the
+        first attempt created)."""
         check_service_name(name)
         with self._submitting(task) as (task, store, _settings):
+            if key is not None and (done := store.find_submission(key)) is not None and done[0] == name:
+                return self._shown(store.get_service(name))
             port = _pick_lb_port(store.used_lb_ports())
-            service = store.create_service(name, task, port, self._clock.now())
+            service = self._shown(store.create_service(name, task, port, self._clock.now(), key=key))
             store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
                                f"{task.source}" + _describe_files(task))])
         if self._start_daemon:
@@ -279,7 +309,7 @@ class LocalController:
             for service in services:
                 spec = store.get_version(service.name, service.current_version).spec
                 views.append(ServiceView(
-                    service=service, policy=spec.service.replica_policy.describe(),
+                    service=self._shown(service), policy=spec.service.replica_policy.describe(),
                     load_balancing_policy=spec.service.load_balancing_policy.value,
                     replicas=tuple(store.list_replicas(service.name)),
                     events=tuple(store.list_events(service.name, limit=10)),
@@ -288,6 +318,9 @@ class LocalController:
         finally:
             store.close()
         return views
+
+    def get_status_report(self, names: Sequence[str] = ()) -> StatusReport:
+        return StatusReport(services=tuple(self.get_status(names)), controller=self.controller_status())
 
     def controller_status(self) -> ControllerStatus:
         pid = read_controller_pid(self.home)
@@ -335,12 +368,16 @@ class LocalController:
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None,
-                      reuse_identical_files: bool = False) -> VersionRecord:
+                      reuse_identical_files: bool = False, key: str | None = None) -> VersionRecord:
+        """See ``Controller``; ``key`` is a submission's idempotency key (a retry returns the version the
+        first attempt stored, and stores nothing)."""
         with self._submitting(task) as (task, store, settings):
+            if key is not None and (done := store.find_submission(key)) is not None and done[0] == name:
+                return store.get_version(name, done[1])
             version = store.add_version(name, task, mode.value, self._clock.now(),
                                         expect_version=expect_version, note=note,
                                         reuse_identical_files=reuse_identical_files,
-                                        keep_snapshot_versions=settings.keep_snapshot_versions)
+                                        keep_snapshot_versions=settings.keep_snapshot_versions, key=key)
             store.add_events([(self._clock.now(), name, None, "service",
                                f"version {version.version} submitted ({mode.value}"
                                + (f", {note}" if note else "") + f") from {task.source}"
@@ -376,11 +413,19 @@ class LocalController:
                                        "the controller keeps working on it (see `sky-lite serve logs "
                                        f"{left[0]} --controller`)")
             self._clock.sleep(poll_seconds)
-        if not anything_left and self._start_daemon:
+        if not anything_left and self._start_daemon and self._stop_when_idle:
             stop_controller(self.home)
 
-    def read_log(self, name: str, replica_id: int | None, *, controller: bool = False,
+    def stream_log(self, name: str, replica_id: int | None, *, controller: bool = False,
+                   load_balancer: bool = False, follow: bool = False) -> Iterator[bytes]:
+        log = self.find_log(name, replica_id, controller=controller, load_balancer=load_balancer)
+        if log.path is None:
+            return iter([(log.text or "").encode()])
+        return read_file_chunks(log.path, follow, self._clock)
+
+    def find_log(self, name: str, replica_id: int | None, *, controller: bool = False,
                  load_balancer: bool = False) -> ReplicaLog:
+        """Where the log is: a file on this machine, or its text (see ``stream_log``)."""
         store = self._open()
         try:
             store.get_service(name)  # NotFoundError for an unknown service
@@ -425,14 +470,48 @@ def check_submission(task: SubmittedTask) -> ControllerSettings:
 
 @contextmanager
 def _capture_lock(task: SubmittedTask, blobs: BlobStore) -> Iterator[None]:
-    """Hold the blob store's writing lock for a task that has files to capture, from its first blob until
-    its version is stored; a missing source is refused first, before anything is written."""
-    if not needs_capture(task.spec):
+    """Hold the blob store's writing lock for a task with files, from its first blob (or the check that
+    its snapshot's blobs are all here) until its version is stored; a missing source is refused first,
+    before anything is written."""
+    if needs_capture(task.spec):
+        check_task_sources(task.spec, find_task_dir(task.source), task.source)
+    elif task.spec.files is None:
         yield
         return
-    check_task_sources(task.spec, find_task_dir(task.source), task.source)
     with blobs.writing():
         yield
+
+
+def _check_blobs(task: SubmittedTask, blobs: BlobStore) -> None:
+    """Refuse a snapshot whose blobs are not all in ``blobs`` (one a remote client captured and uploaded,
+    or a rollback's): ``MissingBlobsError`` names them."""
+    files = task.spec.files
+    missing = tuple(sorted(d for d in files.blob_digests() if not blobs.has(d))) if files else ()
+    if missing:
+        raise MissingBlobsError(missing)
+
+
+def read_file_chunks(path: Path, follow: bool, clock: Clock, poll_seconds: float = 0.3) -> Iterator[bytes]:
+    """The bytes of the file at ``path`` in chunks; with ``follow``, then what is appended, polling every
+    ``poll_seconds`` (an empty chunk each poll that found nothing) until the file is removed. Raises
+    ``NotFoundError`` when there is no file yet."""
+    try:
+        stream = open(path, "rb")  # noqa: SIM115 (the generator closes it)
+    except FileNotFoundError:
+        raise NotFoundError(f"no log yet at {path}") from None
+
+    def chunks() -> Iterator[bytes]:
+        with stream:
+            while True:
+                chunk = stream.read(65536)
+                if chunk:
+                    yield chunk
+                    continue
+                if not follow or not path.exists():
+                    return
+                yield b""
+                clock.sleep(poll_seconds)
+    return chunks()
 
 
 def _with_files(task: SubmittedTask, settings: ControllerSettings, blobs: BlobStore | None) -> SubmittedTask:

@@ -8,10 +8,13 @@ The tree::
     ├── NotFoundError               a service, version or replica that does not exist (exit 1)
     ├── StateConflictError          the request contradicts the stored state (exit 1):
     │                               the service exists already, an expected version does not match
+    │   └── MissingBlobsError       a submission names file contents the controller does not hold
     ├── StateDamagedError           the state database is not SQLite, truncated or corrupt (exit 1)
     ├── StateBusyError              the state database stayed locked by another process (exit 1)
     ├── StateUnwritableError        the state database cannot be written: a full disk, a read-only home (exit 1)
     ├── ControllerError             the controller could not be reached, started or locked (exit 1)
+    │   ├── ControllerVersionError  the controller host runs another sky-lite version (exit 1)
+    │   └── HostKeyError            the controller host's SSH key is not the pinned one (exit 1)
     ├── WaitTimeoutError            a wait (`serve up` until READY, `serve down`) ran out of time (exit 1)
     └── ProviderError               a provider call failed; vendor errors are translated into these
         ├── TransientProviderError  worth retrying on a later pass (throttling, a busy API)
@@ -62,6 +65,16 @@ class StateConflictError(SkyLiteError):
     """The request contradicts the stored state; nothing was changed."""
 
 
+class MissingBlobsError(StateConflictError):
+    """A submission's snapshot names blobs the controller does not hold (never uploaded, or collected since
+    the upload): ``digests`` are the missing ones. A remote client uploads them and submits again."""
+
+    def __init__(self, digests: tuple[str, ...]) -> None:
+        self.digests = digests
+        super().__init__(f"the controller lacks {len(digests)} of the submission's files "
+                         f"(first: sha256 {digests[0][:12] if digests else '?'}); submit again")
+
+
 class StateDamagedError(SkyLiteError):
     """The state database cannot be read: not an SQLite file, truncated or corrupt.
 
@@ -83,6 +96,14 @@ class StateUnwritableError(SkyLiteError):
 
 class ControllerError(SkyLiteError):
     """The controller could not be started, reached or locked."""
+
+
+class ControllerVersionError(ControllerError):
+    """The controller host runs a sky-lite version (or protocol) other than this one's."""
+
+
+class HostKeyError(ControllerError):
+    """The controller host presented an SSH host key other than the one pinned at `controller up`."""
 
 
 class WaitTimeoutError(SkyLiteError):

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +15,11 @@ from rich.console import Console
 from rich.live import Live
 
 from skyserve_lite import __version__, api
+from skyserve_lite.cli import host_commands
+from skyserve_lite.cli.common import errors as _errors
+from skyserve_lite.cli.common import get_controller as _controller
+from skyserve_lite.cli.common import home_dir
+from skyserve_lite.cli.common import stderr as _stderr
 from skyserve_lite.cli.params import FiniteFloatRange
 from skyserve_lite.cli.render import (
     history_table,
@@ -25,39 +28,13 @@ from skyserve_lite.cli.render import (
     status_json,
     status_renderable,
 )
-from skyserve_lite.errors import SkyLiteError, StateConflictError, UsageError
+from skyserve_lite.errors import StateConflictError, UsageError
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import load_task_file
 from skyserve_lite.state.models import ServiceStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def home_dir() -> Path:
-    """``$SKY_LITE_HOME``, default ``~/.sky-lite``."""
-    return Path(os.environ.get("SKY_LITE_HOME") or Path.home() / ".sky-lite").expanduser().resolve()
-
-
-def _controller() -> api.Controller:
-    """The controller the command talks to: ``main``'s context object (tests pass their own as ``obj``)."""
-    controller = click.get_current_context().find_root().obj
-    assert controller is not None, "main() sets the context object"
-    return controller  # type: ignore[no-any-return]
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """Turn sky-lite's own errors into one line on stderr and their exit code; no traceback."""
-    try:
-        yield
-    except SkyLiteError as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-
-
-def _stderr() -> Console:
-    return Console(stderr=True)
 
 
 def _stdout() -> Console:
@@ -85,8 +62,6 @@ def _output_option(func: F) -> F:
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Serve an HTTP workload on replicas behind one endpoint."""
-    if ctx.obj is None:  # the CLI's controller: this machine's state directory (tests inject another)
-        ctx.obj = api.LocalController(home_dir())
 
 
 @main.group()
@@ -248,9 +223,8 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
 def serve_status(names: tuple[str, ...], output: str) -> None:
     """Show services and their replicas (all services when no NAME is given)."""
     with _errors():
-        controller = _controller()
-        views = controller.get_status(names)
-        state = controller.controller_status()
+        report = _controller().get_status_report(names)
+        views, state = list(report.services), report.controller
         unverified = state.unverified_for
         if output == "json":
             click.echo(json.dumps(status_json(views) | {"controller": state.to_json()}, indent=2))
@@ -333,30 +307,21 @@ def serve_logs(name: str, replica_id: int | None, controller_log: bool, lb_log: 
     with _errors():
         if controller_log and lb_log:
             raise click.UsageError("pass at most one of --controller and --load-balancer")
-        log = _controller().read_log(name, replica_id, controller=controller_log, load_balancer=lb_log)
-        if log.path is not None:
-            _print_file(log.path, follow)
-        else:
-            click.echo(log.text or "", nl=False)
-
-
-def _print_file(path: Path, follow: bool) -> None:
-    out = sys.stdout.buffer
-    try:
-        with open(path, "rb") as stream:
-            while True:
-                chunk = stream.read(65536)
-                if chunk:
-                    out.write(chunk)
-                    continue
-                out.flush()
-                if not follow or not path.exists():
-                    return
-                time.sleep(0.3)
-    except FileNotFoundError:
-        raise SkyLiteError(f"no log yet at {path}") from None
-    except KeyboardInterrupt:
-        return
+        chunks = _controller().stream_log(name, replica_id, controller=controller_log, load_balancer=lb_log,
+                                          follow=follow)
+        out = sys.stdout.buffer
+        try:
+            for chunk in chunks:
+                out.write(chunk)
+                if not chunk:  # the log was polled and had nothing new: show what came so far
+                    out.flush()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        out.flush()
 
 
 @main.group()
@@ -373,6 +338,36 @@ def controller_start() -> None:
         state = before if before.running else controller.start_controller()
         said = "was already running" if before.running else "started"
         click.echo(f"Controller {said} (pid {state.pid}).")
+
+
+@controller.command("stop")
+def controller_stop() -> None:
+    """Stop this state directory's controller loop (replicas and load balancers keep running)."""
+    from skyserve_lite.controller.daemon import stop_controller
+
+    with _errors():
+        said = "Stopped the controller." if stop_controller(home_dir()) else "No controller was running."
+        click.echo(said)
+
+
+@controller.command("rpc", hidden=True)
+def controller_rpc() -> None:
+    """Serve one request of the controller protocol on stdin/stdout (what a remote client runs over ssh)."""
+    from skyserve_lite.remote.server import serve_stdio
+
+    sys.exit(serve_stdio(home_dir()))
+
+
+@controller.command("host-settings", hidden=True)
+@click.option("--lb-host", required=True, help="The address load balancers listen on.")
+@click.option("--endpoint-host", required=True, help="The address endpoints show.")
+def controller_host_settings(lb_host: str, endpoint_host: str) -> None:
+    """Record where this host's load balancers listen and what address endpoints show."""
+    from skyserve_lite.controller.host import HostSettings, write_host_settings
+    from skyserve_lite.state.store import prepare_home
+
+    with _errors():
+        write_host_settings(prepare_home(home_dir()), HostSettings(lb_host=lb_host, endpoint_host=endpoint_host))
 
 
 @controller.command("tick")
@@ -449,6 +444,10 @@ def controller_cron_remove() -> None:
             click.echo(f"Removed the cron lines for {home} from your crontab.")
         else:
             click.echo(f"No cron lines for {home} in your crontab; nothing to remove.")
+
+
+for _command in host_commands.COMMANDS:
+    controller.add_command(_command)
 
 
 def _configure_logging() -> None:

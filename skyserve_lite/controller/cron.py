@@ -141,6 +141,15 @@ def uninstall_cron(home: Path, crontab: str = "crontab") -> CronChange:
     return CronChange.REMOVED
 
 
+def is_cron_installed(home: Path, crontab: str = "crontab") -> bool | None:
+    """Whether the user's crontab holds the block of ``home``; None when the crontab cannot be read."""
+    try:
+        current = read_crontab(crontab)
+    except ControllerError:
+        return None
+    return begin_marker(home) in current.splitlines()
+
+
 def read_crontab(crontab: str = "crontab") -> str:
     """``crontab -l``; a user without a crontab (exit 1, "no crontab for USER") has an empty one."""
     result = _run_crontab([crontab, "-l"], None)

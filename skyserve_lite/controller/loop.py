@@ -16,6 +16,7 @@ from types import FrameType
 
 from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
+from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import ProcessLoadBalancerRunner
 from skyserve_lite.controller.probe import HttpProber
 from skyserve_lite.controller.reconcile import Reconciler
@@ -107,7 +108,8 @@ def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> 
     """The controller of ``home`` wired to the real providers, prober and load balancer processes."""
     clock = SystemClock()
     providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
-    return Reconciler(store, providers, HttpProber(), ProcessLoadBalancerRunner(home), clock, settings,
+    lb_host = load_host_settings(home).lb_host
+    return Reconciler(store, providers, HttpProber(), ProcessLoadBalancerRunner(home, lb_host), clock, settings,
                       blobs=blob_store_of(home))
 
 

@@ -96,6 +96,25 @@ def capture_task_files(spec: TaskSpec, base: Path, source: str, blobs: BlobStore
     return TaskFiles(workdir=workdir, mounts=tuple(sorted(mounts)))
 
 
+def find_local_paths(spec: TaskSpec, base: Path, files: TaskFiles) -> dict[str, Path]:
+    """Where on this disk each blob of ``files`` (a snapshot of ``spec`` captured against ``base``) was
+    read from: digest -> path. What a remote client uploads from; the bytes there may have changed since
+    (the receiver checks every blob against its digest)."""
+    roots: list[tuple[Path, Manifest]] = []
+    if spec.workdir is not None and files.workdir is not None:
+        roots.append((_resolve(spec.workdir, base), files.workdir))
+    sources = dict(spec.file_mounts)
+    for destination, manifest in files.mounts:
+        if destination in sources:
+            roots.append((_resolve(sources[destination], base), manifest))
+    paths: dict[str, Path] = {}
+    for root, manifest in roots:
+        for entry in manifest.entries:
+            if entry.digest is not None:
+                paths.setdefault(entry.digest, root / entry.path if entry.path else root)
+    return paths
+
+
 def _resolve(source: str, base: Path) -> Path:
     path = Path(source).expanduser()
     return path if path.is_absolute() else base / path

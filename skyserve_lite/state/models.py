@@ -77,10 +77,12 @@ class ServiceRecord:
     created_at: float
     next_replica_id: int
     active_versions: tuple[int, ...] | None = None  # None: every READY replica gets traffic
+    endpoint_host: str = "127.0.0.1"  # where clients reach the load balancer (the controller host's address)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.lb_port}"
+        host = f"[{self.endpoint_host}]" if ":" in self.endpoint_host else self.endpoint_host
+        return f"http://{host}:{self.lb_port}"
 
 
 @dataclass(frozen=True)

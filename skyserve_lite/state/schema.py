@@ -112,4 +112,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE replicas ADD COLUMN seen_at REAL;
     """,
+    # 6: submissions by idempotency key (a remote client's retry of `serve up` or `serve update` after a
+    #    dropped connection finds the version its first attempt stored instead of storing another).
+    """
+    CREATE TABLE submissions (
+        key TEXT PRIMARY KEY,
+        service TEXT NOT NULL,
+        version INTEGER NOT NULL
+    );
+    """,
 )

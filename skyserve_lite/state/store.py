@@ -339,9 +339,13 @@ class Store:
         return str(self._db.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()[0])
 
     # --- services and versions ------------------------------------------------------------------
-    def create_service(self, name: str, task: SubmittedTask, lb_port: int, now: float) -> ServiceRecord:
-        """Store a new service with ``task`` as version 1. Raises ``StateConflictError`` if it exists."""
+    def create_service(self, name: str, task: SubmittedTask, lb_port: int, now: float, *,
+                       key: str | None = None) -> ServiceRecord:
+        """Store a new service with ``task`` as version 1. Raises ``StateConflictError`` if it exists, unless
+        it was created by the submission ``key`` (a retry), which returns it."""
         with self._write() as db:
+            if key is not None and _find_submission(db, key) == (name, 1):
+                return self.get_service(name)
             if db.execute("SELECT 1 FROM services WHERE name = ?", (name,)).fetchone():
                 raise StateConflictError(
                     f"service {name!r} already exists; change it with `sky-lite serve update {name} TASK.yaml`"
@@ -355,7 +359,13 @@ class Store:
                  task.spec.service.load_balancing_policy.value, now),
             )
             self._insert_version(db, name, 1, task, "initial", now)
+            if key is not None:
+                db.execute("INSERT INTO submissions (key, service, version) VALUES (?, ?, 1)", (key, name))
         return self.get_service(name)
+
+    def find_submission(self, key: str) -> tuple[str, int] | None:
+        """The service and version the submission ``key`` stored, if it did."""
+        return _find_submission(self._db, key)
 
     def _insert_version(self, db: sqlite3.Connection, name: str, version: int, task: SubmittedTask,
                         mode: str, now: float, note: str | None = None, reuse_identical_files: bool = False) -> None:
@@ -375,16 +385,20 @@ class Store:
 
     def add_version(self, name: str, task: SubmittedTask, mode: str, now: float, *,
                     expect_version: int | None = None, note: str | None = None, reuse_identical_files: bool = False,
-                    keep_snapshot_versions: int = 0) -> VersionRecord:
+                    keep_snapshot_versions: int = 0, key: str | None = None) -> VersionRecord:
         """Store ``task`` as the next version of ``name`` and make it current, in one transaction.
 
         Concurrent callers are serialized by the write lock: each gets its own number, in order.
         Raises ``StateConflictError`` (nothing stored) when ``expect_version`` is given and is not the
         current version, or when the service is being taken down. With ``keep_snapshot_versions`` N > 0,
         the snapshots of versions older than the newest N expire (never one that a replica row still runs),
-        and the controller is asked to collect what no version needs any more.
+        and the controller is asked to collect what no version needs any more. A ``key`` that already stored
+        a version of ``name`` (a retried submission) returns that version and stores nothing.
         """
         with self._write() as db:
+            done = _find_submission(db, key) if key is not None else None
+            if done is not None and done[0] == name:
+                return self.get_version(name, done[1])
             row = db.execute("SELECT current_version, deleting FROM services WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no service named {name!r}; see `sky-lite serve status`")
@@ -398,6 +412,9 @@ class Store:
             version = current + 1
             self._insert_version(db, name, version, task, mode, now, note, reuse_identical_files)
             db.execute("UPDATE services SET current_version = ? WHERE name = ?", (version, name))
+            if key is not None:
+                db.execute("INSERT OR REPLACE INTO submissions (key, service, version) VALUES (?, ?, ?)",
+                           (key, name, version))
             if keep_snapshot_versions > 0:
                 expired = db.execute(
                     "UPDATE versions SET files_expired = 1 WHERE service = ? AND version <= ?"
@@ -504,6 +521,7 @@ class Store:
             db.execute("DELETE FROM request_counts WHERE service = ?", (name,))
             db.execute("DELETE FROM lb_reports WHERE service = ?", (name,))
             db.execute("DELETE FROM events WHERE service = ?", (name,))
+            db.execute("DELETE FROM submissions WHERE service = ?", (name,))
             db.execute("DELETE FROM services WHERE name = ?", (name,))
 
     # --- replicas --------------------------------------------------------------------------------
@@ -638,6 +656,11 @@ _VERSION_SELECT = (
     "v.service, v.version, v.text, v.source, v.created_at, v.mode, v.note, s.manifest_json, v.files_expired,"
     " v.reuse_identical_files FROM versions v LEFT JOIN snapshots s ON s.digest = v.files_digest"
 )
+
+
+def _find_submission(db: sqlite3.Connection, key: str) -> tuple[str, int] | None:
+    row = db.execute("SELECT service, version FROM submissions WHERE key = ?", (key,)).fetchone()
+    return (str(row[0]), int(row[1])) if row else None
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

@@ -297,6 +297,7 @@ FLOAT_OPTIONS = [
     (("serve", "up"), ("task.yaml",), "--timeout"),
     (("serve", "simulate"), ("task.yaml", "--trace", "trace.csv"), "--period"),
     (("serve", "down"), ("--all", "-y"), "--timeout"),
+    (("controller", "down"), ("-y", "--force"), "--timeout"),
     (("controller", "run"), (), "--interval"),
 ]
 

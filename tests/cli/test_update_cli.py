@@ -182,12 +182,12 @@ class RacingController(LocalController):
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None,
-                      reuse_identical_files: bool = False) -> VersionRecord:
+                      reuse_identical_files: bool = False, key: str | None = None) -> VersionRecord:
         if self.racer is not None:
             racer, self.racer = self.racer, None
             LocalController(self.home, FakeClock(), start_daemon=False).submit_update(name, racer, mode)
         return super().submit_update(name, task, mode, expect_version=expect_version, note=note,
-                                     reuse_identical_files=reuse_identical_files)
+                                     reuse_identical_files=reuse_identical_files, key=key)
 
 
 def test_an_update_that_loses_a_race_plans_again_and_names_the_version_it_stores(home: Path, tmp_path: Path) -> None:

@@ -1077,7 +1077,7 @@ def test_read_log_is_the_console_output_of_the_instance(tmp_path: Path, provider
 
     from skyserve_lite.api import LocalController
 
-    assert LocalController(tmp_path / "home", FakeClock(), start_daemon=False).read_log("svc", row.replica_id) == log
+    assert LocalController(tmp_path / "home", FakeClock(), start_daemon=False).find_log("svc", row.replica_id) == log
 
 
 def test_abandon_leaves_the_instances_and_calls_nothing(provider: AwsProvider, api: Api) -> None:

@@ -1,0 +1,46 @@
+"""What every command module of the CLI shares: the state directory, the controller, error output."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from skyserve_lite import api
+from skyserve_lite.errors import SkyLiteError
+
+
+def home_dir() -> Path:
+    """``$SKY_LITE_HOME``, default ``~/.sky-lite``."""
+    return Path(os.environ.get("SKY_LITE_HOME") or Path.home() / ".sky-lite").expanduser().resolve()
+
+
+def get_controller() -> api.Controller:
+    """The controller the command talks to: the context object tests pass as ``obj``, else this machine's
+    or the recorded host's (``remote.config``), opened on first use so that commands that run the
+    controller itself never depend on how to reach it."""
+    root = click.get_current_context().find_root()
+    if root.obj is None:
+        from skyserve_lite.remote.connect import open_controller
+
+        root.obj = open_controller(home_dir(), os.environ)
+    return root.obj  # type: ignore[no-any-return]
+
+
+@contextmanager
+def errors() -> Iterator[None]:
+    """Turn sky-lite's own errors into one line on stderr and their exit code; no traceback."""
+    try:
+        yield
+    except SkyLiteError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+def stderr() -> Console:
+    return Console(stderr=True)

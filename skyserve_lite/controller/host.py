@@ -1,0 +1,58 @@
+"""How a controller host exposes its load balancers: the address they bind and the one endpoints show.
+
+On this machine both are 127.0.0.1 (nothing listens beyond loopback). `sky-lite controller up` writes
+``host.json`` in a controller host's state directory: load balancers bind the host's interface and
+endpoints show the address clients reach it at.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from skyserve_lite.errors import ControllerError, UsageError
+
+HOST_FILE = "host.json"
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    lb_host: str = "127.0.0.1"  # the address load balancers listen on
+    endpoint_host: str = "127.0.0.1"  # the address endpoints show
+
+    def __post_init__(self) -> None:
+        for name in ("lb_host", "endpoint_host"):
+            value = getattr(self, name)
+            if not value or len(value) > 253 or any(c.isspace() or c in "/@[]" for c in value):
+                raise UsageError(f"{name.replace('_', '-')}: {value!r} is not a host name or address")
+        try:
+            ipaddress.ip_address(self.lb_host)
+        except ValueError:
+            raise UsageError(f"lb-host: {self.lb_host!r} is not an IP address (0.0.0.0: every interface)") from None
+
+
+def load_host_settings(home: Path) -> HostSettings:
+    """``home``'s host settings; the defaults when it has none. Raises ``ControllerError`` for a damaged file."""
+    path = home / HOST_FILE
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return HostSettings()
+    except (OSError, ValueError) as exc:
+        raise ControllerError(f"cannot read {path}: {exc}; write it again with `sky-lite controller up`") from exc
+    try:
+        return HostSettings(lb_host=str(document["lb_host"]), endpoint_host=str(document["endpoint_host"]))
+    except (KeyError, TypeError, UsageError) as exc:
+        raise ControllerError(f"{path} is damaged ({exc}); write it again with `sky-lite controller up`") from exc
+
+
+def write_host_settings(home: Path, settings: HostSettings) -> None:
+    path = home / HOST_FILE
+    temporary = path.with_name(HOST_FILE + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as stream:
+        json.dump({"lb_host": settings.lb_host, "endpoint_host": settings.endpoint_host}, stream)
+    os.replace(temporary, path)

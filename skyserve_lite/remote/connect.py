@@ -1,0 +1,61 @@
+"""Building the controller a command talks to, from the choice ``config`` makes."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from skyserve_lite import api
+from skyserve_lite.remote.bootstrap import RemoteShell
+from skyserve_lite.remote.client import RemoteController
+from skyserve_lite.remote.config import (
+    DEFAULT_REMOTE_HOME,
+    Choice,
+    ControllerRecord,
+    choose_controller,
+    known_hosts_path,
+)
+from skyserve_lite.remote.ssh import SshTarget, control_dir, ssh_argv, ssh_options
+from skyserve_lite.remote.transport import CommandTransport
+
+
+def open_controller(home: Path, env: Mapping[str, str]) -> api.Controller:
+    """This machine's controller, or a ``RemoteController`` of the recorded (or named) host."""
+    choice = choose_controller(home, env)
+    if choice.is_local:
+        return api.LocalController(home)
+    return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice))
+
+
+def open_remote(home: Path, record: ControllerRecord) -> RemoteController:
+    """The ``RemoteController`` of the recorded host."""
+    choice = Choice(record=record)
+    return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice))
+
+
+def ssh_transport(home: Path, choice: Choice) -> CommandTransport:
+    """``ssh ... HOST 'SKY_LITE_HOME=... exec <venv>/bin/sky-lite controller rpc'`` for the chosen host."""
+    if choice.record is not None:
+        target: SshTarget = choice.record.target
+        options = ssh_options(target, known_hosts_path(home), control_dir(home))
+        command = (f"SKY_LITE_HOME={shlex.quote(choice.record.remote_home)} exec "
+                   f"{shlex.quote(choice.record.executable)} controller rpc")
+    else:
+        assert choice.target is not None
+        target = choice.target
+        options = ssh_options(target, None, control_dir(home))  # the user's own known_hosts, strictly
+        command = (f'SKY_LITE_HOME="$HOME"/{DEFAULT_REMOTE_HOME} exec "$HOME"/{DEFAULT_REMOTE_HOME}/venv/bin/sky-lite '
+                   "controller rpc")
+    return CommandTransport(ssh_argv(target, options, command), where=target.url)
+
+
+def record_shell(home: Path, record: ControllerRecord) -> RemoteShell:
+    return RemoteShell(record.target, ssh_options(record.target, known_hosts_path(home), control_dir(home)))
+
+
+def _host_key_hint(choice: Choice) -> str:
+    if choice.record is None:
+        return "Check the host's key in your ~/.ssh/known_hosts."
+    return (f"Pinned: {choice.record.fingerprint}. If the host was rebuilt, check its new key and run "
+            "`sky-lite controller up` again with --host-key-fingerprint NEW.")
