@@ -14,19 +14,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skyserve_lite import procs
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
-from skyserve_lite.controller.forecast import forecast_update
-from skyserve_lite.controller.guard import guard_provider
 from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START, find_lb_port, lb_log_path
-from skyserve_lite.controller.loop import read_controller_pid
+from skyserve_lite.controller.pidfile import read_controller_pid
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
 from skyserve_lite.errors import (
     ControllerError,
     MissingBlobsError,
@@ -44,13 +41,9 @@ from skyserve_lite.files.capture import (
     format_size,
     needs_capture,
 )
-from skyserve_lite.forcedown import ForceDownReport, force_down
-from skyserve_lite.lb.settings import LbSettings
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
-from skyserve_lite.providers import check_task_for_cloud, make_providers
 from skyserve_lite.providers.base import ReplicaLog
-from skyserve_lite.providers.local import PASSTHROUGH_SETTING, parse_env_passthrough
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import is_valid_service_name
@@ -63,6 +56,12 @@ from skyserve_lite.state.models import (
     VersionRecord,
 )
 from skyserve_lite.state.store import Store
+
+if TYPE_CHECKING:
+    from skyserve_lite.forcedown import ForceDownReport
+
+# What only some calls need is imported by them (forecasting, providers, force-down): a status read, which
+# a controller host answers in a process of its own per call, stays cheap to start.
 
 
 @dataclass(frozen=True)
@@ -343,6 +342,9 @@ class LocalController:
 
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                     reuse_identical_files: bool = False) -> UpdatePlan:
+        from skyserve_lite.controller.forecast import forecast_update
+        from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
+
         settings = ControllerSettings.from_env()
         task = _with_files(task, settings, blobs=None)  # hashed only: a plan stores nothing
         store = self._open()
@@ -439,6 +441,9 @@ class LocalController:
             controller_id = store.controller_id
         finally:
             store.close()
+        from skyserve_lite.controller.guard import guard_provider
+        from skyserve_lite.providers import make_providers
+
         # A replica row is gone once its instance is; the local provider keeps the log until `serve down`.
         cloud = replica.cloud if replica is not None else "local"
         provider = make_providers(self.home, self._clock, controller_id).get(cloud)
@@ -454,6 +459,8 @@ class LocalController:
         return found
 
     def force_down(self, regions: Sequence[str] = ()) -> ForceDownReport:
+        from skyserve_lite.forcedown import force_down
+
         return force_down(self.home, regions=regions)
 
 
@@ -461,6 +468,10 @@ def check_submission(task: SubmittedTask) -> ControllerSettings:
     """Everything checked before a task is stored: the cloud can run it, and every SKY_LITE_* setting the
     controller and load balancers will read is valid (so a typo fails here, not in a background process).
     Returns the controller settings."""
+    from skyserve_lite.lb.settings import LbSettings
+    from skyserve_lite.providers import check_task_for_cloud
+    from skyserve_lite.providers.local import PASSTHROUGH_SETTING, parse_env_passthrough
+
     check_task_for_cloud(task)
     settings = ControllerSettings.from_env()
     LbSettings.from_env(os.environ)

@@ -34,7 +34,7 @@ from pathlib import Path
 from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.guard import guard_provider
-from skyserve_lite.controller.loop import find_controller
+from skyserve_lite.controller.pidfile import find_controller
 from skyserve_lite.errors import ProviderError
 from skyserve_lite.providers.base import Instance, InstanceState, Provider
 from skyserve_lite.providers.local import find_replica_processes, stop_replica_processes

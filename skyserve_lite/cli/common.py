@@ -6,18 +6,15 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import click
 from rich.console import Console
 
 from skyserve_lite import api
 from skyserve_lite.errors import SkyLiteError
+from skyserve_lite.paths import home_dir
 
-
-def home_dir() -> Path:
-    """``$SKY_LITE_HOME``, default ``~/.sky-lite``."""
-    return Path(os.environ.get("SKY_LITE_HOME") or Path.home() / ".sky-lite").expanduser().resolve()
+__all__ = ["errors", "get_controller", "home_dir", "stderr"]
 
 
 def get_controller() -> api.Controller:

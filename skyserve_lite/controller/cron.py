@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller
-from skyserve_lite.controller.loop import find_controller
+from skyserve_lite.controller.pidfile import find_controller
 from skyserve_lite.errors import ControllerError, UsageError
 from skyserve_lite.state.store import prepare_home
 

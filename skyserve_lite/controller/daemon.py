@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from skyserve_lite import procs
-from skyserve_lite.controller.loop import is_controller_running, read_controller_pid
+from skyserve_lite.controller.pidfile import is_controller_running, read_controller_pid
 from skyserve_lite.errors import ControllerError
 
 

@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -18,18 +17,25 @@ from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import ProcessLoadBalancerRunner
+from skyserve_lite.controller.pidfile import (
+    PID_FILE,
+    ControllerProcess,
+    find_controller,
+    is_controller_running,
+    read_controller_pid,
+)
 from skyserve_lite.controller.probe import HttpProber
 from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.providers import make_providers
+from skyserve_lite.remote.listener import RpcListener
 from skyserve_lite.state.store import Store, prepare_home
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "controller.lock"
-PID_FILE = "controller.pid"
 
 
 @contextmanager
@@ -58,50 +64,6 @@ def controller_lock(home: Path, timeout_seconds: float,
         yield
     finally:
         os.close(fd)
-
-
-@dataclass(frozen=True)
-class ControllerProcess:
-    """What a running loop writes to ``controller.pid``: its pid and the kernel's start time of it, so a
-    pid reused by another process after a crash is not taken for the controller."""
-
-    pid: int
-    start_time: int | None
-
-    def to_text(self) -> str:
-        return f"{self.pid} {'' if self.start_time is None else self.start_time}".strip() + "\n"
-
-    @classmethod
-    def parse(cls, text: str) -> ControllerProcess | None:
-        fields = text.split()
-        try:
-            return cls(int(fields[0]), int(fields[1]) if len(fields) > 1 else None)
-        except (IndexError, ValueError):
-            return None
-
-    def is_alive(self) -> bool:
-        return procs.is_alive(self.pid, self.start_time)
-
-
-def find_controller(home: Path) -> ControllerProcess | None:
-    """The controller loop running for ``home``, or None. Takes no lock, so probing it in a loop never
-    gets in the way of a controller that is starting (it reads the pid file and checks that process)."""
-    try:
-        recorded = ControllerProcess.parse((home / PID_FILE).read_text())
-    except OSError:
-        return None
-    return recorded if recorded is not None and recorded.is_alive() else None
-
-
-def is_controller_running(home: Path) -> bool:
-    """True while a controller loop runs for ``home`` (a `controller tick` does not count)."""
-    return find_controller(home) is not None
-
-
-def read_controller_pid(home: Path) -> int | None:
-    """The pid of the running controller loop, or None."""
-    found = find_controller(home)
-    return found.pid if found is not None else None
 
 
 def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> Reconciler:
@@ -149,6 +111,8 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
         _write_atomically(home / PID_FILE, me.to_text())
         store = Store.open(home)
         reconciler = build_reconciler(home, store, settings)
+        listener = RpcListener(home)  # calls from `controller rpc` (a remote client's) are served here
+        listener.start()
         log.info("controller %s running for %s, every %.1fs", store.controller_id, home,
                  settings.interval_seconds)
         try:
@@ -169,6 +133,7 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
                     log.exception("reconcile pass failed; retrying in %.1fs", settings.interval_seconds)
                 stop.wait(max(0.0, settings.interval_seconds - (time.monotonic() - started)))
         finally:
+            listener.close()
             store.close()
             if read_controller_pid(home) == os.getpid():
                 (home / PID_FILE).unlink(missing_ok=True)

@@ -13,22 +13,24 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from skyserve_lite.api import ControllerStatus, RolloutState, ServiceView, StatusReport
 from skyserve_lite.clock import Clock, SystemClock
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, HostKeyError, MissingBlobsError, SpecError
 from skyserve_lite.files.capture import capture_task_files, find_local_paths, find_task_dir, needs_capture
-from skyserve_lite.forcedown import ForceDownReport
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.remote import protocol
 from skyserve_lite.remote.codec import decode, encode
-from skyserve_lite.remote.server import BlobHeader, HostInfo, WireTask
 from skyserve_lite.remote.transport import Channel, Transport
+from skyserve_lite.remote.wire import BlobHeader, HostInfo, WireTask
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state.models import ServiceRecord, VersionRecord
+
+if TYPE_CHECKING:
+    from skyserve_lite.forcedown import ForceDownReport
 
 # A dropped connection is retried this many times in all, with this pause between tries.
 ATTEMPTS = 3
@@ -104,6 +106,8 @@ class RemoteController:
         return _read_stream(channel)
 
     def force_down(self, regions: Sequence[str] = ()) -> ForceDownReport:
+        from skyserve_lite.forcedown import ForceDownReport
+
         return cast(ForceDownReport, decode(ForceDownReport, self._call("force_down", {"regions": list(regions)})))
 
     # --- for `sky-lite controller status` --------------------------------------------------------

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skyserve_lite import api
-from skyserve_lite.remote.bootstrap import RemoteShell
 from skyserve_lite.remote.client import RemoteController
 from skyserve_lite.remote.config import (
     DEFAULT_REMOTE_HOME,
@@ -18,6 +18,9 @@ from skyserve_lite.remote.config import (
 )
 from skyserve_lite.remote.ssh import SshTarget, control_dir, ssh_argv, ssh_options
 from skyserve_lite.remote.transport import CommandTransport
+
+if TYPE_CHECKING:
+    from skyserve_lite.remote.bootstrap import RemoteShell
 
 
 def open_controller(home: Path, env: Mapping[str, str]) -> api.Controller:
@@ -51,6 +54,8 @@ def ssh_transport(home: Path, choice: Choice) -> CommandTransport:
 
 
 def record_shell(home: Path, record: ControllerRecord) -> RemoteShell:
+    from skyserve_lite.remote.bootstrap import RemoteShell
+
     return RemoteShell(record.target, ssh_options(record.target, known_hosts_path(home), control_dir(home)))
 
 

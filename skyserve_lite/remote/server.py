@@ -9,12 +9,10 @@ in one call). Every method is safe to retry; submissions carry an idempotency ke
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,58 +20,13 @@ from skyserve_lite import __version__
 from skyserve_lite.api import LocalController
 from skyserve_lite.errors import ControllerVersionError, SkyLiteError, UsageError
 from skyserve_lite.files.blobs import blob_store_of
-from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.remote import protocol
 from skyserve_lite.remote.codec import decode, encode
-from skyserve_lite.spec.model import SubmittedTask
-from skyserve_lite.spec.parse import parse_task
+from skyserve_lite.remote.wire import BlobHeader, HostInfo, WireTask
 
 # At most this many bytes of one blob are held in memory while it is checked and stored.
 _CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class HostInfo:
-    """What `sky-lite controller status` shows of the host side (``describe``)."""
-
-    sky_lite: str
-    protocol: int
-    home: str
-    python: str
-    executable: str
-    cron_installed: bool | None  # None: crontab could not be read here
-    build: str | None = None  # the installed package's content digest (``wheel.package_digest``)
-    # The loop and the services: a client of another version reads them too (``describe`` is versionless),
-    # so each has a default and none is a nested value whose shape could change.
-    running: bool = False
-    pid: int | None = None
-    last_pass_at: float | None = None
-    services: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class WireTask:
-    """A submitted task as it travels: its text and where it came from, and the snapshot of its files the
-    client captured. The host parses the text itself, with its own version of the parser."""
-
-    text: str
-    source: str
-    files: TaskFiles | None = None
-
-    @classmethod
-    def of(cls, task: SubmittedTask) -> WireTask:
-        return cls(task.text, task.source, task.spec.files)
-
-    def to_task(self) -> SubmittedTask:
-        spec = parse_task(self.text, source=self.source)
-        return SubmittedTask(self.text, self.source, dataclasses.replace(spec, files=self.files))
-
-
-@dataclass(frozen=True)
-class BlobHeader:
-    digest: str
-    size: int
 
 
 class RpcServer:
@@ -261,13 +214,17 @@ def _key(key: object) -> str | None:
     return key
 
 
-def serve_stdio(home: Path) -> int:
-    """`sky-lite controller rpc`: serve the request on this process's stdin. Nothing else may write to
-    stdout, so it is taken from ``sys.stdout`` and given to the server alone."""
+def serve_stdio(home: Path, first_line: bytes = b"") -> int:
+    """`sky-lite controller rpc`: serve the request on this process's stdin (``first_line``: its first line,
+    already read by ``relay``). Nothing else may write to stdout, so it is taken from ``sys.stdout`` and
+    given to the server alone."""
+    from skyserve_lite.remote.relay import Prefixed
+
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed by mistake goes to stderr, not into the protocol
+    stdin: IO[bytes] = Prefixed(first_line, sys.stdin.buffer) if first_line else sys.stdin.buffer  # type: ignore[assignment]
     try:
-        return RpcServer(home, sys.stdin.buffer, out).serve()
+        return RpcServer(home, stdin, out).serve()
     finally:
         out.close()
 

@@ -14,7 +14,6 @@ import hashlib
 import zipfile
 from collections.abc import Iterator
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 
 import skyserve_lite
@@ -22,7 +21,7 @@ from skyserve_lite import __version__
 from skyserve_lite.errors import ControllerError
 
 DISTRIBUTION = "skyserve-lite"
-_ENTRY_POINTS = "[console_scripts]\nsky-lite = skyserve_lite.cli.main:main\n"
+_ENTRY_POINTS = "[console_scripts]\nsky-lite = skyserve_lite.cli.entry:main\n"
 _WHEEL = "Wheel-Version: 1.0\nGenerator: sky-lite\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed times: the same files make the same wheel
 
@@ -62,6 +61,8 @@ def wheel_name() -> str:
 def build_wheel(directory: Path) -> Path:
     """Write the wheel of the running package into ``directory``; its path. Raises ``ControllerError``
     when the package's metadata cannot be found (it is not installed)."""
+    from importlib import metadata
+
     # The installed distribution's METADATA (a stray egg-info in the working directory has none).
     meta = next((text for d in metadata.distributions(name=DISTRIBUTION) if (text := d.read_text("METADATA"))), None)
     if not meta:

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from skyserve_lite.cli.main import main
 from skyserve_lite.controller.cron import ENSURE_LOCK_FILE, begin_marker
-from skyserve_lite.controller.loop import find_controller, run_loop
+from skyserve_lite.controller.loop import run_loop
+from skyserve_lite.controller.pidfile import find_controller
 from skyserve_lite.controller.settings import ControllerSettings
 from tests.controller.fake_crontab import install_fake_crontab
 

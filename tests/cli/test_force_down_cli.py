@@ -21,7 +21,7 @@ from skyserve_lite import procs
 from skyserve_lite.api import LocalController
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.lb_runner import ProcessLoadBalancerRunner
-from skyserve_lite.controller.loop import PID_FILE, ControllerProcess
+from skyserve_lite.controller.pidfile import PID_FILE, ControllerProcess
 from skyserve_lite.forcedown import CONTROLLER_ID_FILE, ForceDownReport, force_down, peek_store
 from skyserve_lite.providers.base import LaunchRequest, Provider
 from skyserve_lite.providers.fake import Call, FakeProvider

@@ -23,7 +23,7 @@ from skyserve_lite.controller.cron import (
     uninstall_cron,
 )
 from skyserve_lite.controller.daemon import controller_log_path, stop_controller
-from skyserve_lite.controller.loop import find_controller
+from skyserve_lite.controller.pidfile import find_controller
 from skyserve_lite.errors import ControllerError, UsageError
 from tests.controller.fake_crontab import install_fake_crontab
 

@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite import procs
-from skyserve_lite.controller.loop import (
-    controller_lock,
-    is_controller_running,
-    read_controller_pid,
-    run_loop,
-    run_tick,
-)
+from skyserve_lite.controller.loop import controller_lock, run_loop, run_tick
+from skyserve_lite.controller.pidfile import is_controller_running, read_controller_pid
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, UsageError
 from skyserve_lite.forcedown import force_down

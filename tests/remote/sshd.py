@@ -121,7 +121,14 @@ def _user() -> str:
 
 
 def start_sshd(folder: Path, session_env: dict[str, str] | None = None) -> Sshd:
+    """An sshd whose sessions log in to a fresh home of their own (like a new VM's user: no shell start-up
+    files, which on a developer's machine can cost more than the whole request), sharing pip's cache so
+    installs need not download again."""
     folder.mkdir(parents=True, exist_ok=True)
+    login_home = folder / "login-home"
+    login_home.mkdir(exist_ok=True)
+    pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip")
+    session_env = {"HOME": str(login_home), "PIP_CACHE_DIR": pip_cache, **(session_env or {})}
     bin_dir = folder / "bin"
     bin_dir.mkdir(exist_ok=True)
     server = Sshd(folder=folder, port=free_port(), client_key=make_key(folder / "client_key"), bin_dir=bin_dir,

@@ -15,7 +15,7 @@ from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import LaunchDecision, PlanStep, ReplicaAction, ReplicaDecision, UpdatePlan
 from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.remote.codec import decode, encode
-from skyserve_lite.remote.server import WireTask
+from skyserve_lite.remote.wire import WireTask
 from skyserve_lite.spec.config import FieldChange
 from skyserve_lite.state.models import (
     AutoscalerObservation,

@@ -183,7 +183,7 @@ def test_the_wheel_holds_the_running_package(tmp_path: Path) -> None:
         assert {name for name, _ in iter_package_files()} <= names
         assert not any("__pycache__" in name for name in names)
         info = f"skyserve_lite-{__version__}.dist-info"
-        assert "sky-lite = skyserve_lite.cli.main:main" in archive.read(f"{info}/entry_points.txt").decode()
+        assert "sky-lite = skyserve_lite.cli.entry:main" in archive.read(f"{info}/entry_points.txt").decode()
         assert f"Version: {__version__}" in archive.read(f"{info}/METADATA").decode()
         for row in archive.read(f"{info}/RECORD").decode().splitlines():
             name, digest, _size = row.split(",")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from skyserve_lite.controller.loop import read_controller_pid
+from skyserve_lite.controller.pidfile import read_controller_pid
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.remote.client import RemoteController
 from skyserve_lite.remote.config import Choice, load_record
@@ -250,6 +250,10 @@ def test_a_version_mismatch_is_refused_until_upgrade(host: Host) -> None:
     init = next((host.remote.home / "venv" / "lib").glob("python*/site-packages/skyserve_lite/__init__.py"))
     original = init.read_text()
     init.write_text(original.replace('__version__ = "', '__version__ = "9.9.'))
+    host_sky_lite = [str(host.remote.home / "venv" / "bin" / "sky-lite"), "controller"]
+    host_env = dict(os.environ, SKY_LITE_HOME=str(host.remote.home))
+    for command in ("stop", "ensure"):  # the host's loop now runs the other version too
+        subprocess.run([*host_sky_lite, command], env=host_env, check=True, capture_output=True, timeout=60)
     result = host.local.run("serve", "status", check=False)
     assert result.returncode == 1
     assert "sky-lite controller upgrade" in result.stderr and "9.9." in result.stderr
