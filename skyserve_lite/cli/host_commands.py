@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -16,64 +15,86 @@ from skyserve_lite.cli.params import FiniteFloatRange
 
 
 @click.command("up")
-@click.option("--ssh", "ssh_target", required=True, metavar="USER@HOST[:PORT]",
+@click.option("--ssh", "ssh_target", default=None, metavar="USER@HOST[:PORT]",
               help="An existing Linux host with python3 >= 3.10 and OpenSSH to run the controller on.")
+@click.option("--cloud", type=click.Choice(["aws", "gcp"]), default=None,
+              help="Launch a controller VM on this cloud instead (tagged as this state directory's).")
 @click.option("-i", "key_file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="The private key to log in with (default: ssh's own choice, ~/.ssh/config included).")
+              help="With --ssh: the private key to log in with (default: ssh's own choice, ~/.ssh/config "
+              "included).")
 @click.option("--remote-home", default=None, metavar="DIR",
               help="The state directory on the host (default: ~/.sky-lite of the login user).")
 @click.option("--remote-python", default="python3", show_default=True,
               help="The Python on the host that makes the controller's virtual environment.")
 @click.option("--extra", "extras", multiple=True, type=click.Choice(["aws"]),
-              help="Also install the dependencies of this cloud on the host (repeatable).")
+              help="Also install the dependencies of this cloud on the host (repeatable; --cloud adds its own).")
 @click.option("--host-key-fingerprint", default=None, metavar="SHA256:...",
               help="The host key to expect (from the host's console); default: trust the key the host presents "
               "the first time and pin it.")
-def controller_up(ssh_target: str, key_file: Path | None, remote_home: str | None, remote_python: str,
-                  extras: tuple[str, ...], host_key_fingerprint: str | None) -> None:
-    """Install this sky-lite on a host and make it this machine's controller. Running it again repairs a
-    half-done install."""
-    from skyserve_lite.controller.host import HostSettings
-    from skyserve_lite.errors import StateConflictError
-    from skyserve_lite.remote import bootstrap, config, ssh
-    from skyserve_lite.remote.connect import open_remote, record_shell
-    from skyserve_lite.remote.wheel import build_wheel
+@click.option("--region", default=None, help="With --cloud: the region (default: the cloud's configured one).")
+@click.option("--zone", default=None, help="With --cloud: the zone (default: the cloud's choice).")
+@click.option("--instance-type", default=None, help="With --cloud: the VM type (default: t3.small on aws).")
+@click.option("--image-id", default=None, help="With --cloud: the image (an AMI on aws; required the first time).")
+@click.option("--ssh-user", default="ubuntu", show_default=True, help="With --cloud: the image's login user.")
+@click.option("--allow-cidr", default="0.0.0.0/0", show_default=True,
+              help="With --cloud: who may reach the load balancers (the security group's only other rule is SSH).")
+@click.option("--ssh-cidr", default=None, help="With --cloud: who may reach sshd (default: --allow-cidr).")
+def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | None, remote_home: str | None,
+                  remote_python: str, extras: tuple[str, ...], host_key_fingerprint: str | None,
+                  region: str | None, zone: str | None, instance_type: str | None, image_id: str | None,
+                  ssh_user: str, allow_cidr: str, ssh_cidr: str | None) -> None:
+    """Install this sky-lite on a host (--ssh) or on a VM launched for it (--cloud) and make it this
+    machine's controller. Running it again repairs a half-done install."""
+    from skyserve_lite.errors import StateConflictError, UsageError
+    from skyserve_lite.remote import hosting, ssh
+    from skyserve_lite.remote.connect import open_remote
 
     with errors():
-        home = home_dir()
-        target = ssh.parse_ssh_target(ssh_target, key_file=key_file.resolve() if key_file else None)
+        if (ssh_target is None) == (cloud is None):
+            raise UsageError("pass --ssh USER@HOST or --cloud CLOUD (one of them)")
+        cloud_only = {"--region": region, "--zone": zone, "--instance-type": instance_type, "--image-id": image_id,
+                      "--ssh-cidr": ssh_cidr}
+        if ssh_target is not None and any(v is not None for v in cloud_only.values()):
+            raise UsageError(f"{next(k for k, v in cloud_only.items() if v is not None)} goes with --cloud")
+        if cloud is not None and key_file is not None:
+            raise UsageError("-i goes with --ssh (a VM launched with --cloud gets a key made for it)")
         _check_remote_text("--remote-home", remote_home)
         _check_remote_text("--remote-python", remote_python)
-        previous = config.load_record(home)
-        same_host = previous is not None and (previous.target.host, previous.target.port) == (target.host, target.port)
-        if previous is not None and not same_host:
-            raise StateConflictError(f"this machine's controller is recorded at {previous.target.url}; take it "
-                                     "down first with `sky-lite controller down`")
-        if previous is None and _has_local_services(home):
+        for option, cidr in (("--allow-cidr", allow_cidr), ("--ssh-cidr", ssh_cidr)):
+            _check_cidr(option, cidr)
+        home = home_dir()
+        if _has_local_services(home):
             raise StateConflictError(f"this machine's own controller ({home}) holds services; take them down "
                                      "with `sky-lite serve down --all` before moving the controller to a host")
-        pinned = previous.host_keys if previous is not None else ()
-        keys = ssh.pin_host_keys(ssh.scan_host_keys(target), pinned, host_key_fingerprint, target)
-        record = config.ControllerRecord(target=target, remote_home=previous.remote_home if previous else "",
-                                         host_keys=tuple(keys), fingerprint=ssh.fingerprint(keys[0]),
-                                         machine=previous.machine if previous else None)
-        config.save_pinned_keys(home, record)
-        shell = record_shell(home, record)
-        if remote_home is None and previous is not None:
-            remote_home = previous.remote_home
-        home_there = bootstrap.find_remote_home(shell, remote_home)
-        settings = HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
-        plan = bootstrap.HostPlan(remote_home=home_there, python=remote_python, extras=extras, settings=settings)
-        with tempfile.TemporaryDirectory(prefix="sky-lite-wheel-") as folder:
-            wheel = build_wheel(Path(folder))
-            bootstrap.install(shell, plan, home_there, wheel, restart=False,
-                              say=lambda line: click.echo(f"  {line}", err=True))
-        record = config.ControllerRecord(target=target, remote_home=home_there, host_keys=tuple(keys),
-                                         fingerprint=ssh.fingerprint(keys[0]), machine=record.machine)
-        config.save_record(home, record)
+        target = (ssh.parse_ssh_target(ssh_target, key_file=key_file.resolve() if key_file else None)
+                  if ssh_target is not None else None)
+        request = hosting.UpRequest(
+            target=target, remote_home=remote_home, remote_python=remote_python, extras=extras,
+            host_key_fingerprint=host_key_fingerprint,
+            cloud=None if cloud is None else hosting.CloudRequest(
+                cloud=cloud, region=region, zone=zone, instance_type=instance_type, image_id=image_id,
+                ssh_user=ssh_user, allow_cidr=allow_cidr, ssh_cidr=ssh_cidr))
+        record = hosting.bring_up(home, request, say=lambda line: click.echo(f"  {line}", err=True))
         info = open_remote(home, record).describe()
-        click.echo(f"The controller runs on {target.url} (sky-lite {info.sky_lite}, state in {home_there}); "
+        where = record.target.url + (f" ({record.machine.cloud} {record.machine.instance_id})" if record.machine
+                                     else "")
+        click.echo(f"The controller runs on {where} (sky-lite {info.sky_lite}, state in {record.remote_home}); "
                    f"host key {record.fingerprint} pinned. Every `sky-lite serve` command now talks to it.")
+
+
+def _check_cidr(option: str, value: str | None) -> None:
+    import ipaddress
+
+    from skyserve_lite.errors import UsageError
+
+    if value is None:
+        return
+    try:
+        network = ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {value!r} is not a CIDR block ({exc})") from None
+    if network.version != 4:
+        raise UsageError(f"{option}: {value!r} is IPv6; give an IPv4 block such as 203.0.113.0/24")
 
 
 def _check_remote_text(option: str, value: str | None) -> None:
@@ -136,32 +157,29 @@ def controller_status(output: str) -> None:
 
 
 @click.command("upgrade")
-def controller_upgrade() -> None:
+@click.option("--remote-python", default="python3", show_default=True,
+              help="The Python on the host that makes the virtual environment, if it has to be made again.")
+def controller_upgrade(remote_python: str) -> None:
     """Install this sky-lite on the controller host and restart its loop (replicas and load balancers keep
     serving)."""
     from skyserve_lite.errors import UsageError
-    from skyserve_lite.remote import bootstrap, config
+    from skyserve_lite.remote import bootstrap, config, hosting
     from skyserve_lite.remote.connect import open_remote, record_shell
-    from skyserve_lite.remote.wheel import build_wheel
 
     with errors():
+        _check_remote_text("--remote-python", remote_python)
         home = home_dir()
         record = config.load_record(home)
-        if record is None:
+        if record is None or not record.remote_home:
             raise UsageError("no controller host is recorded; the controller runs on this machine (set one up "
                              "with `sky-lite controller up --ssh USER@HOST`)")
-        shell = record_shell(home, record)
-        from skyserve_lite.controller.host import HostSettings
-
-        target = record.target
-        settings = HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
-        plan = bootstrap.HostPlan(remote_home=record.remote_home, settings=settings,
-                                  python=os.environ.get("SKY_LITE_REMOTE_PYTHON", "python3"))
-        with tempfile.TemporaryDirectory(prefix="sky-lite-wheel-") as folder:
-            bootstrap.install(shell, plan, record.remote_home, build_wheel(Path(folder)), restart=True,
+        extras = (record.machine.cloud,) if record.machine is not None else ()
+        plan = bootstrap.HostPlan(remote_home=record.remote_home, python=remote_python, extras=extras,
+                                  settings=hosting.host_settings_of(record))
+        hosting.install_wheel(record_shell(home, record), plan, record.remote_home, restart=True,
                               say=lambda line: click.echo(f"  {line}", err=True))
         info = open_remote(home, record).describe()
-        click.echo(f"The controller on {target.url} runs sky-lite {info.sky_lite} now.")
+        click.echo(f"The controller on {record.target.url} runs sky-lite {info.sky_lite} now.")
 
 
 @click.command("down")
@@ -173,31 +191,59 @@ def controller_down(yes: bool, force: bool, timeout: float) -> None:
     """Stop the controller and remove its cron lines (refused while it holds services, unless --force)."""
     from skyserve_lite.controller.cron import uninstall_cron
     from skyserve_lite.controller.daemon import stop_controller
-    from skyserve_lite.errors import StateConflictError
-    from skyserve_lite.remote import bootstrap, config
+    from skyserve_lite.errors import ControllerError, SkyLiteError, StateConflictError, UsageError
+    from skyserve_lite.remote import bootstrap, config, hosting
     from skyserve_lite.remote.connect import record_shell
 
     with errors():
         home = home_dir()
+        choice = config.choose_controller(home, os.environ)
+        if choice.target is not None:
+            raise UsageError(f"{config.SELECT_SETTING} names a host that `controller up` did not record; "
+                             "`controller down` acts on the recorded host or on this machine")
+        record = choice.record
         controller = get_controller()
-        record = config.load_record(home)
-        names = [view.service.name for view in controller.get_status()]
         where = record.target.url if record is not None else "this machine"
+
+        def say(line: str) -> None:
+            click.echo(f"  {line}", err=True)
+
+        names: list[str] = []
+        reachable = True
+        if record is None or record.remote_home:  # a VM whose bootstrap never finished holds nothing
+            try:
+                names = [view.service.name for view in controller.get_status()]
+            except ControllerError as exc:
+                if not (force and record is not None and record.machine is not None):
+                    raise
+                say(f"the controller VM does not answer ({exc}); terminating it anyway")
+                reachable = False
         if names and not force:
             raise StateConflictError(f"the controller on {where} holds {', '.join(names)}; take them down with "
                                      "`sky-lite serve down --all`, or pass --force")
         if not yes:
             what = f" and take down {', '.join(names)}" if names else ""
-            click.confirm(f"Stop the controller on {where}{what}?", abort=True)
+            vm = f" and terminate its VM {record.machine.instance_id}" if record and record.machine else ""
+            click.confirm(f"Stop the controller on {where}{what}{vm}?", abort=True)
         if names:
             controller.request_down(names)
             with stderr().status(f"Taking down {', '.join(names)}..."):
                 controller.finish_down(names, timeout)
         if record is not None:
             shell = record_shell(home, record)
-            bootstrap.uninstall(shell, record.remote_home)
+            if record.remote_home and reachable:
+                bootstrap.uninstall(shell, record.remote_home)
             shell.close()
             config.remove_record(home)
+            if record.machine is not None:
+                try:
+                    hosting.take_down_machine(home, record.machine, say=say)
+                except SkyLiteError:
+                    config.save_record(home, record)  # not gone yet: keep what `controller down` needs to retry
+                    raise
+                click.echo(f"The controller VM {record.machine.instance_id} and everything made for it are gone. "
+                           "Commands use this machine's controller again.")
+                return
             click.echo(f"The controller on {where} is stopped and its cron lines are removed (its state stays in "
                        f"{record.remote_home} there). Commands use this machine's controller again.")
             return

@@ -871,6 +871,17 @@ class AwsProvider:
                 raise translate_error(exc, f"{service} client for {region}") from exc
         return self._clients[key]
 
+    @_boundary
+    def default_region(self) -> str | None:
+        """The region of AWS's configuration (``AWS_DEFAULT_REGION``, ``~/.aws/config``), if any."""
+        return self._find_default_region()
+
+    def call(self, service: str, region: str, operation: str, **params: Any) -> dict[str, Any]:
+        """One API call on this provider's path (``_call``), for the controller VM (``aws_machine``).
+        Raises ``AwsTransientError`` or ``AwsPermanentError``."""
+        with _translated(_api_name(operation)):
+            return self._call(service, region, operation, **params)
+
     def _call(self, service: str, region: str, operation: str, **params: Any) -> dict[str, Any]:
         """Call ``operation`` of ``service`` in ``region`` (building the client on first use); retry transient
         failures after each of ``RETRY_DELAYS``. A file given as ``Body`` is rewound before each attempt, so

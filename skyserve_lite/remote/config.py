@@ -31,7 +31,9 @@ class CloudMachine:
     cloud: str
     region: str
     instance_id: str
-    resources: tuple[tuple[str, str], ...] = ()  # (kind, id): security group, instance profile, role
+    resources: tuple[tuple[str, str], ...] = ()  # (kind, id): security group, instance profile, role, key pair
+    machine_id: str = ""  # names and tags what was made for it
+    address: str | None = None  # the address clients reach it at
 
 
 @dataclass(frozen=True)

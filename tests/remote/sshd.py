@@ -1,31 +1,23 @@
-"""A throwaway OpenSSH server on 127.0.0.1 for tests: its own host key, an authorized key made for the test,
-and a PATH whose first folder tests control (a fake `crontab`)."""
+"""A throwaway OpenSSH server on 127.0.0.1 for tests (the package's emulated-host sshd): its own host key,
+an authorized key made for the test, sessions logging in to a fresh home, and a PATH whose first folder
+tests control (a fake `crontab`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
+import pwd
 import signal
-import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
+from skyserve_lite import procs
+from skyserve_lite.providers.emulated_host import find_sshd, make_key, spawn_sshd
 
+SSHD = find_sshd()
 
-def make_key(path: Path) -> Path:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sky-lite-test", "-f", str(path)],
-                   check=True)
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["SSHD", "Sshd", "make_key", "start_sshd"]
 
 
 @dataclass
@@ -41,38 +33,16 @@ class Sshd:
 
     @property
     def target(self) -> str:
-        return f"{os.environ.get('USER') or _user()}@127.0.0.1:{self.port}"
+        return f"{pwd.getpwuid(os.getuid()).pw_name}@127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        host_key = self.folder / "host_ed25519"
-        if not host_key.exists():
-            make_key(host_key)
-        config = self.folder / "sshd_config"
-        path = f"{self.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        env = " ".join(f"{name}={value}" for name, value in {"PATH": path, **self.session_env}.items())
-        config.write_text("\n".join([
-            f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}",
-            f"PidFile {self.folder / 'sshd.pid'}", f"AuthorizedKeysFile {self.folder / 'authorized_keys'}",
-            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
-            "PermitRootLogin prohibit-password", f"SetEnv {env}", "LogLevel ERROR", "MaxSessions 50",
-            "MaxStartups 50:30:100", "",
-        ]))
         (self.folder / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
-        os.makedirs("/run/sshd", exist_ok=True)
-        assert SSHD is not None
-        self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], start_new_session=True,
-                                        stderr=open(self.folder / "sshd.log", "ab"))  # noqa: SIM115
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"sshd did not listen: {(self.folder / 'sshd.log').read_text()}")
+        path = f"{self.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        self.process = spawn_sshd(self.folder, self.port, {"PATH": path, **self.session_env})
 
     def stop(self) -> None:
-        """Stop the server and every session it started (a session outlives a listener killed alone)."""
+        """Stop the server and its sessions (a session outlives a listener killed alone); what the sessions
+        started, detached, is left alone, as a real restart of sshd leaves it."""
         if self.process is None:
             return
         sessions = [pid for pid in _descendants(self.process.pid) if _name(pid) == "sshd"]
@@ -91,8 +61,6 @@ class Sshd:
 
 
 def _descendants(root: int) -> list[int]:
-    """Every process below ``root`` (sshd's sessions outlive their listener; what they started, detached
-    or not, is left alone, as a real restart of sshd leaves it)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -114,24 +82,18 @@ def _name(pid: int) -> str:
         return ""
 
 
-def _user() -> str:
-    import pwd
-
-    return pwd.getpwuid(os.getuid()).pw_name
-
-
 def start_sshd(folder: Path, session_env: dict[str, str] | None = None) -> Sshd:
     """An sshd whose sessions log in to a fresh home of their own (like a new VM's user: no shell start-up
     files, which on a developer's machine can cost more than the whole request), sharing pip's cache so
     installs need not download again."""
     folder.mkdir(parents=True, exist_ok=True)
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(exist_ok=True)
     login_home = folder / "login-home"
     login_home.mkdir(exist_ok=True)
     pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip")
-    session_env = {"HOME": str(login_home), "PIP_CACHE_DIR": pip_cache, **(session_env or {})}
-    bin_dir = folder / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    server = Sshd(folder=folder, port=free_port(), client_key=make_key(folder / "client_key"), bin_dir=bin_dir,
-                  session_env=dict(session_env or {}))
+    env = {"HOME": str(login_home), "PIP_CACHE_DIR": pip_cache, **(session_env or {})}
+    server = Sshd(folder=folder, port=procs.find_free_port(), client_key=make_key(folder / "client_key"),
+                  bin_dir=bin_dir, session_env=env)
     server.start()
     return server

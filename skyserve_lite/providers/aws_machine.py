@@ -1,0 +1,270 @@
+"""A controller VM on EC2: what `sky-lite controller up --cloud aws` launches and `controller down` removes.
+
+Everything goes through ``AwsProvider.call``, the replicas' own API path (one client per region, retries,
+every vendor error translated once), and is named and tagged after the machine id recorded in the local
+state directory (``sky-lite:controller-host``), so each step finds what an earlier, interrupted run made:
+
+- an IAM role ``sky-lite-controller-<id>`` that EC2 may assume, with an inline policy for what the
+  controller does (EC2 instances, security groups and tags; S3 buckets of its snapshots; passing an instance
+  profile to replicas), and an instance profile of the same name holding it: the controller's cloud access
+  is the VM's own identity, never credentials copied from here;
+- a key pair of the same name from a public key made in the local state directory;
+- a security group of the same name in the region's default VPC that opens the load balancer port range to
+  ``allow_cidr`` and SSH (22) to ``ssh_cidr``, and nothing else;
+- one instance with all of that, ``RunInstances``' ``ClientToken`` derived from the machine id.
+
+``delete`` takes them away again in the reverse order, each step tolerating what is already gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from skyserve_lite.errors import PermanentProviderError, ProviderError, TransientProviderError
+from skyserve_lite.providers.aws import AwsPermanentError, AwsProvider
+
+TAG_HOST = "sky-lite:controller-host"
+GLOBAL_REGION = "us-east-1"  # IAM is global; its client is made for this region
+DEFAULT_INSTANCE_TYPE = "t3.small"
+_TRUST_POLICY = {"Version": "2012-10-17", "Statement": [
+    {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+_CONTROLLER_POLICY = {"Version": "2012-10-17", "Statement": [
+    {"Effect": "Allow", "Resource": "*", "Action": [
+        "ec2:RunInstances", "ec2:TerminateInstances", "ec2:CreateTags", "ec2:Describe*",
+        "ec2:GetConsoleOutput", "ec2:CreateSecurityGroup", "ec2:AuthorizeSecurityGroupIngress"]},
+    {"Effect": "Allow", "Resource": ["arn:aws:s3:::sky-lite-*", "arn:aws:s3:::sky-lite-*/*"], "Action": [
+        "s3:CreateBucket", "s3:DeleteBucket", "s3:PutBucketTagging", "s3:PutPublicAccessBlock", "s3:ListBucket",
+        "s3:PutObject", "s3:GetObject", "s3:DeleteObject"]},
+    {"Effect": "Allow", "Resource": "*", "Action": "iam:PassRole",
+     "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}}]}
+POLICY_NAME = "sky-lite-controller"
+
+
+@dataclass(frozen=True)
+class MachineRequest:
+    machine_id: str  # recorded in the local state directory; names and tags everything below
+    region: str
+    image_id: str
+    public_key: str  # OpenSSH public key text, for the login user
+    allow_cidr: str  # who may reach the load balancers
+    ssh_cidr: str  # who may reach sshd
+    lb_ports: tuple[int, int]
+    instance_type: str = DEFAULT_INSTANCE_TYPE
+    zone: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"sky-lite-controller-{self.machine_id}"
+
+
+@dataclass(frozen=True)
+class LaunchedMachine:
+    instance_id: str
+    region: str
+    state: str  # EC2's: pending, running, ...
+    public_ip: str | None
+    private_ip: str | None
+    resources: tuple[tuple[str, str], ...]  # (kind, id) made for it: role, instance-profile, key-pair, security-group
+
+
+class AwsMachines:
+    """Controller VMs; the constructor makes nothing (``AwsProvider``'s clients come on first use)."""
+
+    def __init__(self, provider: AwsProvider, sleep: Callable[[float], None] = time.sleep) -> None:
+        self._aws = provider
+        self._sleep = sleep
+
+    def ensure(self, request: MachineRequest) -> LaunchedMachine:
+        """Make (or find) everything of the module docstring and the instance. Idempotent. Raises
+        ``ProviderError``."""
+        profile = self._ensure_identity(request.name)
+        key_pair = self._ensure_key_pair(request)
+        group = self._ensure_group(request)
+        found = self.find(request.machine_id, request.region)
+        resources = (("role", request.name), ("instance-profile", profile), ("key-pair", key_pair),
+                     ("security-group", group))
+        if found is not None and found.state not in ("shutting-down", "terminated"):
+            return LaunchedMachine(found.instance_id, found.region, found.state, found.public_ip, found.private_ip,
+                                   resources)
+        tags = [{"Key": "Name", "Value": request.name}, {"Key": TAG_HOST, "Value": request.machine_id}]
+        params: dict[str, Any] = {
+            "ImageId": request.image_id, "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1,
+            "KeyName": key_pair, "SecurityGroupIds": [group], "IamInstanceProfile": {"Name": profile},
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "ClientToken": hashlib.sha256(f"sky-lite-controller:{request.machine_id}".encode()).hexdigest()[:64],
+        }
+        if request.zone:
+            params["Placement"] = {"AvailabilityZone": request.zone}
+        # A new instance profile takes a few seconds to be usable by EC2 (IAM is eventually consistent).
+        response = self._retry_while("InvalidParameterValue", lambda: self._aws.call(
+            "ec2", request.region, "run_instances", **params))
+        raw = response["Instances"][0]
+        return _machine(raw, request.region, resources)
+
+    def find(self, machine_id: str, region: str) -> LaunchedMachine | None:
+        """The machine's newest instance that is not terminated, if any."""
+        reservations = self._aws.call("ec2", region, "describe_instances", Filters=[
+            {"Name": f"tag:{TAG_HOST}", "Values": [machine_id]}]).get("Reservations", [])
+        raws = [i for r in reservations for i in r.get("Instances", [])
+                if i.get("State", {}).get("Name") != "terminated"]
+        if not raws:
+            return None
+        newest = max(raws, key=lambda i: str(i.get("LaunchTime", "")))
+        return _machine(newest, region, ())
+
+    def wait_running(self, machine_id: str, region: str, timeout_seconds: float = 600,
+                     poll_seconds: float = 5) -> LaunchedMachine:
+        """Poll until the machine's instance runs. Raises ``ProviderError`` on timeout or if it stops."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            found = self.find(machine_id, region)
+            if found is None or found.state in ("shutting-down", "stopped", "stopping"):
+                raise PermanentProviderError(f"the controller VM of {machine_id} in {region} is "
+                                             f"{found.state if found else 'gone'}")
+            if found.state == "running":
+                return found
+            if time.monotonic() >= deadline:
+                raise TransientProviderError(f"the controller VM {found.instance_id} is still {found.state} after "
+                                             f"{timeout_seconds:g}s")
+            self._sleep(poll_seconds)
+
+    def delete(self, machine_id: str, region: str, timeout_seconds: float = 600, poll_seconds: float = 5) -> list[str]:
+        """Terminate the machine's instances and delete what was made for them; what was deleted, one line
+        each. Idempotent."""
+        name = f"sky-lite-controller-{machine_id}"
+        done: list[str] = []
+        reservations = self._aws.call("ec2", region, "describe_instances", Filters=[
+            {"Name": f"tag:{TAG_HOST}", "Values": [machine_id]}]).get("Reservations", [])
+        live = [str(i["InstanceId"]) for r in reservations for i in r.get("Instances", [])
+                if i.get("State", {}).get("Name") != "terminated"]
+        if live:
+            self._aws.call("ec2", region, "terminate_instances", InstanceIds=live)
+            done += [f"terminated instance {i}" for i in live]
+            deadline = time.monotonic() + timeout_seconds
+            while any(m.state != "terminated" for m in self._all(machine_id, region)):
+                if time.monotonic() >= deadline:
+                    raise TransientProviderError(f"instances {', '.join(live)} are not terminated after "
+                                                 f"{timeout_seconds:g}s; run `controller down` again")
+                self._sleep(poll_seconds)
+        for group in self._aws.call("ec2", region, "describe_security_groups", Filters=[
+                {"Name": "group-name", "Values": [name]}]).get("SecurityGroups", []):
+            group_id = str(group["GroupId"])
+
+            def delete_group(group_id: str = group_id) -> dict[str, Any]:
+                return self._aws.call("ec2", region, "delete_security_group", GroupId=group_id)
+
+            # The terminated instance may hold the group for a little while longer.
+            self._retry_while("DependencyViolation", delete_group)
+            done.append(f"deleted security group {group_id}")
+        # DeleteKeyPair succeeds for a missing key too: ask first, so the report says only what was there.
+        if self._ignore_missing(lambda: self._aws.call("ec2", region, "describe_key_pairs", KeyNames=[name])):
+            self._aws.call("ec2", region, "delete_key_pair", KeyName=name)
+            done.append(f"deleted key pair {name}")
+        iam = GLOBAL_REGION
+        self._ignore_missing(lambda: self._aws.call("iam", iam, "remove_role_from_instance_profile",
+                                                    InstanceProfileName=name, RoleName=name))
+        if self._ignore_missing(lambda: self._aws.call("iam", iam, "delete_instance_profile",
+                                                       InstanceProfileName=name)):
+            done.append(f"deleted instance profile {name}")
+        self._ignore_missing(lambda: self._aws.call("iam", iam, "delete_role_policy", RoleName=name,
+                                                    PolicyName=POLICY_NAME))
+        if self._ignore_missing(lambda: self._aws.call("iam", iam, "delete_role", RoleName=name)):
+            done.append(f"deleted role {name}")
+        return done
+
+    # --- the pieces ------------------------------------------------------------------------------------
+    def _ensure_identity(self, name: str) -> str:
+        iam = GLOBAL_REGION
+        self._ignore_existing(lambda: self._aws.call(
+            "iam", iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(_TRUST_POLICY),
+            Description="sky-lite controller VM", Tags=[{"Key": TAG_HOST, "Value": name}]))
+        self._aws.call("iam", iam, "put_role_policy", RoleName=name, PolicyName=POLICY_NAME,
+                       PolicyDocument=json.dumps(_CONTROLLER_POLICY))
+        self._ignore_existing(lambda: self._aws.call("iam", iam, "create_instance_profile", InstanceProfileName=name))
+        profile = self._aws.call("iam", iam, "get_instance_profile", InstanceProfileName=name)["InstanceProfile"]
+        if name not in {r["RoleName"] for r in profile.get("Roles", [])}:
+            self._aws.call("iam", iam, "add_role_to_instance_profile", InstanceProfileName=name, RoleName=name)
+        return name
+
+    def _ensure_key_pair(self, request: MachineRequest) -> str:
+        self._ignore_existing(lambda: self._aws.call(
+            "ec2", request.region, "import_key_pair", KeyName=request.name,
+            PublicKeyMaterial=request.public_key.encode()))
+        return request.name
+
+    def _ensure_group(self, request: MachineRequest) -> str:
+        region = request.region
+        vpcs = self._aws.call("ec2", region, "describe_vpcs",
+                              Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
+        if not vpcs:
+            raise AwsPermanentError(f"{region} has no default VPC to launch the controller VM into "
+                                    "(aws ec2 create-default-vpc)", "NoDefaultVpc")
+        vpc_id = str(vpcs[0]["VpcId"])
+        filters = [{"Name": "group-name", "Values": [request.name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
+        found = self._aws.call("ec2", region, "describe_security_groups", Filters=filters).get("SecurityGroups", [])
+        if found:
+            group_id = str(found[0]["GroupId"])
+            have = {(int(p.get("FromPort", -1)), int(p.get("ToPort", -1)), r["CidrIp"])
+                    for p in found[0].get("IpPermissions", []) for r in p.get("IpRanges", [])}
+        else:
+            group_id = str(self._aws.call(
+                "ec2", region, "create_security_group", GroupName=request.name, VpcId=vpc_id,
+                Description="sky-lite controller VM: load balancers and SSH",
+                TagSpecifications=[{"ResourceType": "security-group", "Tags": [
+                    {"Key": TAG_HOST, "Value": request.machine_id}]}])["GroupId"])
+            have = set()
+        low, high = request.lb_ports
+        wanted = {(low, high, request.allow_cidr): "sky-lite load balancers", (22, 22, request.ssh_cidr): "ssh"}
+        missing = [{"IpProtocol": "tcp", "FromPort": f, "ToPort": t, "IpRanges": [{"CidrIp": c, "Description": d}]}
+                   for (f, t, c), d in wanted.items() if (f, t, c) not in have]
+        if missing:
+            self._aws.call("ec2", region, "authorize_security_group_ingress", GroupId=group_id, IpPermissions=missing)
+        return group_id
+
+    def _all(self, machine_id: str, region: str) -> list[LaunchedMachine]:
+        reservations = self._aws.call("ec2", region, "describe_instances", Filters=[
+            {"Name": f"tag:{TAG_HOST}", "Values": [machine_id]}]).get("Reservations", [])
+        return [_machine(i, region, ()) for r in reservations for i in r.get("Instances", [])]
+
+    def _retry_while(self, code: str, call: Callable[[], dict[str, Any]], attempts: int = 12,
+                     pause_seconds: float = 5) -> dict[str, Any]:
+        for attempt in range(attempts):
+            try:
+                return call()
+            except AwsPermanentError as exc:
+                if exc.code != code or attempt == attempts - 1:
+                    raise
+                self._sleep(pause_seconds)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _ignore_existing(call: Callable[[], object]) -> None:
+        try:
+            call()
+        except AwsPermanentError as exc:
+            if exc.code not in ("EntityAlreadyExists", "InvalidKeyPair.Duplicate"):
+                raise
+
+    @staticmethod
+    def _ignore_missing(call: Callable[[], object]) -> bool:
+        """Run ``call``; False when what it deletes was not there."""
+        try:
+            call()
+            return True
+        except ProviderError as exc:
+            if getattr(exc, "code", "") in ("NoSuchEntity", "InvalidKeyPair.NotFound"):
+                return False
+            raise
+
+
+def _machine(raw: dict[str, Any], region: str, resources: tuple[tuple[str, str], ...]) -> LaunchedMachine:
+    return LaunchedMachine(instance_id=str(raw["InstanceId"]), region=region,
+                           state=str(raw.get("State", {}).get("Name", "pending")),
+                           public_ip=raw.get("PublicIpAddress"), private_ip=raw.get("PrivateIpAddress"),
+                           resources=resources)

@@ -1,0 +1,199 @@
+"""Putting the controller on a host and taking it off: what `controller up`, `upgrade` and `down` do.
+
+``bring_up`` adopts an SSH host (``--ssh``) or first launches a controller VM (``--cloud``, through
+``machines``), then pins the host key, bootstraps the host (``bootstrap``) and records it (``config``). The
+record is written as soon as a VM exists, so a failed bootstrap leaves something `controller down` can
+remove; running `controller up` again resumes from it. ``take_down`` is the reverse.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from skyserve_lite.controller.host import HostSettings
+from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START
+from skyserve_lite.errors import ControllerError, StateConflictError, UsageError
+from skyserve_lite.remote import bootstrap, config, ssh
+from skyserve_lite.remote.config import CloudMachine, ControllerRecord
+from skyserve_lite.remote.ssh import SshTarget
+
+if TYPE_CHECKING:
+    from skyserve_lite.providers.aws_machine import AwsMachines
+
+Say = Callable[[str], None]
+DEFAULT_ALLOW_CIDR = "0.0.0.0/0"
+SSH_WAIT_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class CloudRequest:
+    """`controller up --cloud ...`."""
+
+    cloud: str
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    image_id: str | None = None
+    ssh_user: str = "ubuntu"
+    allow_cidr: str = DEFAULT_ALLOW_CIDR
+    ssh_cidr: str | None = None  # default: allow_cidr
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    target: SshTarget | None  # --ssh
+    cloud: CloudRequest | None  # --cloud
+    remote_home: str | None = None
+    remote_python: str = "python3"
+    extras: tuple[str, ...] = ()
+    host_key_fingerprint: str | None = None
+
+
+def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
+    """See the module docstring. Raises ``UsageError``, ``StateConflictError``, ``HostKeyError``,
+    ``ControllerError`` or ``ProviderError``, each naming the step."""
+    previous = config.load_record(home)
+    machine, extras = None, request.extras
+    if request.cloud is not None:
+        if previous is not None and previous.machine is None:
+            raise StateConflictError(f"this machine's controller is recorded at {previous.target.url}; take it "
+                                     "down first with `sky-lite controller down`")
+        target, machine, settings = launch_machine(home, previous, request.cloud, say)
+        extras = tuple(sorted({*extras, request.cloud.cloud}))
+    else:
+        assert request.target is not None
+        target = request.target
+        if previous is not None and (previous.target.host, previous.target.port) != (target.host, target.port):
+            raise StateConflictError(f"this machine's controller is recorded at {previous.target.url}; take it "
+                                     "down first with `sky-lite controller down`")
+        settings = HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
+        machine = previous.machine if previous is not None else None
+    same_host = previous is not None and (previous.target.host, previous.target.port) == (target.host, target.port)
+    pinned = previous.host_keys if previous is not None and same_host else ()
+    keys = ssh.pin_host_keys(ssh.scan_host_keys(target), pinned, request.host_key_fingerprint, target)
+    record = ControllerRecord(target=target, remote_home=previous.remote_home if previous and same_host else "",
+                              host_keys=tuple(keys), fingerprint=ssh.fingerprint(keys[0]), machine=machine)
+    config.save_pinned_keys(home, record)
+    if machine is not None:
+        config.save_record(home, record)  # a VM exists: record it before anything else can fail
+    from skyserve_lite.remote.connect import record_shell
+
+    shell = record_shell(home, record)
+    remote_home = request.remote_home or record.remote_home or None
+    home_there = bootstrap.find_remote_home(shell, remote_home)
+    plan = bootstrap.HostPlan(remote_home=home_there, python=request.remote_python, extras=extras, settings=settings)
+    install_wheel(shell, plan, home_there, restart=False, say=say)
+    record = ControllerRecord(target=target, remote_home=home_there, host_keys=tuple(keys),
+                              fingerprint=record.fingerprint, machine=machine)
+    config.save_record(home, record)
+    return record
+
+
+def install_wheel(shell: bootstrap.RemoteShell, plan: bootstrap.HostPlan, home_there: str, *, restart: bool,
+                  say: Say) -> None:
+    from skyserve_lite.remote.wheel import build_wheel
+
+    with tempfile.TemporaryDirectory(prefix="sky-lite-wheel-") as folder:
+        bootstrap.install(shell, plan, home_there, build_wheel(Path(folder)), restart=restart, say=say)
+
+
+def host_settings_of(record: ControllerRecord) -> HostSettings:
+    """Where the recorded host's load balancers listen and what its endpoints show."""
+    target = record.target
+    if record.machine is not None and record.machine.address:
+        emulated = target.is_loopback
+        return HostSettings(lb_host="127.0.0.1" if emulated else "0.0.0.0",
+                            endpoint_host="127.0.0.1" if emulated else record.machine.address)
+    return HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
+
+
+def launch_machine(home: Path, previous: ControllerRecord | None, request: CloudRequest, say: Say
+                   ) -> tuple[SshTarget, CloudMachine, HostSettings]:
+    """Launch (or find) the controller VM and wait until its sshd answers; where to log in, what was
+    made, and the host settings."""
+    if request.cloud != "aws":
+        raise UsageError(f"--cloud {request.cloud}: controller VMs can be launched on aws only (for now, "
+                         "adopt a host of another cloud with --ssh)")
+    from skyserve_lite.providers import available_clouds
+
+    if "aws" not in available_clouds():
+        raise UsageError("--cloud aws needs boto3: pip install 'skyserve-lite[aws]'")
+    from skyserve_lite.providers.emulated_host import EmulatedHosts, make_key
+
+    old = previous.machine if previous is not None else None
+    machine_id = old.machine_id if old is not None and old.machine_id else secrets.token_hex(6)
+    key = make_key(home / "ssh" / f"controller-{machine_id}")
+    machines, region = _aws_machines(home, machine_id, request.region or (old.region if old else None))
+    if not request.image_id and old is None:
+        raise UsageError("--image-id: the controller VM needs an AMI of the region (Ubuntu 22.04 or later, or "
+                         "any Linux with python3 >= 3.10 and OpenSSH)")
+    from skyserve_lite.providers.aws_machine import DEFAULT_INSTANCE_TYPE, MachineRequest
+
+    say(f"launching the controller VM in {region}")
+    launched = machines.ensure(MachineRequest(
+        machine_id=machine_id, region=region, image_id=request.image_id or "", public_key=key.with_suffix(
+            ".pub").read_text(), allow_cidr=request.allow_cidr, ssh_cidr=request.ssh_cidr or request.allow_cidr,
+        lb_ports=(LB_PORT_START, LB_PORT_END), instance_type=request.instance_type or DEFAULT_INSTANCE_TYPE,
+        zone=request.zone))
+    running = machines.wait_running(machine_id, region)
+    address = running.public_ip or running.private_ip
+    if address is None:
+        raise ControllerError(f"the controller VM {running.instance_id} has no address")
+    machine = CloudMachine(cloud="aws", region=region, instance_id=running.instance_id,
+                           resources=launched.resources, machine_id=machine_id, address=address)
+    if os.environ.get("SKY_LITE_EMULATE_INSTANCES") == "1":
+        # The emulator's instance cannot be reached: boot it here, as an sshd on 127.0.0.1 (see emulated_host).
+        host = EmulatedHosts(home).boot(running.instance_id, key.with_suffix(".pub").read_text())
+        target = SshTarget("127.0.0.1", host.port, getpass.getuser(), key)
+        settings = HostSettings(lb_host="127.0.0.1", endpoint_host="127.0.0.1")
+    else:
+        target = SshTarget(address, 22, request.ssh_user, key)
+        settings = HostSettings(lb_host="0.0.0.0", endpoint_host=address)
+    say(f"waiting for ssh on {target.url} ({running.instance_id})")
+    _wait_for_sshd(target)
+    return target, machine, settings
+
+
+def take_down_machine(home: Path, machine: CloudMachine, say: Say) -> None:
+    """Terminate the controller VM and delete what was made for it (idempotent)."""
+    from skyserve_lite.providers.emulated_host import EmulatedHosts
+
+    machines, _region = _aws_machines(home, machine.machine_id, machine.region)
+    for line in machines.delete(machine.machine_id, machine.region):
+        say(line)
+    EmulatedHosts(home).stop(machine.instance_id)
+    (home / "ssh" / f"controller-{machine.machine_id}").unlink(missing_ok=True)
+    (home / "ssh" / f"controller-{machine.machine_id}.pub").unlink(missing_ok=True)
+
+
+def _aws_machines(home: Path, machine_id: str, region: str | None) -> tuple[AwsMachines, str]:
+    from skyserve_lite.clock import SystemClock
+    from skyserve_lite.files.blobs import blob_store_of
+    from skyserve_lite.providers.aws import AwsProvider
+    from skyserve_lite.providers.aws_machine import AwsMachines
+
+    provider = AwsProvider(machine_id, SystemClock(), blobs=blob_store_of(home), default_region=region)
+    found = region or provider.default_region()
+    if not found:
+        raise UsageError("--region: no region given and AWS has no default (set AWS_DEFAULT_REGION)")
+    return AwsMachines(provider), found
+
+
+def _wait_for_sshd(target: SshTarget, timeout_seconds: float = SSH_WAIT_SECONDS) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        try:
+            ssh.scan_host_keys(target, timeout_seconds=5)
+            return
+        except ControllerError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(3)

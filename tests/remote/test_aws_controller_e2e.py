@@ -1,0 +1,84 @@
+"""`controller up --cloud aws` against moto's server on 127.0.0.1, with instance emulation: the controller
+VM moto reports running is booted here as an sshd on a 127.0.0.1 port that accepts the VM's key, so the
+whole bootstrap, a service's life and `controller down` run for real over SSH. Nothing contacts the
+instance's own addresses."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from skyserve_lite.remote.config import load_record
+from tests.e2e.conftest import SkyLite, http_get
+from tests.e2e.test_aws_e2e import REGION, moto  # noqa: F401 (the moto server fixture)
+from tests.remote.sshd import SSHD
+from tests.remote.test_ssh_e2e import CRONTAB, TASK
+
+boto3 = pytest.importorskip("boto3")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
+              pytest.mark.skipif(SSHD is None, reason="needs OpenSSH's sshd (.ci/run installs it)")]
+
+
+@pytest.fixture
+def sky(tmp_path: Path, moto: str) -> Iterator[SkyLite]:  # noqa: F811
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    crontab = tmp_path / "crontab.txt"
+    (fake_bin / "crontab").write_text(CRONTAB.format(store=shlex.quote(str(crontab))))
+    (fake_bin / "crontab").chmod(0o755)
+    instance = SkyLite(tmp_path / "home")
+    instance.env |= {"SKY_LITE_EMULATE_INSTANCES": "1", "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    yield instance
+    with contextlib.suppress(AssertionError, OSError):
+        instance.run("controller", "down", "--force", "-y", check=False, timeout=180)
+    instance.cleanup()
+    host_homes = list((instance.home / "emulated-hosts").glob("*/login-home/.sky-lite"))
+    for host_home in host_homes:
+        SkyLite(host_home).cleanup()
+
+
+def test_controller_vm_on_aws_from_up_to_down(sky: SkyLite, tmp_path: Path) -> None:
+    ec2, iam = boto3.client("ec2", region_name=REGION), boto3.client("iam", region_name=REGION)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    result = sky.run("controller", "up", "--cloud", "aws", "--region", REGION, "--image-id", image,
+                     "--allow-cidr", "198.51.100.0/24", "--ssh-cidr", "203.0.113.7/32",
+                     "--remote-python", str(getattr(sys, "_base_executable", sys.executable)), timeout=600)
+    record = load_record(sky.home)
+    assert record is not None and record.machine is not None
+    assert record.machine.instance_id in result.stdout and "pinned" in result.stdout
+
+    (raw,) = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+    assert raw["InstanceId"] == record.machine.instance_id and raw["State"]["Name"] == "running"
+    assert {t["Key"]: t["Value"] for t in raw["Tags"]}["sky-lite:controller-host"] == record.machine.machine_id
+    assert raw["IamInstanceProfile"]["Arn"].endswith(f"sky-lite-controller-{record.machine.machine_id}")
+    (group,) = ec2.describe_security_groups(GroupIds=[g["GroupId"] for g in raw["SecurityGroups"]])["SecurityGroups"]
+    assert {(p["FromPort"], p["ToPort"], r["CidrIp"]) for p in group["IpPermissions"] for r in p["IpRanges"]} == {
+        (30001, 30999, "198.51.100.0/24"), (22, 22, "203.0.113.7/32")}
+    # The host has the cloud's dependencies, and its own state; this machine only the record.
+    assert json.loads(sky.run("controller", "status", "-o", "json").stdout)["running"] is True
+    assert not (sky.home / "state.db").exists()
+
+    task = tmp_path / "task.yaml"
+    task.write_text(TASK.format(replicas=1, greeting="hello"))
+    sky.run("serve", "up", str(task), "--timeout", "120", timeout=180)
+    (service,) = sky.status("web")["services"]
+    assert http_get(service["endpoint"])[1].startswith("hello from replica")
+    sky.run("serve", "down", "web", "-y", timeout=120)
+
+    down = sky.run("controller", "down", "-y", timeout=300)
+    assert record.machine.instance_id in down.stdout and load_record(sky.home) is None
+    states = {i["State"]["Name"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]}
+    assert states == {"terminated"}
+    assert not ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [
+        f"sky-lite-controller-{record.machine.machine_id}"]}])["SecurityGroups"]
+    assert not iam.list_roles()["Roles"] and not iam.list_instance_profiles()["InstanceProfiles"]
+    assert not ec2.describe_key_pairs()["KeyPairs"]
+    assert not list((sky.home / "emulated-hosts").glob("*"))
