@@ -16,6 +16,8 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,11 +137,19 @@ def test_controller_up_installs_records_and_supervises(host: Host) -> None:
     assert status["where"] == record.target.url
     assert status["running"] is True and status["cron_installed"] is True
     assert status["home"] == str(host.remote.home) and status["services"] == []
-    # Idempotent: running it again repairs nothing and changes nothing.
+    # Idempotent: running it again changes nothing on a complete install...
     again = host.local.run("controller", "up", "--ssh", host.sshd.target, "-i", str(host.sshd.client_key),
                            "--remote-home", str(host.remote.home), "--remote-python", _base_python(), timeout=600)
     assert "pinned" in again.stdout
     assert host.crontab.read_text() == cron
+    # ...and repairs a half-done one: cron lines lost, loop stopped.
+    host.crontab.unlink()
+    subprocess.run([str(host.remote.home / "venv" / "bin" / "sky-lite"), "controller", "stop"], check=True,
+                   env=dict(os.environ, SKY_LITE_HOME=str(host.remote.home)), capture_output=True)
+    host.local.run("controller", "up", "--ssh", host.sshd.target, "-i", str(host.sshd.client_key),
+                   "--remote-home", str(host.remote.home), "--remote-python", _base_python(), timeout=600)
+    assert host.crontab.read_text() == cron
+    assert json.loads(host.local.run("controller", "status", "-o", "json").stdout)["running"] is True
 
 
 def test_serve_lifecycle_through_the_host(host: Host) -> None:
@@ -166,9 +176,16 @@ def test_serve_lifecycle_through_the_host(host: Host) -> None:
                120, "3 new READY replicas at v3")
     assert http_get(sky.status("web")["services"][0]["endpoint"])[1].startswith("bonjour")
 
+    # Rollback goes back to version 2's task through the host: a new version, replicas replaced again.
+    sky.run("serve", "rollback", "web", "-y")
+    wait_until(lambda: _versions(sky) == {4} and len(_ready_ids(sky)) == 3, 120, "3 READY replicas at v4")
+    assert http_get(sky.status("web")["services"][0]["endpoint"])[1].startswith("hello")
+
     # History and logs come from the host; --follow streams until stopped.
     history = json.loads(sky.run("serve", "history", "web", "-o", "json").stdout)
-    assert [v["version"] for v in history["versions"]] == [1, 2, 3]
+    assert [v["version"] for v in history["versions"]] == [1, 2, 3, 4]
+    assert history["versions"][3]["note"] == "rollback to version 2"
+    assert "controller" in sky.run("serve", "logs", "web", "--controller").stdout
     replica = min(_ready_ids(sky))
     assert "served" in sky.run("serve", "logs", "web", str(replica)).stdout
     follower = subprocess.Popen([sys.executable, "-m", "skyserve_lite", "serve", "logs", "web", str(replica),
@@ -246,24 +263,52 @@ def test_a_dropped_connection_during_an_update_stores_one_version(host: Host) ->
     sky.run("serve", "down", "drop", "-y", timeout=120)
 
 
-def test_a_version_mismatch_is_refused_until_upgrade(host: Host) -> None:
+def test_a_version_mismatch_is_refused_until_upgrade_which_keeps_serving(host: Host) -> None:
+    sky = host.local
+    sky.run("serve", "up", str(host.task(1, "steady", "steady.yaml")), "-n", "steady", "--timeout", "120",
+            timeout=180)
+    (service,) = sky.status("steady")["services"]
+    before = {r["instance_id"] for r in service["replicas"]}
+
+    # The host's sky-lite becomes another version (its loop restarted on it).
     init = next((host.remote.home / "venv" / "lib").glob("python*/site-packages/skyserve_lite/__init__.py"))
     original = init.read_text()
     init.write_text(original.replace('__version__ = "', '__version__ = "9.9.'))
     host_sky_lite = [str(host.remote.home / "venv" / "bin" / "sky-lite"), "controller"]
     host_env = dict(os.environ, SKY_LITE_HOME=str(host.remote.home))
-    for command in ("stop", "ensure"):  # the host's loop now runs the other version too
+    for command in ("stop", "ensure"):
         subprocess.run([*host_sky_lite, command], env=host_env, check=True, capture_output=True, timeout=60)
-    result = host.local.run("serve", "status", check=False)
+    result = sky.run("serve", "status", check=False)
     assert result.returncode == 1
     assert "sky-lite controller upgrade" in result.stderr and "9.9." in result.stderr
-    status = json.loads(host.local.run("controller", "status", "-o", "json").stdout)  # describe still answers
+    status = json.loads(sky.run("controller", "status", "-o", "json").stdout)  # describe still answers
     assert status["sky_lite"].startswith("9.9.")
-    host.local.run("controller", "upgrade", timeout=600)
+
+    # Upgrading restarts the loop only: the service answers throughout, on the same replicas.
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            code, _body = http_get(service["endpoint"])
+            if code != 200:
+                failures.append(str(code))
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        sky.run("controller", "upgrade", "--remote-python", _base_python(), timeout=600)
+    finally:
+        stop.set()
+        poller.join(timeout=10)
+    assert failures == []
     assert init.read_text() == original
-    assert host.local.run("serve", "status", "-o", "json").returncode == 0
-    status = json.loads(host.local.run("controller", "status", "-o", "json").stdout)
+    status = json.loads(sky.run("controller", "status", "-o", "json").stdout)
     assert status["sky_lite"] == status["client_sky_lite"] and status["running"] is True
+    (after,) = sky.status("steady")["services"]
+    assert {r["instance_id"] for r in after["replicas"]} == before and after["status"] == "READY"
+    sky.run("serve", "down", "steady", "-y", timeout=120)
 
 
 def test_a_changed_host_key_is_refused(host: Host) -> None:
@@ -290,6 +335,9 @@ def test_controller_down_removes_its_lines_and_stops_it(host: Host) -> None:
     host.local.run("serve", "up", str(host.task(1, "hi", "last.yaml")), "-n", "last", "--no-wait")
     refused = host.local.run("controller", "down", "-y", check=False)
     assert refused.returncode == 1 and "last" in refused.stderr
+    # `serve down --all --force` runs on the host: it stops what the host's home started, loop included.
+    forced = host.local.run("serve", "down", "--all", "--force", "-y")
+    assert "Stopped the controller" in forced.stdout and host.remote_pid() is None
     host.local.run("controller", "down", "-y", "--force", timeout=180)
     assert host.crontab.read_text() == "MAILTO=me\n"
     assert load_record(host.local.home) is None
