@@ -76,6 +76,7 @@ from skyserve_lite.errors import PermanentProviderError, ProviderError, Transien
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.files.capture import is_cloud_uri, needs_capture
 from skyserve_lite.files.manifest import EntryKind, TaskFiles
+from skyserve_lite.providers import cloud
 from skyserve_lite.providers.aws_userdata import (
     USER_DATA_LIMIT_BYTES,
     BootBatch,
@@ -88,6 +89,7 @@ from skyserve_lite.providers.aws_userdata import (
     render_user_data,
 )
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
+from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError, failed_outcome
 from skyserve_lite.spec.model import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -149,7 +151,7 @@ class AwsTransientError(TransientProviderError):
         self.code = code
 
 
-class AwsCapacityError(AwsTransientError):
+class AwsCapacityError(AwsTransientError, ZoneCapacityError):
     """The zone asked for has no capacity for this request; another zone may have some."""
 
 
@@ -268,50 +270,14 @@ def _reading_blob(field_path: str, name: str, digest: str) -> Iterator[None]:
 
 
 # --- pure helpers ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LaunchGroup:
-    """Requests that one ``RunInstances`` call can start: same service, version, token, region, zone, market."""
-
-    region: str
-    zone: str | None  # None: any zone of the region
-    is_spot: bool
-    requests: tuple[LaunchRequest, ...]
-
-    @property
-    def first(self) -> LaunchRequest:
-        return self.requests[0]
-
-    @property
-    def replica_ids(self) -> tuple[int, ...]:
-        return tuple(r.replica_id for r in self.requests)
-
-
-def find_region(request: LaunchRequest, default_region: str | None) -> str | None:
-    return request.spec.resources.region or default_region
+def fits_one_tag(batch: Sequence[LaunchRequest]) -> bool:
+    """Whether one ``RunInstances`` can start ``batch``: its replica ids fit one tag value."""
+    return len(format_replica_ids(r.replica_id for r in batch)) <= TAG_VALUE_LIMIT
 
 
 def plan_launch_groups(requests: Sequence[LaunchRequest], default_region: str | None) -> list[LaunchGroup]:
-    """Batches of ``requests`` in first-seen order, each small enough for its replica ids to fit one tag value.
-
-    Requests without a region (none in the task, no default) are left out; the caller reports them.
-    """
-    keyed: dict[tuple[str, int, str, str, str | None, bool], list[LaunchRequest]] = defaultdict(list)
-    for request in requests:
-        region = find_region(request, default_region)
-        if region is not None:
-            keyed[(request.service, request.version, request.launch_token, region, request.spec.resources.zone,
-                   request.is_spot)].append(request)
-    groups = []
-    for (_, _, _, region, zone, is_spot), members in keyed.items():
-        chunk: list[LaunchRequest] = []
-        for request in members:
-            ids = format_replica_ids([*(r.replica_id for r in chunk), request.replica_id])
-            if chunk and len(ids) > TAG_VALUE_LIMIT:
-                groups.append(LaunchGroup(region, zone, is_spot, tuple(chunk)))
-                chunk = []
-            chunk.append(request)
-        groups.append(LaunchGroup(region, zone, is_spot, tuple(chunk)))
-    return groups
+    """``cloud.plan_launch_groups`` with AWS's limit: a batch's replica ids fit one tag value."""
+    return cloud.plan_launch_groups(requests, default_region, fits_one_tag)
 
 
 def compute_client_token(group: LaunchGroup, zone: str) -> str:
@@ -445,34 +411,10 @@ class AwsProvider:
     # --- Provider ------------------------------------------------------------------------------------------
     @_boundary
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
-        default_region = self._find_default_region()
-        outcomes: dict[tuple[str, int], LaunchOutcome] = {}
-        by_region: dict[str, list[LaunchRequest]] = defaultdict(list)
-        for request in requests:
-            region = find_region(request, default_region)
-            if region is None:
-                outcomes[_key(request)] = LaunchOutcome(
-                    request.replica_id, permanent=True,
-                    error="resources.region: the task names no region and AWS has no default "
-                          "(set AWS_DEFAULT_REGION or a region in ~/.aws/config)")
-            else:
-                by_region[region].append(request)
-        for region, members in by_region.items():
-            try:
-                existing = self._find_launched(region, {r.launch_token for r in members})
-            except ProviderError as exc:
-                outcomes.update((_key(r), _failed(r, exc)) for r in members)
-                continue
-            missing = []
-            for request in members:
-                found = existing.get((request.service, request.replica_id, request.launch_token))
-                if found is not None:
-                    outcomes[_key(request)] = LaunchOutcome(request.replica_id, instance=found)
-                else:
-                    missing.append(request)
-            for group in plan_launch_groups(missing, default_region):
-                outcomes.update(zip(map(_key, group.requests), self._launch_group(group), strict=True))
-        return [outcomes[_key(r)] for r in requests]
+        return cloud.launch_in_batches(
+            self, requests, self._find_default_region(), fits=fits_one_tag,
+            no_region="resources.region: the task names no region and AWS has no default "
+                      "(set AWS_DEFAULT_REGION or a region in ~/.aws/config)")
 
     @_boundary
     def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
@@ -564,7 +506,7 @@ class AwsProvider:
         finds it (and so does `aws ec2 describe-instances` filtered on ``tag:sky-lite:controller``)."""
 
     # --- launching -----------------------------------------------------------------------------------------
-    def _find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:
+    def find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:
         """Instances already started for these launch tokens, by (service, replica id, token); one paginated
         ``DescribeInstances``. A live instance wins over a terminated one of the same replica."""
         filters = [{"Name": f"tag:{TAG_CONTROLLER}", "Values": [self._controller_id]},
@@ -578,30 +520,20 @@ class AwsProvider:
                 found[key] = instance
         return found
 
-    def _launch_group(self, group: LaunchGroup) -> list[LaunchOutcome]:
+    def launch_group(self, group: LaunchGroup) -> list[LaunchOutcome]:
         """Start one batch: one ``RunInstances``, or one per zone tried while zones report no capacity."""
         try:
             params = self._run_parameters(group)
             zones = (group.zone,) if group.zone else self._list_zones(group.region)
         except ProviderError as exc:
-            return [_failed(r, exc) for r in group.requests]
-        full: list[str] = []
-        for zone in zones:
-            try:
-                response = self._call("ec2", group.region, "run_instances", **params,
-                                      Placement={"AvailabilityZone": zone},
-                                      ClientToken=compute_client_token(group, zone))
-            except AwsCapacityError as exc:
-                full.append(f"{zone}: {exc.code}")
-                continue
-            except ProviderError as exc:
-                return [_failed(r, exc, tried=full) for r in group.requests]
-            detail = f"launched in {zone}; no capacity in {', '.join(full)}" if full else None
+            return [failed_outcome(r, exc) for r in group.requests]
+
+        def launch_in(zone: str, detail: str | None) -> list[LaunchOutcome]:
+            response = self._call("ec2", group.region, "run_instances", **params,
+                                  Placement={"AvailabilityZone": zone}, ClientToken=compute_client_token(group, zone))
             return self._outcomes(group, response.get("Instances", []), detail)
-        market = "spot" if group.is_spot else "on-demand"
-        error = (f"no {market} capacity for {params['InstanceType']} in {group.region}: tried "
-                 f"{'; '.join(full)}; will retry")
-        return [LaunchOutcome(r.replica_id, error=error) for r in group.requests]
+
+        return cloud.launch_across_zones(group, zones, str(params["InstanceType"]), launch_in)
 
     def _outcomes(self, group: LaunchGroup, raws: Sequence[Mapping[str, Any]], detail: str | None
                   ) -> list[LaunchOutcome]:
@@ -907,11 +839,3 @@ def _api_name(operation: str) -> str:
     return "".join(part.capitalize() for part in operation.split("_"))
 
 
-def _key(request: LaunchRequest) -> tuple[str, int]:
-    return request.service, request.replica_id
-
-
-def _failed(request: LaunchRequest, exc: ProviderError, tried: Sequence[str] = ()) -> LaunchOutcome:
-    note = f" (no capacity in {', '.join(tried)} before that)" if tried else ""
-    return LaunchOutcome(request.replica_id, error=f"{exc}{note}",
-                         permanent=not isinstance(exc, TransientProviderError))

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
 
 @pytest.fixture
 def sky(tmp_path: Path, moto: str) -> Iterator[SkyLite]:  # noqa: F811
+    # moto keeps its backends per process: start from an empty account, whatever earlier tests launched.
+    urllib.request.urlopen(urllib.request.Request(f"{moto}/moto-api/reset", method="POST"), timeout=10).close()
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     crontab = tmp_path / "crontab.txt"
