@@ -77,8 +77,9 @@ from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.files.capture import is_cloud_uri, needs_capture
 from skyserve_lite.files.manifest import EntryKind, TaskFiles
 from skyserve_lite.providers import cloud
-from skyserve_lite.providers.aws_userdata import (
-    USER_DATA_LIMIT_BYTES,
+from skyserve_lite.providers.aws_userdata import USER_DATA_LIMIT_BYTES, render_user_data
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
+from skyserve_lite.providers.boot_script import (
     BootBatch,
     Fetch,
     Placement,
@@ -86,9 +87,7 @@ from skyserve_lite.providers.aws_userdata import (
     find_mount_destination,
     find_placements,
     render_file_list,
-    render_user_data,
 )
-from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
 from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError, failed_outcome
 from skyserve_lite.spec.model import TaskSpec
 

@@ -1,250 +1,34 @@
-"""EC2 user data for one launch batch: a cloud-init bash script, and the file list it applies.
+"""EC2's part of the boot script (``boot_script``): its replica id from the launch index, S3 copies.
 
-The script, run once as root on first boot by cloud-init:
-
-1. finds its replica id: the batch's replica ids are embedded as a list, and the instance's position in
-   its ``RunInstances`` call comes from the metadata service (``ami-launch-index``, IMDSv2);
-2. writes ``/opt/sky-lite/env.sh`` (the task's ``envs`` plus ``PORT``, ``SKY_LITE_REPLICA_ID`` and
-   ``SKY_LITE_SERVICE``) and the task's ``setup`` and ``run`` as files;
-3. writes the version's snapshot (``workdir`` into ``/opt/sky-lite/workdir``, each local ``file_mounts``
-   source to its destination): it downloads the snapshot's file list and applies it line by line
-   (``apply_files``), each file from the bucket's ``blobs/<sha256>``; then copies every ``s3://`` mount
-   source. Both with the AWS CLI and the instance's own role (no credential is ever written into user data);
-4. runs ``setup`` in the workdir; if it fails the instance powers itself off, so the controller sees it
-   stopped instead of waiting for a readiness probe that cannot succeed;
-5. installs ``run`` as the systemd unit ``sky-lite-replica`` that restarts it whenever it exits.
-
-Its output goes where cloud-init sends it: ``/var/log/cloud-init-output.log`` and the console. The script
-holds what the instance needs and nothing else: every byte counts against EC2's 16 KB. The file list is an
-S3 object, not part of the script, so a workdir of 10 files and one of 10,000 make user data of the same size.
-
-File list format (``render_file_list``), one line per entry, fields separated by one tab::
-
-    file<TAB>644<TAB><sha256><TAB>/opt/sky-lite/workdir/app.py
-    dir<TAB>755<TAB>-<TAB>/opt/sky-lite/workdir/empty
-    link<TAB>777<TAB>../shared/lib<TAB>/opt/sky-lite/workdir/lib
-
-The mode is octal; the last field is the absolute path on the instance. Capture refuses names with tabs or
-newlines, and ``find_placements`` refuses link targets and destinations holding them, so every line splits
-into exactly these four fields. ``apply_files`` refuses a relative path and a path with a ``..`` component
-(a file list is data from a bucket: the script does not trust it to stay where the task said).
-
-Everything here is pure: values in, text out.
+An EC2 instance finds which of its batch's replica ids it is from its position in the ``RunInstances`` call
+(``ami-launch-index`` from the metadata service, IMDSv2), and copies its snapshot and ``s3://`` sources with
+the AWS CLI under the instance's own role. The whole script is the instance's user data, which EC2 limits
+to 16 KB.
 """
 
 from __future__ import annotations
 
-import base64
-import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from skyserve_lite.files.manifest import EntryKind, Manifest, ManifestEntry, TaskFiles
-from skyserve_lite.spec.model import Pairs
+from skyserve_lite.providers.boot_script import BootBatch, BootCloud, Fetch, StagedFiles, render_boot_script
 
 # EC2 refuses user data above 16 KB (before its base64 encoding).
 USER_DATA_LIMIT_BYTES = 16 * 1024
-BOOT_ROOT = "/opt/sky-lite"
-WORKDIR = f"{BOOT_ROOT}/workdir"
-UNIT_NAME = "sky-lite-replica"
-FILE_LIST_PATH = f"{BOOT_ROOT}/files.tsv"
 
-# The boot script's half of the file list format (module docstring). The list is read on descriptor 3, so a
-# command in the loop that reads its stdin cannot eat the rest of the list; each step is its own command,
-# because `set -e` ignores a failure on the left of `&&`.
-APPLY_FILES = r"""apply_files() {  # file-list blob-prefix: write every entry of a snapshot's file list
-  local kind mode ref path
-  while IFS=$'\t' read -r -u 3 kind mode ref path; do
-    case "$path" in /*) ;; *) fail "file list: $path is not an absolute path" ;; esac
-    case "$path/" in */../*) fail "file list: refusing $path: it has a .. component" ;; esac
-    case "$mode" in ''|*[!0-7]*) fail "file list: bad mode $mode for $path" ;; esac
-    case "$kind" in
-      dir)
-        mkdir -p -- "$path"
-        chmod -- "$mode" "$path" ;;
-      file)
-        mkdir -p -- "$(dirname -- "$path")"
-        aws s3 cp --only-show-errors "$2$ref" "$path" </dev/null
-        chmod -- "$mode" "$path" ;;
-      link)
-        mkdir -p -- "$(dirname -- "$path")"
-        ln -sfn -- "$ref" "$path" ;;
-      *) fail "file list: unknown kind $kind for $path" ;;
-    esac
-  done 3< "$1"
-}"""
-
-
-@dataclass(frozen=True)
-class BootBatch:
-    """What the boot script of one launch batch needs: whose instances they are and what they run.
-
-    ``replica_ids[i]`` is the replica id of the instance with launch index ``i``; ``port`` is the service
-    port ``run`` listens on (``$PORT``).
-    """
-
-    service: str
-    version: int
-    replica_ids: tuple[int, ...]
-    envs: Pairs
-    setup: str | None
-    run: str
-    port: int
-
-
-@dataclass(frozen=True)
-class Fetch:
-    """A user's own ``s3://`` mount source, copied at boot: the script tries a single object first, then
-    the prefix (whether it is a folder is not known)."""
-
-    source: str  # s3://bucket/key
-    destination: str  # an absolute path on the instance
-
-
-@dataclass(frozen=True)
-class StagedFiles:
-    """Where the boot script finds a version's snapshot: its file list, and the prefix its blobs are under
-    (a file entry's blob is ``blobs + digest``)."""
-
-    file_list: str  # s3://bucket/files/<TaskFiles digest>.tsv
-    blobs: str  # s3://bucket/blobs/
-
-
-@dataclass(frozen=True)
-class Placement:
-    """One snapshot entry and the absolute path it lands at on the instance; ``field`` is the task field it
-    came from (``workdir``, ``file_mounts./data``), for error messages."""
-
-    field: str
-    entry: ManifestEntry
-    path: str
-
-
-def find_placements(files: TaskFiles) -> list[Placement]:
-    """Every entry of ``files`` where the boot script writes it, in the order it writes them: the workdir's
-    entries below ``WORKDIR``, then each mount's (sorted by destination) below ``find_mount_destination``;
-    a single-file mount is the destination itself. A mount into the workdir therefore lands after it.
-
-    Raises ``ValueError`` naming the field for what the file list cannot carry: a tab or a newline in a path
-    or link target, a ``..`` component in a destination.
-    """
-    sources: list[tuple[str, str, Manifest]] = []
-    if files.workdir is not None:
-        sources.append(("workdir", WORKDIR, files.workdir))
-    sources += [(f"file_mounts.{d}", find_mount_destination(d), m) for d, m in files.mounts]
-    placements = []
-    for field, root, manifest in sources:
-        for entry in manifest.entries:
-            path = _join_path(field, root, entry.path)
-            if entry.target is not None and ("\t" in entry.target or "\n" in entry.target):
-                raise ValueError(f"{field}: {entry.path}: link targets with tabs or newlines are not supported")
-            placements.append(Placement(field, entry, path))
-    return placements
-
-
-def render_file_list(placements: Sequence[Placement]) -> str:
-    """The file list the boot script applies (format in the module docstring); "" when there is nothing."""
-    lines = []
-    for placement in placements:
-        entry = placement.entry
-        ref = {EntryKind.FILE: entry.digest, EntryKind.LINK: entry.target}.get(entry.kind) or "-"
-        lines.append(f"{entry.kind.value}\t{entry.mode:o}\t{ref}\t{placement.path}\n")
-    return "".join(lines)
-
-
-def render_user_data(batch: BootBatch, fetches: Sequence[Fetch] = (), files: StagedFiles | None = None) -> str:
-    """The cloud-init script for one launch batch. See the module docstring for what it does.
-
-    ``files`` (the snapshot) is written first, then ``fetches`` in order, so an ``s3://`` mount into the
-    workdir lands after the workdir itself. The script's size does not depend on how many files there are.
-    """
-    env_lines = [f"export {key}={shlex.quote(value)}" for key, value in batch.envs]
-    env_lines.append(f"export PORT={batch.port}")
-    env_lines.append(f"export SKY_LITE_SERVICE={shlex.quote(batch.service)}")
-    lines = [
-        "#!/bin/bash",
-        f"# sky-lite replica bootstrap: service {batch.service}, version {batch.version}, "
-        f"replicas {_id_list(batch.replica_ids)}",
-        "set -Eeuo pipefail",
-        f"fail() {{ echo \"sky-lite: $1\" >&2; echo \"$1\" > {BOOT_ROOT}/failed; shutdown -h now; exit 1; }}",
-        "trap 'fail \"bootstrap failed at line $LINENO\"' ERR",
-        f"mkdir -p {WORKDIR}",
-        f"cd {BOOT_ROOT}",
-        f"replica_ids={_id_list(batch.replica_ids)}",
+AWS_BOOT = BootCloud(
+    name="aws",
+    find_replica_id=(
         "imds=http://169.254.169.254/latest",
         "imds_token=$(curl -fsS -X PUT \"$imds/api/token\" -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')",
         "launch_index=$(curl -fsS -H \"X-aws-ec2-metadata-token: $imds_token\" "
         "\"$imds/meta-data/ami-launch-index\")",
         "replica_id=$(echo \"$replica_ids\" | cut -d, -f\"$((launch_index + 1))\")",
-        "[ -n \"$replica_id\" ] || fail \"no replica id for launch index $launch_index\"",
-        _write_file(f"{BOOT_ROOT}/env.sh", "\n".join(env_lines) + "\n"),
-        f"echo \"export SKY_LITE_REPLICA_ID=$replica_id\" >> {BOOT_ROOT}/env.sh",
-        _write_file(f"{BOOT_ROOT}/setup.sh", batch.setup or ""),
-        _write_file(f"{BOOT_ROOT}/run.sh", batch.run),
-    ]
-    if files is not None:
-        lines.append(APPLY_FILES)
-        lines.append(f"aws s3 cp --only-show-errors {shlex.quote(files.file_list)} {FILE_LIST_PATH}")
-        lines.append(f"apply_files {FILE_LIST_PATH} {shlex.quote(files.blobs)}")
-    if fetches:
-        lines.append("fetch() {  # source destination: one object, else everything under the prefix")
-        lines.append("  mkdir -p \"$(dirname \"$2\")\"")
-        lines.append("  aws s3 cp --only-show-errors \"$1\" \"$2\" 2>/dev/null "
-                     "|| aws s3 cp --recursive --only-show-errors \"$1\" \"$2\"")
-        lines.append("}")
-        for fetch in fetches:
-            lines.append(f"fetch {shlex.quote(fetch.source)} {shlex.quote(fetch.destination)}")
-    lines += [
-        f"cd {WORKDIR}",
-        f"if ! (. {BOOT_ROOT}/env.sh && bash {BOOT_ROOT}/setup.sh); then fail \"setup failed\"; fi",
-        f"cat > /etc/systemd/system/{UNIT_NAME}.service <<'UNIT'",
-        "[Unit]",
-        "Description=sky-lite replica",
-        "After=network-online.target",
-        "Wants=network-online.target",
-        "[Service]",
-        f"WorkingDirectory={WORKDIR}",
-        f"ExecStart=/bin/bash -c '. {BOOT_ROOT}/env.sh && exec /bin/bash {BOOT_ROOT}/run.sh'",
-        "Restart=always",
-        # 5 s between restarts: a crashing `run` costs at most 12 starts a minute, not a busy loop.
-        "RestartSec=5",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "UNIT",
-        "systemctl daemon-reload",
-        f"systemctl enable --now {UNIT_NAME}.service",
-    ]
-    return "\n".join(lines) + "\n"
+    ),
+    copy_object='aws s3 cp --only-show-errors "$1" "$2"',
+    copy_tree='aws s3 cp --recursive --only-show-errors "$1" "$2"',
+)
 
 
-def find_mount_destination(destination: str) -> str:
-    """Where a ``file_mounts`` destination lands on the instance: absolute paths as given, ``~`` is root's
-    home (the bootstrap and the unit run as root), relative paths below the workdir."""
-    if destination == "~" or destination.startswith("~/"):
-        return "/root" + destination[1:]
-    if destination.startswith("/"):
-        return destination
-    return f"{WORKDIR}/{destination}"
-
-
-def _join_path(field: str, root: str, relative: str) -> str:
-    """``root`` + ``relative`` as one absolute path without empty or ``.`` components. Raises ``ValueError``
-    for a ``..`` component, a tab or a newline."""
-    joined = f"{root}/{relative}" if relative else root
-    parts = [p for p in joined.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise ValueError(f"{field}: {joined!r} has a '..' component: name the path it should land at")
-    if "\t" in joined or "\n" in joined:
-        raise ValueError(f"{field}: {joined!r}: paths with tabs or newlines are not supported")
-    return "/" + "/".join(parts)
-
-
-def _write_file(path: str, content: str) -> str:
-    # base64 keeps any text, quotes and heredoc markers included, out of the shell's reach.
-    encoded = base64.b64encode(content.encode()).decode("ascii")
-    return f"echo {encoded} | base64 -d > {path}"
-
-
-def _id_list(replica_ids: Sequence[int]) -> str:
-    return ",".join(str(i) for i in replica_ids)
-
+def render_user_data(batch: BootBatch, fetches: Sequence[Fetch] = (), files: StagedFiles | None = None) -> str:
+    """The cloud-init script of one EC2 launch batch."""
+    return render_boot_script(AWS_BOOT, batch, fetches, files)

@@ -51,18 +51,18 @@ from skyserve_lite.providers.aws import (
     plan_launch_groups,
     translate_error,
 )
-from skyserve_lite.providers.aws_userdata import (
+from skyserve_lite.providers.aws_userdata import AWS_BOOT, USER_DATA_LIMIT_BYTES, render_user_data
+from skyserve_lite.providers.base import InstanceState, LaunchRequest
+from skyserve_lite.providers.boot_script import (
     APPLY_FILES,
-    USER_DATA_LIMIT_BYTES,
     WORKDIR,
     BootBatch,
     Fetch,
     StagedFiles,
     find_placements,
+    render_copy_functions,
     render_file_list,
-    render_user_data,
 )
-from skyserve_lite.providers.base import InstanceState, LaunchRequest
 from skyserve_lite.spec.model import Resources, ServiceSpec, TaskSpec
 
 REGION = "us-east-1"
@@ -348,7 +348,8 @@ STAGED = StagedFiles(file_list="s3://b/files/abc.tsv", blobs="s3://b/blobs/")
     pytest.param((), None, ["replica_ids=4,5,6", "ami-launch-index", "Restart=always",
                             "systemctl enable --now sky-lite-replica.service", "X-aws-ec2-metadata-token"],
                  ["fetch ", "aws s3", "apply_files"], id="no-files"),
-    pytest.param((), STAGED, ["aws s3 cp --only-show-errors s3://b/files/abc.tsv /opt/sky-lite/files.tsv",
+    pytest.param((), STAGED, ["cloud_copy s3://b/files/abc.tsv /opt/sky-lite/files.tsv",
+                              'cloud_copy() { aws s3 cp --only-show-errors "$1" "$2"; }',
                               "apply_files /opt/sky-lite/files.tsv s3://b/blobs/"], ["fetch "], id="snapshot"),
     pytest.param((Fetch("s3://public/data", "/root/data"), Fetch("s3://public/it's", "/data/a b")), STAGED,
                  ["fetch s3://public/data /root/data", "fetch 's3://public/it'\"'\"'s' '/data/a b'",
@@ -379,10 +380,10 @@ def test_user_data_is_only_the_boot_script_so_a_6000_byte_run_fits() -> None:
     run = "echo " + "x" * 5995  # 6,000 bytes
     text = render_user_data(dataclasses.replace(BATCH, run=run))
     assert "emulation" not in text
-    # `run` is in the script once, base64-encoded (8,000 bytes): 9,598 bytes in all. With a header that repeated
+    # `run` is in the script once, base64-encoded (8,000 bytes): 9,604 bytes in all. With a header that repeated
     # envs, setup and run, the same batch made 17,821 bytes, over the 16,384 EC2 accepts.
     assert text.count(base64.b64encode(run.encode()).decode()) == 1
-    assert len(text.encode()) == 9_598 < USER_DATA_LIMIT_BYTES
+    assert len(text.encode()) == 9_604 < USER_DATA_LIMIT_BYTES
 
 
 # --- launch ---------------------------------------------------------------------------------------------------------
@@ -686,7 +687,7 @@ def test_snapshot_blobs_and_file_list_go_to_the_service_bucket_and_release_delet
     [run] = api.named("RunInstances")
     assert run.params["IamInstanceProfile"] == {"Name": profile}
     user_data = run.params["UserData"]
-    assert f"aws s3 cp --only-show-errors s3://{bucket}/{list_key} /opt/sky-lite/files.tsv" in user_data
+    assert f"cloud_copy s3://{bucket}/{list_key} /opt/sky-lite/files.tsv" in user_data
     assert f"apply_files /opt/sky-lite/files.tsv s3://{bucket}/blobs/" in user_data
     assert "fetch s3://someone/data /data/public" in user_data  # referenced, not captured: fetched as before
 
@@ -896,7 +897,8 @@ def _apply(tmp_path: Path, blobs: BlobStore, file_list: str) -> subprocess.Compl
                                'cp "$BLOBS/${digest:0:2}/${digest:2}" "${*: -1}"\n')
     os.chmod(stubs / "aws", 0o755)
     (tmp_path / "files.tsv").write_text(file_list)
-    script = (f"set -Eeuo pipefail\nfail() {{ echo \"sky-lite: $1\" >&2; exit 1; }}\n{APPLY_FILES}\n"
+    script = (f"set -Eeuo pipefail\nfail() {{ echo \"sky-lite: $1\" >&2; exit 1; }}\n"
+              f"{render_copy_functions(AWS_BOOT)}\n{APPLY_FILES}\n"
               f"apply_files {tmp_path / 'files.tsv'} s3://bucket/blobs/\n")
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "BLOBS": str(blobs.root)}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
