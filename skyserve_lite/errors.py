@@ -19,6 +19,7 @@ The tree::
     └── ProviderError               a provider call failed; vendor errors are translated into these
         ├── TransientProviderError  worth retrying on a later pass (throttling, a busy API)
         └── PermanentProviderError  retrying will not help (bad parameters, no permission)
+            └── ProviderNotConfiguredError  the cloud has no credentials here at all
 
 Vendor exceptions (botocore, OSError from a spawn) are translated into ``ProviderError`` subclasses
 in exactly one place per provider, with ``raise ... from exc``; ``sqlite3`` errors into ``StateDamagedError``
@@ -120,3 +121,8 @@ class TransientProviderError(ProviderError):
 
 class PermanentProviderError(ProviderError):
     """A provider call failed in a way that retrying will not fix."""
+
+
+class ProviderNotConfiguredError(PermanentProviderError):
+    """The cloud has no credentials on this machine at all (none was ever set up), so nothing can have
+    been launched with them from here either."""

@@ -35,7 +35,7 @@ from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.guard import guard_provider
 from skyserve_lite.controller.pidfile import find_controller
-from skyserve_lite.errors import ProviderError
+from skyserve_lite.errors import ProviderError, ProviderNotConfiguredError
 from skyserve_lite.providers.base import Instance, InstanceState, Provider
 from skyserve_lite.providers.local import find_replica_processes, stop_replica_processes
 
@@ -125,13 +125,16 @@ def force_down(home: Path, *, regions: Sequence[str] = (), clouds: CloudProvider
             "with that tag key in your cloud account.",), tuple(errors))
     build = clouds or _make_clouds(home)
     instances: list[tuple[str, Instance]] = []
+    notes: list[str] = []
     for cloud, provider in sorted(build(controller_id).items()):
         try:
             instances.extend((cloud, i) for i in terminate_tagged(provider, sorted({*regions, *stored_regions})))
+        except ProviderNotConfiguredError:
+            notes.append(f"{cloud}: not searched: it has no credentials here, so nothing was launched there from here")
         except ProviderError as exc:
             errors.append(f"{cloud}: instances tagged sky-lite:controller={controller_id} could not be "
                           f"stopped: {exc}")
-    return ForceDownReport(home, tuple(stopped), tuple(instances), (), tuple(errors))
+    return ForceDownReport(home, tuple(stopped), tuple(instances), tuple(notes), tuple(errors))
 
 
 def terminate_tagged(provider: Provider, regions: Collection[str]) -> list[Instance]:

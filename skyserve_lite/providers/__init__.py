@@ -26,7 +26,16 @@ def available_clouds() -> tuple[str, ...]:
     clouds = ["local"]
     if importlib.util.find_spec("boto3") is not None:
         clouds.append("aws")
+    if _has_module("google.cloud.compute_v1"):
+        clouds.append("gcp")
     return tuple(clouds)
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def check_task_for_cloud(task: SubmittedTask) -> None:
@@ -37,6 +46,8 @@ def check_task_for_cloud(task: SubmittedTask) -> None:
         hint = ""
         if cloud is Cloud.AWS:
             hint = " (install boto3: `pip install '.[aws]'` from a checkout, or `pip install boto3`)"
+        if cloud is Cloud.GCP:
+            hint = " (install google-cloud-compute: `pip install '.[gcp]'` from a checkout)"
         raise SpecError(task.source, "resources.cloud",
                         f"cloud {cloud.value!r} is not available here{hint}; available: "
                         + ", ".join(available_clouds()))
@@ -47,6 +58,17 @@ def check_task_for_cloud(task: SubmittedTask) -> None:
             if "://" in source and not source.startswith("s3://"):
                 raise SpecError(task.source, f"file_mounts.{destination}",
                                 f"{source!r}: cloud aws copies local paths and s3:// sources only")
+    if cloud is Cloud.GCP:
+        if not spec.resources.region and not os.environ.get("SKY_LITE_GCP_REGION"):
+            raise SpecError(task.source, "resources.region", "required for cloud gcp unless SKY_LITE_GCP_REGION "
+                            "is set (e.g. us-central1)")
+        if spec.workdir is not None:
+            raise SpecError(task.source, "workdir", "cloud gcp does not ship a local workdir yet (see docs/gcp.md); "
+                            "bake the code into the image, or fetch it from gs:// in setup")
+        for destination, source in spec.file_mounts:
+            if not source.startswith("gs://"):
+                raise SpecError(task.source, f"file_mounts.{destination}",
+                                f"{source!r}: cloud gcp copies gs:// sources only (local files: not yet)")
 
 
 def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mapping[str, str] | None = None, *,
@@ -77,6 +99,18 @@ def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mappin
             return EmulatedProvider(aws, home, clock, find_version or _no_version)
 
         providers["aws"] = LazyProvider("aws", build_aws)
+    if "gcp" in available_clouds():
+        def build_gcp() -> Provider:
+            from skyserve_lite.providers.gcp import GcpProvider
+
+            gcp: Provider = GcpProvider.from_env(controller_id, clock, env)
+            if env.get("SKY_LITE_EMULATE_INSTANCES") != "1":
+                return gcp
+            from skyserve_lite.providers.emulation import EmulatedProvider
+
+            return EmulatedProvider(gcp, home, clock, find_version or _no_version)
+
+        providers["gcp"] = LazyProvider("gcp", build_gcp)
     return providers
 
 

@@ -73,6 +73,10 @@ def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args:
                      "resources.cloud: cloud 'gcp' is not available here", id="unavailable-cloud"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n", [],
                      "resources.image_id: required for cloud aws", id="aws-without-image"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n", [],
+                     "resources.region: required for cloud gcp", id="gcp-without-region"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nworkdir: .\nresources:\n  cloud: gcp\n  region: us-central1\n",
+                     [], "workdir: cloud gcp does not ship a local workdir yet", id="gcp-local-workdir"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n  image_id: ami-1\n"
                      "file_mounts:\n  /data: gs://bucket/data\n", [],
                      "file_mounts./data: 'gs://bucket/data': cloud aws copies local paths and s3:// sources only",
@@ -86,7 +90,11 @@ def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args:
     ],
 )
 def test_bad_input_to_up_exits_2_and_writes_nothing(cli: Cli, home: Path, tmp_path: Path, text: str,
-                                                    name_args: list[str], message: str) -> None:
+                                                    name_args: list[str], message: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    if "not available here" in message:  # a cloud whose library this installation lacks
+        monkeypatch.setattr("skyserve_lite.providers._has_module", lambda _name: False)
+    monkeypatch.delenv("SKY_LITE_GCP_REGION", raising=False)
     path = tmp_path / "task.yaml"
     path.write_text(text)
     (tmp_path / "app.py").write_text("print(1)")

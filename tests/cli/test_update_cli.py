@@ -164,7 +164,9 @@ def test_refused_rollbacks(cli: Cli, home: Path, args: list[str], message: str) 
 
 @pytest.mark.parametrize("dry_run", [["--dry-run"], []])
 def test_a_task_the_cloud_cannot_run_is_refused_before_the_plan(cli: Cli, home: Path, tmp_path: Path,
-                                                                dry_run: list[str]) -> None:
+                                                                dry_run: list[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("skyserve_lite.providers._has_module", lambda _name: False)  # no GCP library here
     new = write(tmp_path, V1.replace("image_id: img-1", "cloud: gcp"))
     code, stdout, stderr = cli("serve", "update", "svc", new, *dry_run, input="y\n")
     assert code == 2

@@ -181,10 +181,10 @@ def test_cloud_providers_are_built_on_first_use_and_abandoning_one_never_built_b
     code = ("import sys; from pathlib import Path; from skyserve_lite.clock import SystemClock; "
             "from skyserve_lite.providers import make_providers; "
             f"p = make_providers(Path({str(tmp_path)!r}), SystemClock(), 'c1'); "
-            "p['aws'].abandon(); "
-            "print(sorted(p), 'boto3' in sys.modules)")
+            "p['aws'].abandon(); p['gcp'].abandon(); "
+            "print(sorted(p), 'boto3' in sys.modules, 'google.cloud.compute_v1' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.split() == ["['aws',", "'local']", "False"]
+    assert result.stdout.split() == ["['aws',", "'gcp',", "'local']", "False", "False"]
 
 
 def test_an_emulated_instance_gets_a_bare_environment_tagged_with_the_state_directory(

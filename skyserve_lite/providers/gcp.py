@@ -1,0 +1,504 @@
+"""Replicas as Compute Engine instances, through google-cloud-compute's REST transport.
+
+Every instance carries these labels (GCE label values: lowercase letters, digits, ``-`` and ``_``, at most
+63 characters; the controller id, service names, versions and launch tokens all are)::
+
+    sky-lite-controller    the controller id: the inventory lists exactly the instances with this label
+    sky-lite-service       sky-lite-version       sky-lite-launch-token       sky-lite-port
+
+and its name says its replica id: ``sky-<controller>-<batch>-r<replica id>``, where ``<batch>`` is a digest of
+the service and launch token. A ``launch`` call is ``cloud.launch_in_batches``: instances an earlier attempt
+of the same launch token started are adopted (one ``aggregatedList`` per call), the rest are grouped by
+region, zone and market and each group is one ``instances.bulkInsert`` naming every instance
+(``perInstanceProperties``), which GCE treats as idempotent by name: a bulkInsert re-sent after a crash
+creates nothing twice. A zoneless group tries the region's zones in order (``zones.list``, once per region)
+and moves on when one has no capacity (ZONE_RESOURCE_POOL_EXHAUSTED, STOCKOUT, QUOTA_EXCEEDED).
+
+The instance boots from the startup script (``boot_script`` with ``GCP_BOOT``: its replica id from its own
+name on the metadata server, ``gcloud storage`` copies under the instance's own service account). Spot
+instances are ``provisioningModel: SPOT`` with ``instanceTerminationAction: DELETE``; a spot instance that
+disappears is reported PREEMPTED when its zone has a ``compute.instances.preempted`` operation for it.
+A firewall rule per controller (``sky-lite-<controller>``) opens the service ports to the network's own
+range for instances with the network tag ``sky-lite-<controller>``.
+
+The inventory is one paginated ``instances.aggregatedList`` with a label filter per pass, whatever the
+number of zones and replicas; ``terminate`` is one ``instances.delete`` per instance, not waited on.
+
+Errors: google-api-core's exceptions (and google-auth's, for credentials) are translated by one function,
+``translate_error``, at one boundary (``_call``): 429 and 5xx are retried a few times with a short backoff,
+then a ``TransientProviderError``; permissions, invalid arguments and missing credentials are permanent
+with a message naming what to fix.
+
+Not yet: the snapshot of a task's ``workdir`` and local ``file_mounts`` (a GCS bucket per controller, as
+AWS's S3 staging); a gcp task with local files is refused when it is submitted.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+from skyserve_lite.clock import Clock
+from skyserve_lite.errors import (
+    PermanentProviderError,
+    ProviderError,
+    ProviderNotConfiguredError,
+    TransientProviderError,
+)
+from skyserve_lite.providers import cloud
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
+from skyserve_lite.providers.boot_script import BootBatch, BootCloud, Fetch, render_boot_script
+from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError, failed_outcome
+
+log = logging.getLogger(__name__)
+
+LABEL_CONTROLLER = "sky-lite-controller"
+LABEL_SERVICE = "sky-lite-service"
+LABEL_VERSION = "sky-lite-version"
+LABEL_TOKEN = "sky-lite-launch-token"
+LABEL_PORT = "sky-lite-port"
+DEFAULT_MACHINE_TYPE = "e2-medium"
+DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+DEFAULT_PORT = 8080
+BULK_INSERT_LIMIT = 1000  # instances one bulkInsert may create
+PAGE_SIZE = 500
+RETRY_DELAYS = (0.25, 0.5, 1.0)
+OPERATION_TIMEOUT_SECONDS = 300.0
+CALL_TIMEOUT_SECONDS = 60.0
+PROJECT_SETTING = "SKY_LITE_GCP_PROJECT"
+REGION_SETTING = "SKY_LITE_GCP_REGION"
+ENDPOINT_SETTING = "SKY_LITE_GCP_ENDPOINT"  # e.g. a local fake of the API: http://127.0.0.1:PORT
+_CAPACITY_CODES = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+                             "STOCKOUT", "QUOTA_EXCEEDED", "RESOURCE_POOL_EXHAUSTED"})
+_NAME = re.compile(r"sky-[a-z0-9]+-[a-f0-9]{8}-r(?P<replica>\d+)")
+
+GCP_BOOT = BootCloud(
+    name="gcp",
+    find_replica_id=(
+        'name=$(curl -fsS -H "Metadata-Flavor: Google" '
+        "http://metadata.google.internal/computeMetadata/v1/instance/name)",
+        'replica_id="${name##*-r}"',
+        'case ",$replica_ids," in *",$replica_id,"*) ;; *) replica_id="" ;; esac',
+    ),
+    copy_object='gcloud storage cp --quiet "$1" "$2"',
+    copy_tree='gcloud storage cp --quiet --recursive "$1" "$2"',
+)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class GcpTransientError(TransientProviderError):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class GcpCapacityError(GcpTransientError, ZoneCapacityError):
+    """The zone has no capacity (or quota) for this request; another zone may."""
+
+
+class GcpPermanentError(PermanentProviderError):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class GcpNotConfiguredError(GcpPermanentError, ProviderNotConfiguredError):
+    """No Google Cloud credentials here at all."""
+
+
+def translate_error(exc: Exception, operation: str) -> GcpTransientError | GcpPermanentError:
+    """The one translation of google-api-core's and google-auth's exceptions into ``ProviderError``s."""
+    from google.api_core import exceptions as core
+    from google.auth import exceptions as auth
+
+    if isinstance(exc, auth.DefaultCredentialsError):
+        return GcpNotConfiguredError(f"{operation}: no Google Cloud credentials: set GOOGLE_APPLICATION_CREDENTIALS "
+                                     "to a service account key file, or run `gcloud auth application-default login` "
+                                     "(on a VM: give it a service account)", "NoCredentials")
+    if isinstance(exc, auth.GoogleAuthError):
+        return GcpPermanentError(f"{operation}: Google Cloud credentials were refused ({exc}); renew them",
+                                 "BadCredentials")
+    if isinstance(exc, core.GoogleAPICallError):
+        reason = _reason(exc)
+        message = f"{operation}: {exc.message or exc}"
+        if reason in _CAPACITY_CODES:
+            return GcpCapacityError(f"no capacity ({reason}: {exc.message})", reason)
+        if isinstance(exc, (core.TooManyRequests, core.ServerError)):
+            return GcpTransientError(f"{message} (Compute Engine busy; will retry)", reason or type(exc).__name__)
+        if isinstance(exc, (core.Forbidden, core.PermissionDenied, core.Unauthorized)):
+            return GcpPermanentError(f"{message}: the credentials lack a permission (grant the service account "
+                                     "roles/compute.instanceAdmin.v1 on the project)", reason or "Forbidden")
+        if isinstance(exc, core.NotFound):
+            return GcpPermanentError(f"{message} (check the project, zone, image and machine type)",
+                                     reason or "NotFound")
+        return GcpPermanentError(message, reason or type(exc).__name__)
+    if isinstance(exc, (ConnectionError, TimeoutError, OSError)) or type(exc).__module__.startswith("requests"):
+        return GcpTransientError(f"{operation}: cannot reach Compute Engine ({exc}); will retry", "Connection")
+    return GcpPermanentError(f"{operation}: {exc}", type(exc).__name__)
+
+
+def _reason(exc: Any) -> str:
+    for error in getattr(exc, "errors", None) or ():
+        if isinstance(error, Mapping):
+            value = error.get("reason") or error.get("code")
+            if value:
+                return str(value)
+    return ""
+
+
+def _boundary(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run a public method inside the translation: whatever google raises leaves as a ``ProviderError``."""
+    @functools.wraps(method)
+    def translated(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except ProviderError:
+            raise
+        except Exception as exc:  # the provider boundary: every vendor error is translated here
+            raise translate_error(exc, method.__name__) from exc
+    return translated
+
+
+def instance_name(controller_id: str, group: LaunchGroup, replica_id: int) -> str:
+    """``sky-<controller>-<batch>-r<replica id>``: a valid GCE name (lowercase, at most 63 characters)."""
+    batch = hashlib.sha256(f"{group.first.service}\0{group.first.launch_token}".encode()).hexdigest()[:8]
+    return f"sky-{controller_id.lower()}-{batch}-r{replica_id}"
+
+
+def parse_replica_id(name: str) -> int | None:
+    match = _NAME.fullmatch(name)
+    return int(match.group("replica")) if match else None
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def compute_state(raw: Mapping[str, Any]) -> tuple[InstanceState, str | None]:
+    """What an instance's ``status`` means to the controller."""
+    status = str(raw.get("status", ""))
+    if status in ("PROVISIONING", "STAGING", "REPAIRING"):
+        return InstanceState.PENDING, None
+    if status == "RUNNING":
+        return InstanceState.RUNNING, None
+    spot = raw.get("scheduling", {}).get("provisioningModel") == "SPOT"
+    if status in ("STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"):
+        if spot:
+            return InstanceState.PREEMPTED, f"spot instance {status.lower()}"
+        return InstanceState.EXITED, f"instance {status.lower()} (setup failed, or stopped from outside)"
+    return InstanceState.PENDING, status.lower() or None
+
+
+def describe_instance(raw: Mapping[str, Any], zone: str) -> Instance | None:
+    """The ``Instance`` of a listed raw instance; None when it is not one of ours (no replica id in its name)."""
+    name = str(raw.get("name", ""))
+    replica_id = parse_replica_id(name)
+    labels = raw.get("labels", {}) or {}
+    if replica_id is None or LABEL_SERVICE not in labels:
+        return None
+    state, detail = compute_state(raw)
+    address = next((n.get("networkIP") for n in raw.get("networkInterfaces", []) if n.get("networkIP")), None)
+    port = str(labels.get(LABEL_PORT, ""))
+    return Instance(instance_id=f"{zone}/{name}", service=str(labels[LABEL_SERVICE]), replica_id=replica_id,
+                    version=int(labels.get(LABEL_VERSION, "0") or 0), state=state,
+                    url=f"http://{address}:{port or DEFAULT_PORT}" if address and state is InstanceState.RUNNING
+                    else None, region=region_of(zone), zone=zone,
+                    is_spot=raw.get("scheduling", {}).get("provisioningModel") == "SPOT", detail=detail)
+
+
+class GcpProvider:
+    """Compute Engine instances of one controller. See the module docstring.
+
+    Builds nothing in its constructor: credentials, the project and the clients come on first use.
+    ``api_endpoint`` points the clients elsewhere (``SKY_LITE_GCP_ENDPOINT``: a local fake of the API).
+    """
+
+    name = "gcp"
+
+    def __init__(self, controller_id: str, clock: Clock, *, project: str | None = None, credentials: Any = None,
+                 api_endpoint: str | None = None, default_region: str | None = None,
+                 sleep: Callable[[float], None] = time.sleep, page_size: int = PAGE_SIZE) -> None:
+        self._controller_id = controller_id.lower()
+        self._clock = clock
+        self._project = project
+        self._credentials = credentials
+        self._endpoint = api_endpoint
+        self._default_region = default_region
+        self._sleep = sleep
+        self._page_size = page_size
+        self._clients: dict[str, Any] = {}
+        self._zones: dict[str, tuple[str, ...]] = {}
+        self._firewall_ports: set[int] = set()
+
+    @classmethod
+    def from_env(cls, controller_id: str, clock: Clock, env: Mapping[str, str] | None = None) -> GcpProvider:
+        env = os.environ if env is None else env
+        return cls(controller_id, clock, project=env.get(PROJECT_SETTING) or None,
+                   api_endpoint=env.get(ENDPOINT_SETTING) or None, default_region=env.get(REGION_SETTING) or None)
+
+    # --- Provider ------------------------------------------------------------------------------------------
+    @_boundary
+    def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
+        return cloud.launch_in_batches(
+            self, requests, self._default_region, fits=lambda batch: len(batch) <= BULK_INSERT_LIMIT,
+            no_region=f"resources.region: the task names no region and {REGION_SETTING} is not set")
+
+    @_boundary
+    def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
+        """Every instance labelled with this controller id, in every zone: one paginated aggregatedList."""
+        return [i for zone, raw in self._list_raw() if (i := describe_instance(raw, zone)) is not None]
+
+    @_boundary
+    def find_instances(self, instance_ids: Sequence[str], regions: Collection[str] = ()) -> list[Instance]:
+        from google.api_core import exceptions as core
+
+        found = []
+        for instance_id in instance_ids:
+            zone, _, name = instance_id.partition("/")
+            try:
+                raw = self._call("instances", "get", project=self._get_project(), zone=zone, instance=name)
+            except GcpPermanentError as exc:
+                if exc.code == "notFound" or isinstance(exc.__cause__, core.NotFound):
+                    continue
+                raise
+            instance = describe_instance(_as_dict(raw), zone)
+            if instance is not None:
+                found.append(instance)
+        return found
+
+    @_boundary
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        """One ``instances.delete`` per instance, not waited on (the inventory sees them go). An instance
+        that is gone already is fine."""
+        from google.api_core import exceptions as core
+
+        for instance_id in instance_ids:
+            zone, _, name = instance_id.partition("/")
+            try:
+                self._call("instances", "delete", project=self._get_project(), zone=zone, instance=name)
+            except GcpPermanentError as exc:
+                if not (exc.code == "notFound" or isinstance(exc.__cause__, core.NotFound)):
+                    raise
+
+    def release_service(self, service: str) -> None:
+        """Nothing is kept per service yet (no staged files)."""
+
+    @_boundary
+    def read_log(self, service: str, replica_id: int, instance_id: str | None,
+                 region: str | None) -> ReplicaLog | None:
+        """The instance's serial console (where the startup script's output goes)."""
+        if instance_id is None:
+            return None
+        zone, _, name = instance_id.partition("/")
+        output = self._call("instances", "get_serial_port_output", project=self._get_project(), zone=zone,
+                            instance=name)
+        return ReplicaLog(text=str(getattr(output, "contents", "") or ""))
+
+    def abandon(self) -> None:
+        """Instances are found by their labels (`serve down --force`), so there is nothing only this object
+        knows about."""
+
+    # --- cloud.BatchCloud ----------------------------------------------------------------------------------
+    def find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:
+        found: dict[tuple[str, int, str], Instance] = {}
+        for zone, raw in self._list_raw():
+            token = (raw.get("labels") or {}).get(LABEL_TOKEN)
+            instance = describe_instance(raw, zone)
+            if instance is not None and token in tokens and region_of(zone) == region:
+                found[(instance.service, instance.replica_id, str(token))] = instance
+        return found
+
+    def launch_group(self, group: LaunchGroup) -> list[LaunchOutcome]:
+        try:
+            properties = self._instance_properties(group)
+            zones = (group.zone,) if group.zone else self._list_zones(group.region)
+        except ProviderError as exc:
+            return [failed_outcome(r, exc) for r in group.requests]
+        except Exception as exc:  # the provider boundary (a callback of launch_in_batches)
+            return [failed_outcome(r, translate_error(exc, "launch")) for r in group.requests]
+
+        def launch_in(zone: str, detail: str | None) -> list[LaunchOutcome]:
+            names = {instance_name(self._controller_id, group, r.replica_id): r for r in group.requests}
+            body = {"count": len(names), "instance_properties": properties,
+                    "per_instance_properties": {name: {} for name in names}}
+            operation = self._call("instances", "bulk_insert", project=self._get_project(), zone=zone,
+                                   bulk_insert_instance_resource_resource=body)
+            self._wait(operation, "bulkInsert")
+            spot = group.is_spot
+            return [LaunchOutcome(r.replica_id, instance=Instance(
+                instance_id=f"{zone}/{name}", service=r.service, replica_id=r.replica_id, version=r.version,
+                state=InstanceState.PENDING, region=group.region, zone=zone, is_spot=spot, detail=detail))
+                for name, r in names.items()]
+
+        machine_type = str(group.first.spec.resources.instance_type or DEFAULT_MACHINE_TYPE)
+        try:
+            return cloud.launch_across_zones(group, zones, machine_type, launch_in)
+        except Exception as exc:  # the provider boundary: never raise out of a batch
+            return [failed_outcome(r, translate_error(exc, "bulkInsert")) for r in group.requests]
+
+    # --- pieces ------------------------------------------------------------------------------------------
+    def _instance_properties(self, group: LaunchGroup) -> dict[str, Any]:
+        first = group.first
+        spec = first.spec
+        resources = spec.resources
+        if spec.files is not None:
+            raise GcpPermanentError("workdir / file_mounts: cloud gcp does not ship local files yet", "NoStaging")
+        port = spec.service.port or DEFAULT_PORT
+        self._ensure_firewall(port, resources.ports)
+        fetches = tuple(Fetch(source, destination) for destination, source in spec.file_mounts
+                        if source.startswith("gs://"))
+        script = render_boot_script(GCP_BOOT, BootBatch(
+            service=first.service, version=first.version, replica_ids=group.replica_ids, envs=spec.envs,
+            setup=spec.setup, run=spec.run, port=port), fetches)
+        labels = {**{k.lower(): v.lower() for k, v in resources.labels},
+                  LABEL_CONTROLLER: self._controller_id, LABEL_SERVICE: first.service,
+                  LABEL_VERSION: str(first.version), LABEL_TOKEN: first.launch_token.lower(), LABEL_PORT: str(port)}
+        image = resources.image_id or DEFAULT_IMAGE
+        disk: dict[str, Any] = {"boot": True, "auto_delete": True,
+                                "initialize_params": {"source_image": _image_url(image)}}
+        if resources.disk_size:
+            disk["initialize_params"]["disk_size_gb"] = resources.disk_size
+        properties: dict[str, Any] = {
+            "machine_type": resources.instance_type or DEFAULT_MACHINE_TYPE,
+            "labels": labels,
+            "tags": {"items": [self._network_tag]},
+            "disks": [disk],
+            "network_interfaces": [{"network": "global/networks/default"}],
+            "metadata": {"items": [{"key": "startup-script", "value": script}]},
+        }
+        if group.is_spot:
+            properties["scheduling"] = {"provisioning_model": "SPOT", "instance_termination_action": "DELETE"}
+        return properties
+
+    @property
+    def _network_tag(self) -> str:
+        return f"sky-lite-{self._controller_id}"
+
+    def _ensure_firewall(self, port: int, open_ports: Sequence[int]) -> None:
+        """The controller's firewall rule: the service port from the default network's range to instances
+        with its tag. Created once; an existing rule is found by name."""
+        from google.api_core import exceptions as core
+
+        if port in self._firewall_ports:
+            return
+        name = f"sky-lite-{self._controller_id}-{port}"
+        try:
+            self._call("firewalls", "get", project=self._get_project(), firewall=name)
+        except GcpPermanentError as exc:
+            if not isinstance(exc.__cause__, core.NotFound):
+                raise
+            rule = {"name": name, "network": "global/networks/default", "direction": "INGRESS",
+                    "source_ranges": ["10.128.0.0/9"], "target_tags": [self._network_tag],
+                    "allowed": [{"I_p_protocol": "tcp", "ports": [str(port)]}],
+                    "description": f"sky-lite controller {self._controller_id}: service port {port}"}
+            try:
+                self._wait(self._call("firewalls", "insert", project=self._get_project(), firewall_resource=rule),
+                           "firewalls.insert")
+            except GcpPermanentError as exists:
+                if not isinstance(exists.__cause__, core.Conflict):
+                    raise
+        self._firewall_ports.add(port)
+        del open_ports  # ports the task opens to everyone: not on GCP yet (docs/gcp.md)
+
+    def _list_zones(self, region: str) -> tuple[str, ...]:
+        if region not in self._zones:
+            # One zones.list for the project (a few dozen zones), filtered here and kept per region.
+            zones = self._call("zones", "list", project=self._get_project())
+            self._zones[region] = tuple(sorted(z.name for z in zones
+                                               if z.region.endswith(f"/{region}") and z.status == "UP"))
+            if not self._zones[region]:
+                raise GcpTransientError(f"no zone of {region} is up", "NoZone")
+        return self._zones[region]
+
+    def _list_raw(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        request = {"project": self._get_project(), "filter": f'labels.{LABEL_CONTROLLER} = "{self._controller_id}"',
+                   "max_results": self._page_size}
+        for scope, scoped in self._call("instances", "aggregated_list", request=request):
+            zone = scope.rsplit("/", 1)[-1]
+            for raw in scoped.instances:
+                yield zone, _as_dict(raw)
+
+    def _wait(self, operation: Any, what: str) -> None:
+        """Wait for an operation; its error translated (a zone without capacity: ``GcpCapacityError``)."""
+        from google.api_core import exceptions as core
+
+        try:
+            operation.result(timeout=OPERATION_TIMEOUT_SECONDS)
+        except core.GoogleAPICallError as exc:
+            codes = [e.code for e in getattr(getattr(operation, "error", None), "errors", []) or []]
+            capacity = [c for c in codes if c in _CAPACITY_CODES]
+            if capacity:
+                raise GcpCapacityError(f"no capacity ({capacity[0]}: {exc.message})", capacity[0]) from exc
+            raise translate_error(exc, what) from exc
+
+    # --- google-cloud-compute ------------------------------------------------------------------------------
+    def _get_project(self) -> str:
+        if self._project is None:
+            import google.auth
+
+            credentials, project = google.auth.default(scopes=["https://www.googleapis.com/auth/compute"])
+            self._credentials = self._credentials or credentials
+            if not project:
+                raise GcpPermanentError(f"no Google Cloud project: set {PROJECT_SETTING} (or GOOGLE_CLOUD_PROJECT)",
+                                        "NoProject")
+            self._project = project
+        return self._project
+
+    def _client(self, kind: str) -> Any:
+        if kind not in self._clients:
+            from google.api_core.client_options import ClientOptions
+            from google.cloud import compute_v1
+
+            classes = {"instances": compute_v1.InstancesClient, "zones": compute_v1.ZonesClient,
+                       "firewalls": compute_v1.FirewallsClient, "zone_operations": compute_v1.ZoneOperationsClient}
+            if self._credentials is None:
+                import google.auth
+
+                self._credentials, project = google.auth.default(
+                    scopes=["https://www.googleapis.com/auth/compute"])
+                self._project = self._project or project
+            options = ClientOptions(api_endpoint=self._endpoint) if self._endpoint else None
+            self._clients[kind] = classes[kind](credentials=self._credentials, client_options=options,
+                                                transport="rest")
+        return self._clients[kind]
+
+    def _call(self, kind: str, method: str, **params: Any) -> Any:
+        """Call ``method`` of the ``kind`` client; retry 429 and 5xx after each of ``RETRY_DELAYS``. A pager
+        (``aggregated_list``) is walked inside the retry, so a page that fails is fetched again. Raises
+        ``GcpTransientError`` or ``GcpPermanentError``."""
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                # The library's own retries are off: this loop retries, so call counts and delays stay ours.
+                result = getattr(self._client(kind), method)(**params, retry=None, timeout=CALL_TIMEOUT_SECONDS)
+                return list(result) if method in ("aggregated_list", "list") else result
+            except Exception as exc:  # the provider boundary: translated here, once
+                error = exc if isinstance(exc, ProviderError) else translate_error(exc, method)
+                if not isinstance(error, GcpTransientError) or isinstance(error, GcpCapacityError) or delay is None:
+                    raise error from exc
+                log.info("%s: %s; retrying in %.2fs", method, error, delay)
+                self._sleep(delay)
+        raise AssertionError("unreachable")
+
+
+def _image_url(image: str) -> str:
+    """An image as GCE takes it: a full or partial URL as given, a bare family name under debian-cloud."""
+    if "/" in image:
+        return image
+    return f"projects/debian-cloud/global/images/family/{image}" if not image.startswith("image-") else image
+
+
+def _as_dict(raw: Any) -> dict[str, Any]:
+    """A proto-plus message as the JSON dict of the REST API (camelCase keys)."""
+    if isinstance(raw, dict):
+        return raw
+    import json
+
+    return dict(json.loads(type(raw).to_json(raw)))

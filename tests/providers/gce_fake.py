@@ -1,0 +1,299 @@
+"""A fake of the Compute Engine REST API on 127.0.0.1, for the GCP provider's tests.
+
+Stateful and small: the endpoints the provider calls (instances bulkInsert/aggregatedList/get/delete and
+the serial port, zone operations get/wait, zones list, firewalls get/insert), answered the way Compute
+Engine answers them (JSON shapes, pagination with ``pageToken``, operations with ``httpErrorStatusCode``
+and ``error.errors[].code`` on failure). The provider is pointed at it with an ``api_endpoint`` and
+anonymous credentials and does not know it is a fake.
+
+Hooks for what a test needs to happen: ``stockout`` (zones with no capacity: bulkInsert's operation fails
+with ZONE_RESOURCE_POOL_EXHAUSTED), ``quota`` (QUOTA_EXCEEDED), ``fail_next`` (an HTTP error for the next
+calls of a method: 429, 403, 400), ``preempt`` (a spot VM taken back, with the zone operation
+``compute.instances.preempted``), ``lag`` (instances a listing does not show yet). ``calls`` counts every
+request by method name (``instances.bulkInsert``, ``instances.aggregatedList``, ...).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+import urllib.parse
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+PROJECT_ZONES = {"us-central1": ("us-central1-a", "us-central1-b", "us-central1-c"),
+                 "europe-west1": ("europe-west1-b", "europe-west1-c", "europe-west1-d")}
+_PREFIX = "/compute/v1/projects/"
+
+
+@dataclass
+class Failure:
+    status: int
+    reason: str
+    message: str
+    times: int = 1
+
+
+@dataclass
+class FakeCompute:
+    page_size: int = 500
+    instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (zone, name) -> resource
+    operations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    firewalls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: Counter[str] = field(default_factory=Counter)
+    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (method, body) of each write
+    stockout: set[str] = field(default_factory=set)
+    quota: set[str] = field(default_factory=set)
+    lag: set[str] = field(default_factory=set)  # instance names listings leave out
+    fail_next: dict[str, list[Failure]] = field(default_factory=dict)
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # --- hooks ----------------------------------------------------------------------------------------------
+    def fail(self, method: str, status: int, reason: str, message: str = "injected", times: int = 1) -> None:
+        self.fail_next.setdefault(method, []).append(Failure(status, reason, message, times))
+
+    def preempt(self, zone: str, name: str) -> None:
+        """Take a spot VM back the way GCE does with instanceTerminationAction DELETE: the instance goes
+        away and a ``compute.instances.preempted`` operation is left in its zone."""
+        with self._lock:
+            instance = self.instances.pop((zone, name))
+            self._operation(zone, "compute.instances.preempted", instance["selfLink"], done=True)
+
+    def set_status(self, zone: str, name: str, status: str) -> None:
+        self.instances[(zone, name)]["status"] = status
+
+    # --- the API --------------------------------------------------------------------------------------------
+    def handle(self, verb: str, path: str, query: dict[str, str], body: dict[str, Any]) -> tuple[int, Any]:
+        route = _route(verb, path)
+        if route is None:
+            return 404, _error(404, "notFound", f"no such endpoint: {verb} {path}")
+        method, args = route
+        with self._lock:
+            self.calls[method] += 1
+            if verb != "GET":
+                self.requests.append((method, body))
+            pending = self.fail_next.get(method)
+            if pending:
+                failure = pending[0]
+                failure.times -= 1
+                if failure.times <= 0:
+                    pending.pop(0)
+                return failure.status, _error(failure.status, failure.reason, failure.message)
+            return getattr(self, "_" + method.replace(".", "_"))(query, body, **args)  # type: ignore[no-any-return]
+
+    def _instances_bulkInsert(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str
+                              ) -> tuple[int, Any]:
+        properties = body.get("instanceProperties", {})
+        names = list(body.get("perInstanceProperties", {}))
+        count = int(body.get("count", len(names)))
+        target = f"{_link(project, zone)}/instances"
+        spot = properties.get("scheduling", {}).get("provisioningModel") == "SPOT"
+        if zone in self.stockout:
+            return 200, self._operation(zone, "bulkInsert", target, done=True, error=(
+                503, "ZONE_RESOURCE_POOL_EXHAUSTED" if not spot else "STOCKOUT",
+                f"The zone '{zone}' does not have enough resources available to fulfill the request."))
+        if zone in self.quota:
+            return 200, self._operation(zone, "bulkInsert", target, done=True, error=(
+                403, "QUOTA_EXCEEDED", "Quota 'CPUS' exceeded. Limit: 8.0 in region."))
+        if len(names) != count:
+            return 400, _error(400, "invalid", "perInstanceProperties must name every instance")
+        for name in names:
+            if (zone, name) in self.instances:
+                continue  # bulkInsert is idempotent by name: an existing instance is left as it is
+            self.instances[(zone, name)] = {
+                "kind": "compute#instance", "id": str(next(self._ids)), "name": name, "zone": _link(project, zone),
+                "selfLink": f"{target}/{name}", "status": "RUNNING",
+                "machineType": properties.get("machineType", ""), "labels": dict(properties.get("labels", {})),
+                "scheduling": properties.get("scheduling", {}), "metadata": properties.get("metadata", {}),
+                "networkInterfaces": [{"networkIP": f"10.128.0.{len(self.instances) % 250 + 2}"}],
+                "tags": properties.get("tags", {}), "disks": properties.get("disks", []),
+                "creationTimestamp": "2026-12-01T12:00:00.000-08:00",
+            }
+        return 200, self._operation(zone, "bulkInsert", target, done=True)
+
+    def _instances_aggregatedList(self, query: dict[str, str], body: dict[str, Any], project: str
+                                  ) -> tuple[int, Any]:
+        wanted = _parse_label_filter(query.get("filter", ""))
+        matching = sorted((key for key, i in self.instances.items()
+                           if i["name"] not in self.lag and all(i["labels"].get(k) == v for k, v in wanted.items())))
+        start = int(query.get("pageToken") or 0)
+        size = min(int(query.get("maxResults") or self.page_size), self.page_size)
+        page = matching[start:start + size]
+        items: dict[str, Any] = {}
+        for zone, name in page:
+            items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(self.instances[(zone, name)])
+        answer: dict[str, Any] = {"kind": "compute#instanceAggregatedList", "items": items}
+        if start + size < len(matching):
+            answer["nextPageToken"] = str(start + size)
+        return 200, answer
+
+    def _instances_get(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str, name: str
+                       ) -> tuple[int, Any]:
+        instance = self.instances.get((zone, name))
+        if instance is None or name in self.lag:
+            return 404, _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' "
+                                                "was not found")
+        return 200, instance
+
+    def _instances_delete(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str, name: str
+                          ) -> tuple[int, Any]:
+        instance = self.instances.pop((zone, name), None)
+        if instance is None:
+            return 404, _error(404, "notFound", f"The resource '{name}' was not found")
+        return 200, self._operation(zone, "delete", instance["selfLink"], done=True)
+
+    def _instances_getSerialPortOutput(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str,
+                                       name: str) -> tuple[int, Any]:
+        if (zone, name) not in self.instances:
+            return 404, _error(404, "notFound", f"The resource '{name}' was not found")
+        return 200, {"kind": "compute#serialPortOutput", "contents": f"serial console of {name}\n", "next": "1"}
+
+    def _zoneOperations_get(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str, name: str
+                            ) -> tuple[int, Any]:
+        operation = self.operations.get(name)
+        return (200, operation) if operation else (404, _error(404, "notFound", f"no operation {name}"))
+
+    _zoneOperations_wait = _zoneOperations_get
+
+    def _zoneOperations_list(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str
+                             ) -> tuple[int, Any]:
+        wanted = re.findall(r'operationType\s*=\s*"?([\w.]+)"?', query.get("filter", ""))
+        items = [o for o in self.operations.values() if o["zone"].endswith(f"/{zone}")
+                 and (not wanted or o["operationType"] in wanted)]
+        return 200, {"kind": "compute#operationList", "items": items}
+
+    def _zones_list(self, query: dict[str, str], body: dict[str, Any], project: str) -> tuple[int, Any]:
+        items = [{"name": zone, "region": f"{_PREFIX}{project}/regions/{region}", "status": "UP"}
+                 for region, zones in PROJECT_ZONES.items() for zone in zones]
+        match = re.search(r'region\s*=\s*"?([^"\s)]+)"?', query.get("filter", ""))
+        if match:
+            items = [z for z in items if z["region"].endswith("/" + match.group(1).rsplit("/", 1)[-1])]
+        return 200, {"kind": "compute#zoneList", "items": items}
+
+    def _firewalls_get(self, query: dict[str, str], body: dict[str, Any], project: str, name: str
+                       ) -> tuple[int, Any]:
+        found = self.firewalls.get(name)
+        return (200, found) if found else (404, _error(404, "notFound", f"The resource '{name}' was not found"))
+
+    def _firewalls_insert(self, query: dict[str, str], body: dict[str, Any], project: str) -> tuple[int, Any]:
+        name = body["name"]
+        if name in self.firewalls:
+            return 409, _error(409, "alreadyExists", f"The resource '{name}' already exists")
+        self.firewalls[name] = dict(body, selfLink=f"{_PREFIX}{project}/global/firewalls/{name}")
+        return 200, self._operation(None, "insert", self.firewalls[name]["selfLink"], done=True)
+
+    def _globalOperations_get(self, query: dict[str, str], body: dict[str, Any], project: str, name: str
+                              ) -> tuple[int, Any]:
+        return self._zoneOperations_get(query, body, project, "", name)
+
+    _globalOperations_wait = _globalOperations_get
+
+    def _operation(self, zone: str | None, kind: str, target: str, done: bool,
+                   error: tuple[int, str, str] | None = None) -> dict[str, Any]:
+        number = next(self._ids)
+        name = f"operation-{number}"
+        where = f"{_PREFIX}p/zones/{zone}" if zone else f"{_PREFIX}p/global"
+        operation: dict[str, Any] = {"kind": "compute#operation", "id": str(number), "name": name,
+                                     "operationType": kind, "targetLink": target,
+                                     "status": "DONE" if done else "RUNNING", "progress": 100,
+                                     "selfLink": f"{where}/operations/{name}"}
+        if zone:
+            operation["zone"] = f"{_PREFIX}p/zones/{zone}"
+        if error is not None:
+            status, code, message = error
+            operation |= {"httpErrorStatusCode": status, "httpErrorMessage": message,
+                          "error": {"errors": [{"code": code, "message": message}]}}
+        self.operations[name] = operation
+        return operation
+
+
+_ROUTES = [
+    ("POST", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/bulkInsert", "instances.bulkInsert"),
+    ("GET", r"(?P<project>[^/]+)/aggregated/instances", "instances.aggregatedList"),
+    ("GET", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/serialPort",
+     "instances.getSerialPortOutput"),
+    ("GET", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)", "instances.get"),
+    ("DELETE", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)", "instances.delete"),
+    ("GET", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/operations/(?P<name>[^/]+)", "zoneOperations.get"),
+    ("POST", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/operations/(?P<name>[^/]+)/wait", "zoneOperations.wait"),
+    ("GET", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/operations", "zoneOperations.list"),
+    ("GET", r"(?P<project>[^/]+)/zones", "zones.list"),
+    ("GET", r"(?P<project>[^/]+)/global/firewalls/(?P<name>[^/]+)", "firewalls.get"),
+    ("POST", r"(?P<project>[^/]+)/global/firewalls", "firewalls.insert"),
+    ("GET", r"(?P<project>[^/]+)/global/operations/(?P<name>[^/]+)", "globalOperations.get"),
+    ("POST", r"(?P<project>[^/]+)/global/operations/(?P<name>[^/]+)/wait", "globalOperations.wait"),
+]
+
+
+def _route(verb: str, path: str) -> tuple[str, dict[str, str]] | None:
+    if not path.startswith(_PREFIX):
+        return None
+    rest = path[len(_PREFIX):]
+    for route_verb, pattern, method in _ROUTES:
+        match = re.fullmatch(pattern, rest)
+        if route_verb == verb and match:
+            return method, match.groupdict()
+    return None
+
+
+def _parse_label_filter(text: str) -> dict[str, str]:
+    return dict(re.findall(r'labels\.([\w-]+)\s*=\s*"?([\w-]*)"?', text))
+
+
+def _link(project: str, zone: str) -> str:
+    return f"https://www.googleapis.com{_PREFIX}{project}/zones/{zone}"
+
+
+def _error(status: int, reason: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": status, "message": message, "errors": [{"reason": reason, "message": message}]}}
+
+
+@contextmanager
+def serve_fake_compute(fake: FakeCompute | None = None) -> Iterator[tuple[FakeCompute, str]]:
+    """Run ``fake`` on a free 127.0.0.1 port; yield it and its endpoint (``http://127.0.0.1:PORT``)."""
+    state = fake or FakeCompute()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self, verb: str) -> None:
+            parsed = urllib.parse.urlsplit(self.path)
+            query = dict(urllib.parse.parse_qsl(parsed.query))
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw.strip() else {}
+            status, answer = state.handle(verb, urllib.parse.unquote(parsed.path), query, body)
+            data = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._answer("GET")
+
+        def do_POST(self) -> None:
+            self._answer("POST")
+
+        def do_DELETE(self) -> None:
+            self._answer("DELETE")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,309 @@
+"""The GCP provider against the fake Compute Engine on 127.0.0.1 (``gce_fake``): the real client library,
+anonymous credentials, an ``api_endpoint`` over http. Batching, labels, names, pagination, statuses,
+zone fallback, error translation, and launches re-sent after a crash."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1")
+
+from google.auth.credentials import AnonymousCredentials
+
+from skyserve_lite.clock import FakeClock
+from skyserve_lite.errors import PermanentProviderError, TransientProviderError
+from skyserve_lite.providers.base import InstanceState, LaunchRequest
+from skyserve_lite.providers.cloud import plan_launch_groups
+from skyserve_lite.providers.gcp import (
+    GCP_BOOT,
+    LABEL_CONTROLLER,
+    GcpProvider,
+    compute_state,
+    instance_name,
+    parse_replica_id,
+)
+from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.spec.parse import parse_task
+from tests.providers.gce_fake import FakeCompute, serve_fake_compute
+
+TASK = """\
+resources:
+  cloud: gcp
+  region: us-central1
+  {zone}
+  instance_type: e2-small
+  use_spot: {spot}
+service:
+  readiness_probe: /
+  replicas: 2
+  ports: 8000
+run: python3 -m http.server 8000
+"""
+
+
+def spec(zone: str | None = "us-central1-a", spot: bool = False) -> SubmittedTask:
+    text = TASK.format(zone=f"zone: {zone}" if zone else "", spot=str(spot).lower())
+    return SubmittedTask(text, "/t.yaml", parse_task(text))
+
+
+def request(replica_id: int, task: SubmittedTask | None = None, token: str = "a" * 32, version: int = 1,
+            spot: bool = False) -> LaunchRequest:
+    task = task or spec(spot=spot)
+    return LaunchRequest(service="web", replica_id=replica_id, version=version, spec=task.spec,
+                         launch_token=token, is_spot=spot)
+
+
+def anonymous() -> object:
+    return AnonymousCredentials()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeCompute, str]]:
+    with serve_fake_compute() as served:
+        yield served
+
+
+def provider_for(endpoint: str, page_size: int = 500) -> GcpProvider:
+    return GcpProvider("c0ffee123456", FakeClock(), project="p", credentials=anonymous(),
+                       api_endpoint=endpoint, sleep=lambda _s: None, page_size=page_size)
+
+
+@pytest.fixture
+def gcp(fake: tuple[FakeCompute, str]) -> GcpProvider:
+    return provider_for(fake[1])
+
+
+def test_scaling_up_by_k_in_one_zone_is_one_bulk_insert(gcp: GcpProvider, fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    outcomes = gcp.launch([request(i) for i in (3, 4, 5)])
+    assert [o.instance.replica_id for o in outcomes if o.instance] == [3, 4, 5]
+    assert compute.calls["instances.bulkInsert"] == 1
+    ((_method, body),) = [r for r in compute.requests if r[0] == "instances.bulkInsert"]
+    assert int(body["count"]) == 3 and sorted(body["perInstanceProperties"]) == sorted(
+        o.instance.instance_id.split("/")[1] for o in outcomes if o.instance)
+    labels = body["instanceProperties"]["labels"]
+    assert labels[LABEL_CONTROLLER] == "c0ffee123456" and labels["sky-lite-service"] == "web"
+    assert labels["sky-lite-version"] == "1" and labels["sky-lite-port"] == "8000"
+    metadata = {i["key"]: i["value"] for i in body["instanceProperties"]["metadata"]["items"]}
+    assert "replica_ids=3,4,5" in metadata["startup-script"]
+    assert "computeMetadata/v1/instance/name" in metadata["startup-script"]
+    assert body["instanceProperties"]["machineType"] == "e2-small"
+    assert "scheduling" not in body["instanceProperties"]
+
+
+def test_spot_is_the_spot_provisioning_model_deleted_on_preemption(gcp: GcpProvider,
+                                                                    fake: tuple[FakeCompute, str]) -> None:
+    gcp.launch([request(1, spot=True)])
+    ((_, body),) = [r for r in fake[0].requests if r[0] == "instances.bulkInsert"]
+    assert body["instanceProperties"]["scheduling"] == {"provisioningModel": "SPOT",
+                                                        "instanceTerminationAction": "DELETE"}
+    (instance,) = gcp.list_instances()
+    assert instance.is_spot
+
+
+def test_the_inventory_is_the_aggregated_list_pages_only(fake: tuple[FakeCompute, str]) -> None:
+    compute, endpoint = fake
+    gcp = provider_for(endpoint, page_size=50)
+    gcp.launch([request(i, spec("us-central1-a")) for i in range(1, 61)]
+               + [request(i, spec("us-central1-b"), token="b" * 32) for i in range(61, 121)])
+    compute.calls.clear()
+    listed = gcp.list_instances()
+    assert sorted(i.replica_id for i in listed) == list(range(1, 121))
+    assert dict(compute.calls) == {"instances.aggregatedList": 3}  # 120 instances, 50 a page
+    assert {i.zone for i in listed} == {"us-central1-a", "us-central1-b"}
+    assert all(i.url and i.url.endswith(":8000") and i.state is InstanceState.RUNNING for i in listed)
+
+
+def test_only_this_controllers_instances_are_listed(fake: tuple[FakeCompute, str]) -> None:
+    _compute, endpoint = fake
+    provider_for(endpoint).launch([request(1)])
+    other = GcpProvider("0ther0000000", FakeClock(), project="p", credentials=anonymous(),
+                        api_endpoint=endpoint)
+    assert other.list_instances() == []
+
+
+def test_a_launch_sent_again_adopts_what_the_first_started(gcp: GcpProvider, fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    first = gcp.launch([request(1), request(2)])
+    again = gcp.launch([request(1), request(2)])  # the controller crashed before recording the outcome
+    assert [o.instance.instance_id for o in again if o.instance] == [o.instance.instance_id for o in first
+                                                                     if o.instance]
+    assert compute.calls["instances.bulkInsert"] == 1 and len(compute.instances) == 2
+
+
+def test_a_bulk_insert_sent_twice_creates_nothing_twice(gcp: GcpProvider, fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    compute.lag |= set()  # listings show everything: the adoption lookup is what a lag would defeat
+    gcp.launch([request(1)])
+    compute.lag |= {name for _zone, name in compute.instances}  # the first attempt's instance is not listed yet
+    gcp.launch([request(1)])
+    assert compute.calls["instances.bulkInsert"] == 2 and len(compute.instances) == 1  # idempotent by name
+
+
+def test_a_zone_without_capacity_moves_to_the_next_and_says_so(fake: tuple[FakeCompute, str]) -> None:
+    compute, endpoint = fake
+    compute.stockout.add("us-central1-a")
+    (outcome,) = provider_for(endpoint).launch([request(1, spec(zone=None))])
+    assert outcome.instance is not None and outcome.instance.zone == "us-central1-b"
+    assert outcome.instance.detail == "launched in us-central1-b; no capacity in us-central1-a: " \
+                                      "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert compute.calls["zones.list"] == 1
+
+
+def test_no_capacity_anywhere_is_a_transient_outcome(fake: tuple[FakeCompute, str]) -> None:
+    compute, endpoint = fake
+    compute.stockout |= {"us-central1-a", "us-central1-b"}
+    compute.quota.add("us-central1-c")
+    (outcome,) = provider_for(endpoint).launch([request(1, spec(zone=None), spot=True)])
+    assert outcome.instance is None and not outcome.permanent
+    assert outcome.error is not None and outcome.error.startswith("no spot capacity for e2-small in us-central1")
+    assert "us-central1-c: QUOTA_EXCEEDED" in outcome.error
+
+
+@pytest.mark.parametrize(("status", "reason", "permanent", "message"), [
+    (403, "forbidden", True, "roles/compute.instanceAdmin.v1"),
+    (400, "invalid", True, "bulk_insert"),
+    (404, "notFound", True, "check the project"),
+])
+def test_api_errors_are_translated_once(fake: tuple[FakeCompute, str], status: int, reason: str, permanent: bool,
+                                        message: str) -> None:
+    compute, endpoint = fake
+    compute.fail("instances.bulkInsert", status, reason)
+    (outcome,) = provider_for(endpoint).launch([request(1)])
+    assert outcome.permanent is permanent and outcome.error is not None and message in outcome.error
+
+
+def test_a_busy_api_is_retried_then_transient(fake: tuple[FakeCompute, str]) -> None:
+    compute, endpoint = fake
+    compute.fail("instances.aggregatedList", 429, "rateLimitExceeded", times=2)
+    assert provider_for(endpoint).list_instances() == []  # two 429s, then an answer
+    compute.fail("instances.aggregatedList", 503, "backendError", times=10)
+    with pytest.raises(TransientProviderError, match="busy"):
+        provider_for(endpoint).list_instances()
+
+
+def test_terminate_deletes_and_a_gone_instance_is_fine(gcp: GcpProvider, fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    ids = [o.instance.instance_id for o in gcp.launch([request(1), request(2)]) if o.instance]
+    gcp.terminate([*ids, "us-central1-a/sky-c0ffee123456-00000000-r9"])
+    assert compute.instances == {} and compute.calls["instances.delete"] == 3
+    assert gcp.find_instances(ids) == []
+
+
+def test_find_instances_reads_each_by_id(gcp: GcpProvider, fake: tuple[FakeCompute, str]) -> None:
+    (outcome,) = gcp.launch([request(7)])
+    assert outcome.instance is not None
+    (found,) = gcp.find_instances([outcome.instance.instance_id])
+    assert (found.replica_id, found.service, found.version, found.state) == (7, "web", 1, InstanceState.RUNNING)
+
+
+def test_a_firewall_rule_per_controller_and_port_made_once(fake: tuple[FakeCompute, str]) -> None:
+    compute, endpoint = fake
+    provider_for(endpoint).launch([request(1)])
+    provider_for(endpoint).launch([request(2, token="b" * 32)])  # a new provider finds the rule by name
+    (rule,) = compute.firewalls.values()
+    assert rule["targetTags"] == ["sky-lite-c0ffee123456"] and rule["allowed"][0]["ports"] == ["8000"]
+    assert compute.calls["firewalls.insert"] == 1
+
+
+def test_the_serial_console_is_the_replica_log(gcp: GcpProvider) -> None:
+    (outcome,) = gcp.launch([request(1)])
+    assert outcome.instance is not None
+    log = gcp.read_log("web", 1, outcome.instance.instance_id, "us-central1")
+    assert log is not None and log.text is not None and "serial console" in log.text
+
+
+def test_a_task_with_local_files_is_refused_for_now(gcp: GcpProvider, tmp_path: Path) -> None:
+    import dataclasses
+
+    from skyserve_lite.files.manifest import TaskFiles
+
+    task = spec()
+    with_files = dataclasses.replace(task.spec, files=TaskFiles())
+    (outcome,) = gcp.launch([LaunchRequest("web", 1, 1, with_files, "a" * 32, False)])
+    assert outcome.permanent and outcome.error is not None and "local files" in outcome.error
+
+
+def test_missing_credentials_name_what_to_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    provider = GcpProvider("c0ffee123456", FakeClock(), project="p", api_endpoint="http://127.0.0.1:9")
+    with pytest.raises(PermanentProviderError, match="GOOGLE_APPLICATION_CREDENTIALS"):
+        provider.list_instances()
+
+
+@pytest.mark.parametrize(("raw", "state"), [
+    ({"status": "PROVISIONING"}, InstanceState.PENDING),
+    ({"status": "STAGING"}, InstanceState.PENDING),
+    ({"status": "RUNNING"}, InstanceState.RUNNING),
+    ({"status": "STOPPING"}, InstanceState.EXITED),
+    ({"status": "TERMINATED"}, InstanceState.EXITED),
+    ({"status": "SUSPENDED"}, InstanceState.EXITED),
+    ({"status": "TERMINATED", "scheduling": {"provisioningModel": "SPOT"}}, InstanceState.PREEMPTED),
+])
+def test_statuses(raw: dict[str, object], state: InstanceState) -> None:
+    assert compute_state(raw)[0] is state
+
+
+def test_names_carry_the_replica_id_and_fit_gce_rules() -> None:
+    (group,) = plan_launch_groups([request(123456)], None)
+    name = instance_name("C0FFEE123456", group, 123456)
+    assert parse_replica_id(name) == 123456 and len(name) <= 63 and name == name.lower()
+    assert parse_replica_id("someone-elses-vm") is None
+
+
+def test_the_startup_script_finds_its_replica_id_from_its_name(tmp_path: Path) -> None:
+    import subprocess
+
+    stub = tmp_path / "curl"
+    stub.write_text("#!/bin/sh\necho sky-c0ffee123456-0a1b2c3d-r42\n")
+    stub.chmod(0o755)
+    script = "\n".join(["set -eu", "replica_ids=41,42,43", *GCP_BOOT.find_replica_id, 'echo "$replica_id"'])
+    out = subprocess.run(["bash", "-c", script], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "42"
+    script = script.replace("41,42,43", "1,2")  # a name whose id is not in the batch gives none
+    assert subprocess.run(["bash", "-c", script], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True,
+                          text=True, check=True).stdout.strip() == ""
+
+
+@pytest.mark.parametrize(("extra", "field", "message"), [
+    ("workdir: ./app\n", "workdir", "does not ship a local workdir yet"),
+    ("file_mounts:\n  /data: ./data\n", "file_mounts./data", "gs:// sources only"),
+    ("file_mounts:\n  /data: s3://bucket/data\n", "file_mounts./data", "gs:// sources only"),
+])
+def test_a_gcp_task_with_what_gcp_cannot_ship_is_refused_naming_the_field(extra: str, field: str,
+                                                                           message: str) -> None:
+    from skyserve_lite.errors import SpecError
+    from skyserve_lite.providers import check_task_for_cloud
+
+    text = TASK.format(zone="", spot="false") + extra
+    with pytest.raises(SpecError, match=message) as caught:
+        check_task_for_cloud(SubmittedTask(text, "/t.yaml", parse_task(text)))
+    assert caught.value.path == field
+
+
+def test_gs_sources_are_fetched_by_the_startup_script(gcp: GcpProvider, fake: tuple[FakeCompute, str]) -> None:
+    text = TASK.format(zone="zone: us-central1-a", spot="false") + "file_mounts:\n  /data: gs://bucket/data\n"
+    task = SubmittedTask(text, "/t.yaml", parse_task(text))
+    gcp.launch([request(1, task)])
+    ((_, body),) = [r for r in fake[0].requests if r[0] == "instances.bulkInsert"]
+    script = {i["key"]: i["value"] for i in body["instanceProperties"]["metadata"]["items"]}["startup-script"]
+    assert "fetch gs://bucket/data /data" in script and "gcloud storage cp" in script
+
+
+def test_force_down_notes_a_cloud_without_credentials_instead_of_failing(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyserve_lite.forcedown import force_down
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "controller-id").write_text("c0ffee123456\n")
+    provider = GcpProvider("c0ffee123456", FakeClock(), project="p", api_endpoint="http://127.0.0.1:9")
+    report = force_down(home, clouds=lambda _id: {"gcp": provider})
+    assert report.errors == ()
+    assert any(note.startswith("gcp: not searched: it has no credentials here") for note in report.notes)
