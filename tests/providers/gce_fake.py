@@ -4,7 +4,8 @@ Stateful and small: the endpoints the provider calls (instances bulkInsert/aggre
 the serial port, zone operations get/wait, zones list, firewalls get/insert), answered the way Compute
 Engine answers them (JSON shapes, pagination with ``pageToken``, operations with ``httpErrorStatusCode``
 and ``error.errors[].code`` on failure). The provider is pointed at it with an ``api_endpoint`` and
-anonymous credentials and does not know it is a fake.
+anonymous credentials (or, in another process, a service account key whose token exchange goes to the fake's
+``/token``: ``write_service_account_key``) and does not know it is a fake.
 
 Hooks for what a test needs to happen: ``stockout`` (zones with no capacity: bulkInsert's operation fails
 with ZONE_RESOURCE_POOL_EXHAUSTED), ``quota`` (QUOTA_EXCEEDED), ``fail_next`` (an HTTP error for the next
@@ -25,11 +26,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 PROJECT_ZONES = {"us-central1": ("us-central1-a", "us-central1-b", "us-central1-c"),
                  "europe-west1": ("europe-west1-b", "europe-west1-c", "europe-west1-d")}
 _PREFIX = "/compute/v1/projects/"
+TOKEN_PATH = "/token"
 
 
 @dataclass
@@ -64,7 +67,8 @@ class FakeCompute:
         away and a ``compute.instances.preempted`` operation is left in its zone."""
         with self._lock:
             instance = self.instances.pop((zone, name))
-            self._operation(zone, "compute.instances.preempted", instance["selfLink"], done=True)
+            operation = self._operation(zone, "compute.instances.preempted", instance["selfLink"], done=True)
+            operation["insertTime"] = "2026-12-01T12:30:00.000-08:00"
 
     def set_status(self, zone: str, name: str, status: str) -> None:
         self.instances[(zone, name)]["status"] = status
@@ -165,7 +169,7 @@ class FakeCompute:
     def _zoneOperations_list(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str
                              ) -> tuple[int, Any]:
         wanted = re.findall(r'operationType\s*=\s*"?([\w.]+)"?', query.get("filter", ""))
-        items = [o for o in self.operations.values() if o["zone"].endswith(f"/{zone}")
+        items = [o for o in self.operations.values() if o.get("zone", "").endswith(f"/{zone}")
                  and (not wanted or o["operationType"] in wanted)]
         return 200, {"kind": "compute#operationList", "items": items}
 
@@ -268,8 +272,12 @@ def serve_fake_compute(fake: FakeCompute | None = None) -> Iterator[tuple[FakeCo
             query = dict(urllib.parse.parse_qsl(parsed.query))
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            body = json.loads(raw) if raw.strip() else {}
-            status, answer = state.handle(verb, urllib.parse.unquote(parsed.path), query, body)
+            if parsed.path == TOKEN_PATH:  # google-auth's token exchange for a service account key
+                state.calls["oauth2.token"] += 1
+                status, answer = 200, {"access_token": "fake-token", "expires_in": 3600, "token_type": "Bearer"}
+            else:
+                body = json.loads(raw) if raw.strip() else {}
+                status, answer = state.handle(verb, urllib.parse.unquote(parsed.path), query, body)
             data = json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -297,3 +305,19 @@ def serve_fake_compute(fake: FakeCompute | None = None) -> Iterator[tuple[FakeCo
     finally:
         server.shutdown()
         server.server_close()
+
+
+def write_service_account_key(path: Path, endpoint: str, project: str = "p") -> Path:
+    """A service account key file whose token exchange goes to the fake (``token_uri``): what
+    ``GOOGLE_APPLICATION_CREDENTIALS`` names for a controller in another process. The RSA key is made here."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    path.write_text(json.dumps({"type": "service_account", "project_id": project, "private_key_id": "1",
+                                "private_key": pem, "client_email": f"sky-lite@{project}.iam.gserviceaccount.com",
+                                "client_id": "1", "token_uri": f"{endpoint}{TOKEN_PATH}"}))
+    path.chmod(0o600)
+    return path

@@ -307,3 +307,20 @@ def test_force_down_notes_a_cloud_without_credentials_instead_of_failing(tmp_pat
     report = force_down(home, clouds=lambda _id: {"gcp": provider})
     assert report.errors == ()
     assert any(note.startswith("gcp: not searched: it has no credentials here") for note in report.notes)
+
+
+def test_a_spot_vm_deleted_by_preemption_is_found_preempted(gcp: GcpProvider, fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    spot = [o.instance for o in gcp.launch([request(1, spot=True), request(2, spot=True)]) if o.instance]
+    zone, name = spot[0].instance_id.split("/")
+    compute.preempt(zone, name)
+    assert [i.replica_id for i in gcp.list_instances()] == [2]  # the listing no longer has it
+    compute.calls.clear()
+    (found,) = gcp.find_instances([spot[0].instance_id, "us-central1-a/sky-c0ffee123456-00000000-r9"])
+    assert (found.instance_id, found.state, found.replica_id) == (spot[0].instance_id, InstanceState.PREEMPTED, 1)
+    assert found.detail == "spot instance preempted at 2026-12-01T12:30:00.000-08:00"
+    # One operations read for the zone where something was missing; none when nothing is.
+    assert compute.calls["zoneOperations.list"] == 1
+    compute.calls.clear()
+    gcp.find_instances([spot[1].instance_id])
+    assert compute.calls["zoneOperations.list"] == 0
