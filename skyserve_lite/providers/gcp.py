@@ -8,8 +8,8 @@ Every instance carries these labels (GCE label values: lowercase letters, digits
 
 and its name says its replica id: ``sky-<controller>-<batch>-r<replica id>``, where ``<batch>`` is a digest of
 the service and launch token. A ``launch`` call is ``cloud.launch_in_batches``: instances an earlier attempt
-of the same launch token started are adopted (one ``aggregatedList`` per call), the rest are grouped by
-region, zone and market and each group is one ``instances.bulkInsert`` naming every instance
+of the same launch token started are adopted (one ``aggregatedList`` filtered by its token label), the rest
+are grouped by region, zone and market and each group is one ``instances.bulkInsert`` naming every instance
 (``perInstanceProperties``), which GCE treats as idempotent by name: a bulkInsert re-sent after a crash
 creates nothing twice. A zoneless group tries the region's zones in order (``zones.list``, once per region)
 and moves on when one has no capacity (ZONE_RESOURCE_POOL_EXHAUSTED, STOCKOUT, QUOTA_EXCEEDED).
@@ -22,7 +22,8 @@ A firewall rule per controller (``sky-lite-<controller>``) opens the service por
 range for instances with the network tag ``sky-lite-<controller>``.
 
 The inventory is one paginated ``instances.aggregatedList`` with a label filter per pass, whatever the
-number of zones and replicas; ``terminate`` is one ``instances.delete`` per instance, not waited on.
+number of zones and replicas; ``terminate`` is one ``instances.delete`` per instance, sent concurrently and
+not waited on.
 
 Errors: google-api-core's exceptions (and google-auth's, for credentials) are translated by one function,
 ``translate_error``, at one boundary (``_call``): 429 and 5xx are retried a few times with a short backoff,
@@ -71,6 +72,7 @@ PAGE_SIZE = 500
 RETRY_DELAYS = (0.25, 0.5, 1.0)
 OPERATION_TIMEOUT_SECONDS = 300.0
 CALL_TIMEOUT_SECONDS = 60.0
+TERMINATE_CONCURRENCY = 16
 PROJECT_SETTING = "SKY_LITE_GCP_PROJECT"
 REGION_SETTING = "SKY_LITE_GCP_REGION"
 ENDPOINT_SETTING = "SKY_LITE_GCP_ENDPOINT"  # e.g. a local fake of the API: http://127.0.0.1:PORT
@@ -297,17 +299,32 @@ class GcpProvider:
 
     @_boundary
     def terminate(self, instance_ids: Sequence[str]) -> None:
-        """One ``instances.delete`` per instance, not waited on (the inventory sees them go). An instance
-        that is gone already is fine."""
+        """One ``instances.delete`` per instance (Compute Engine has no bulk delete), sent concurrently and
+        not waited on: the inventory sees them go. An instance that is gone already is fine; the first other
+        failure is raised once every delete was tried."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from google.api_core import exceptions as core
 
-        for instance_id in instance_ids:
+        def delete(instance_id: str) -> ProviderError | None:
             zone, _, name = instance_id.partition("/")
             try:
                 self._call("instances", "delete", project=self._get_project(), zone=zone, instance=name)
             except GcpPermanentError as exc:
                 if not (exc.code == "notFound" or isinstance(exc.__cause__, core.NotFound)):
-                    raise
+                    return exc
+            except ProviderError as exc:
+                return exc
+            return None
+
+        if not instance_ids:
+            return
+        self._get_project()
+        self._client("instances")  # built once, before the threads share it
+        with ThreadPoolExecutor(max_workers=min(TERMINATE_CONCURRENCY, len(instance_ids))) as pool:
+            failures = [f for f in pool.map(delete, instance_ids) if f is not None]
+        if failures:
+            raise failures[0]
 
     def release_service(self, service: str) -> None:
         """Nothing is kept per service yet (no staged files)."""
@@ -329,12 +346,14 @@ class GcpProvider:
 
     # --- cloud.BatchCloud ----------------------------------------------------------------------------------
     def find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:
+        """One aggregatedList per launch token, filtered by its label (a launch call has one token, and a new
+        one matches nothing: one short answer), whatever the number of instances the controller has."""
         found: dict[tuple[str, int, str], Instance] = {}
-        for zone, raw in self._list_raw():
-            token = (raw.get("labels") or {}).get(LABEL_TOKEN)
-            instance = describe_instance(raw, zone)
-            if instance is not None and token in tokens and region_of(zone) == region:
-                found[(instance.service, instance.replica_id, str(token))] = instance
+        for token in sorted(tokens):
+            for zone, raw in self._list_raw({LABEL_TOKEN: token.lower()}):
+                instance = describe_instance(raw, zone)
+                if instance is not None and region_of(zone) == region:
+                    found[(instance.service, instance.replica_id, token)] = instance
         return found
 
     def launch_group(self, group: LaunchGroup) -> list[LaunchOutcome]:
@@ -439,9 +458,11 @@ class GcpProvider:
                 raise GcpTransientError(f"no zone of {region} is up", "NoZone")
         return self._zones[region]
 
-    def _list_raw(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        request = {"project": self._get_project(), "filter": f'labels.{LABEL_CONTROLLER} = "{self._controller_id}"',
-                   "max_results": self._page_size}
+    def _list_raw(self, labels: Mapping[str, str] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """This controller's instances (and ``labels``), every page of one aggregatedList."""
+        wanted = {LABEL_CONTROLLER: self._controller_id, **(labels or {})}
+        text = " AND ".join(f'labels.{key} = "{value}"' for key, value in wanted.items())
+        request = {"project": self._get_project(), "filter": text, "max_results": self._page_size}
         for scope, scoped in self._call("instances", "aggregated_list", request=request):
             zone = scope.rsplit("/", 1)[-1]
             for raw in scoped.instances:

@@ -324,3 +324,13 @@ def test_a_spot_vm_deleted_by_preemption_is_found_preempted(gcp: GcpProvider, fa
     compute.calls.clear()
     gcp.find_instances([spot[1].instance_id])
     assert compute.calls["zoneOperations.list"] == 0
+
+
+def test_a_failed_delete_is_raised_after_every_other_delete_was_sent(gcp: GcpProvider,
+                                                                     fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    ids = [o.instance.instance_id for o in gcp.launch([request(i) for i in (1, 2, 3)]) if o.instance]
+    compute.fail("instances.delete", 403, "forbidden")
+    with pytest.raises(PermanentProviderError, match="roles/compute.instanceAdmin.v1"):
+        gcp.terminate(ids)
+    assert compute.calls["instances.delete"] == 3 and len(compute.instances) == 1
