@@ -14,6 +14,10 @@ pytest.importorskip("google.cloud.compute_v1")
 from google.auth.credentials import AnonymousCredentials
 
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
+from skyserve_lite.controller.probe import FakeProber
+from skyserve_lite.controller.reconcile import Reconciler
+from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import PermanentProviderError, TransientProviderError
 from skyserve_lite.providers.base import InstanceState, LaunchRequest
 from skyserve_lite.providers.cloud import plan_launch_groups
@@ -27,6 +31,8 @@ from skyserve_lite.providers.gcp import (
 )
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.store import Store
 from tests.providers.gce_fake import FakeCompute, serve_fake_compute
 
 TASK = """\
@@ -331,6 +337,50 @@ def test_a_failed_delete_is_raised_after_every_other_delete_was_sent(gcp: GcpPro
     compute, _ = fake
     ids = [o.instance.instance_id for o in gcp.launch([request(i) for i in (1, 2, 3)]) if o.instance]
     compute.fail("instances.delete", 403, "forbidden")
-    with pytest.raises(PermanentProviderError, match="roles/compute.instanceAdmin.v1"):
+    with pytest.raises(PermanentProviderError, match=r"roles/compute\.instanceAdmin\.v1"):
         gcp.terminate(ids)
     assert compute.calls["instances.delete"] == 3 and len(compute.instances) == 1
+
+
+# --- crash recovery through the controller ------------------------------------------------------------------
+def _controller(tmp_path: Path, gcp: GcpProvider) -> tuple[Store, Reconciler]:
+    store = Store.open(tmp_path / "home")
+    store.create_service("web", spec(), 30001, 0.0)
+    reconciler = Reconciler(store, {"gcp": gcp}, FakeProber(), FakeLoadBalancerRunner(), FakeClock(),
+                            ControllerSettings())
+    return store, reconciler
+
+
+def _intent(store: Store) -> list[ReplicaRecord]:
+    """What the executor writes before it calls bulkInsert: PROVISIONING rows with the batch's token."""
+    template = ReplicaRecord(service="web", replica_id=0, version=1, status=ReplicaStatus.PROVISIONING, cloud="gcp",
+                             launched_at=FakeClock().now(), status_since=FakeClock().now(), launch_token="tok-crash")
+    return list(store.add_replicas("web", 2, template))
+
+
+def test_crash_between_intent_and_bulk_insert_launches_once(tmp_path: Path, gcp: GcpProvider,
+                                                             fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    store, reconciler = _controller(tmp_path, gcp)
+    rows = _intent(store)  # ... and the controller died before bulkInsert
+    reconciler.reconcile_once()
+    reconciler.reconcile_once()
+    assert compute.calls["instances.bulkInsert"] == 1 and len(compute.instances) == 2
+    adopted = {r.replica_id: r.instance_id for r in store.list_replicas("web")}
+    assert sorted(adopted) == [r.replica_id for r in rows] and all(adopted.values())
+    assert compute.calls["instances.delete"] == 0
+
+
+def test_crash_between_bulk_insert_and_recording_adopts_without_launching_again(
+        tmp_path: Path, gcp: GcpProvider, fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    store, reconciler = _controller(tmp_path, gcp)
+    rows = _intent(store)
+    version = store.get_version("web", 1)
+    outcomes = gcp.launch([LaunchRequest("web", r.replica_id, 1, version.spec, r.launch_token, False) for r in rows])
+    launched = {o.replica_id: o.instance.instance_id for o in outcomes if o.instance}
+    # ... and the controller died before writing the instance ids.
+    reconciler.reconcile_once()
+    assert compute.calls["instances.bulkInsert"] == 1
+    assert {r.replica_id: r.instance_id for r in store.list_replicas("web")} == launched
+    assert compute.calls["instances.delete"] == 0
