@@ -50,7 +50,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, BinaryIO, ParamSpec, TypeVar
 
 import boto3
 from boto3.exceptions import Boto3Error
@@ -75,20 +75,18 @@ from skyserve_lite.clock import Clock
 from skyserve_lite.errors import PermanentProviderError, ProviderError, TransientProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.files.capture import is_cloud_uri, needs_capture
-from skyserve_lite.files.manifest import EntryKind, TaskFiles
 from skyserve_lite.providers import cloud
 from skyserve_lite.providers.aws_userdata import USER_DATA_LIMIT_BYTES, render_user_data
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
 from skyserve_lite.providers.boot_script import (
     BootBatch,
     Fetch,
-    Placement,
     StagedFiles,
     find_mount_destination,
     find_placements,
-    render_file_list,
 )
 from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError, failed_outcome
+from skyserve_lite.providers.staging import SnapshotStager
 from skyserve_lite.spec.model import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -112,8 +110,6 @@ PAGE_SIZE = 1000
 # requests, short enough not to hold a reconcile pass up.
 RETRY_DELAYS = (0.25, 0.5, 1.0)
 _OPEN_TO_ALL = "0.0.0.0/0"
-BLOB_PREFIX = "blobs/"
-FILE_LIST_PREFIX = "files/"
 
 _TRANSIENT_CODES = frozenset({
     "Throttling", "ThrottlingException", "RequestLimitExceeded", "EC2ThrottledException", "SlowDown",
@@ -253,21 +249,6 @@ def _boundary(method: Callable[_P, _R]) -> Callable[_P, _R]:
     return translated
 
 
-@contextlib.contextmanager
-def _reading_blob(field_path: str, name: str, digest: str) -> Iterator[None]:
-    """Reading a snapshot's blob from the state directory to upload it: an ``OSError`` is a permanent error
-    naming the field (the version's files cannot be had; resubmitting it captures them again)."""
-    try:
-        yield
-    except FileNotFoundError as exc:
-        raise AwsPermanentError(f"{field_path}: {name}: its content (sha256 {digest[:12]}) is missing from the "
-                                "snapshot store: submit the task again with `sky-lite serve update`",
-                                "MissingBlob") from exc
-    except OSError as exc:
-        raise AwsPermanentError(f"{field_path}: {name}: cannot read its content from the snapshot store "
-                                f"({exc.filename}): {exc.strerror or exc}", "UnreadableSource") from exc
-
-
 # --- pure helpers ----------------------------------------------------------------------------------------------
 def fits_one_tag(batch: Sequence[LaunchRequest]) -> bool:
     """Whether one ``RunInstances`` can start ``batch``: its replica ids fit one tag value."""
@@ -349,14 +330,6 @@ def describe_instance(raw: Mapping[str, Any], region: str, *, service: str, vers
     )
 
 
-def compute_bucket_name(controller_id: str, service: str) -> str:
-    """The bucket of one service's uploaded files: lowercase, at most 63 characters, unique per controller."""
-    name = re.sub(r"[^a-z0-9-]+", "-", f"sky-lite-{controller_id}-{service}".lower()).strip("-")
-    if len(name) > 63:
-        name = f"{name[:54].rstrip('-')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-    return name
-
-
 def find_service_port(spec: TaskSpec) -> int:
     return spec.service.port or DEFAULT_PORT
 
@@ -367,16 +340,6 @@ class _SecurityGroup:
     group_id: str
     vpc_cidr: str
     rules: set[tuple[int, str]] = field(default_factory=set)  # (tcp port, cidr) already allowed
-
-
-@dataclass
-class _Bucket:
-    """A service's bucket as this provider knows it: what is in it already, so nothing is uploaded twice."""
-
-    name: str
-    region: str
-    blobs: set[str]  # digests under blobs/: listed once, then added to as they are uploaded
-    file_lists: dict[str, StagedFiles] = field(default_factory=dict)  # by snapshot digest, uploaded
 
 
 class AwsProvider:
@@ -405,7 +368,8 @@ class AwsProvider:
         self._zones: dict[str, tuple[str, ...]] = {}
         self._groups: dict[str, _SecurityGroup] = {}
         self._root_devices: dict[tuple[str, str], str] = {}
-        self._buckets: dict[str, _Bucket] = {}  # by service
+        self._stager = SnapshotStager(_S3Objects(self), blobs, controller_id,
+                                      lambda message: AwsPermanentError(message, "MissingBlob"))
 
     # --- Provider ------------------------------------------------------------------------------------------
     @_boundary
@@ -464,23 +428,7 @@ class AwsProvider:
     @_boundary
     def release_service(self, service: str) -> None:
         """Delete the service's bucket and every object in it. Idempotent: a missing bucket is fine."""
-        bucket = compute_bucket_name(self._controller_id, service)
-        known = self._buckets.get(service)
-        region = (known.region if known else None) or self._find_default_region() or "us-east-1"
-        try:
-            while True:
-                listing = self._call("s3", region, "list_objects_v2", Bucket=bucket, MaxKeys=1000)
-                keys = [{"Key": item["Key"]} for item in listing.get("Contents", [])]
-                if keys:
-                    self._call("s3", region, "delete_objects", Bucket=bucket,
-                               Delete={"Objects": keys, "Quiet": True})
-                if not listing.get("IsTruncated"):
-                    break
-            self._call("s3", region, "delete_bucket", Bucket=bucket)
-        except AwsPermanentError as exc:
-            if exc.code != "NoSuchBucket":
-                raise
-        self._buckets.pop(service, None)
+        self._stager.release(service, self._find_default_region() or "us-east-1")
 
     @_boundary
     def read_log(self, service: str, replica_id: int, instance_id: str | None,
@@ -668,7 +616,7 @@ class AwsProvider:
 
     def _stage_files(self, request: LaunchRequest, region: str) -> tuple[tuple[Fetch, ...], StagedFiles | None]:
         """What the boot script fetches: the user's ``s3://`` mount sources, and the version's snapshot,
-        uploaded on the way (``_upload_snapshot``). Raises ``ProviderError``."""
+        uploaded on the way (``staging.SnapshotStager``). Raises ``ProviderError``."""
         spec = request.spec
         if needs_capture(spec):
             raise AwsPermanentError(f"{'workdir' if spec.workdir else 'file_mounts'}: version {request.version} "
@@ -693,58 +641,8 @@ class AwsProvider:
                                     "NoInstanceProfile")
         staged = None
         if files is not None and placements:
-            staged = self._upload_snapshot(request.service, region, files, placements)
+            staged = self._stager.stage(request.service, region, files, placements)
         return tuple(fetches), staged
-
-    def _upload_snapshot(self, service: str, region: str, files: TaskFiles,
-                         placements: Sequence[Placement]) -> StagedFiles:
-        """Upload the blobs of ``files`` the bucket lacks, then its file list; idempotent. The file list goes
-        last, so a file list in the bucket means every blob it names is there too."""
-        bucket = self._ensure_bucket(service, region)
-        staged = bucket.file_lists.get(files.digest)
-        if staged is not None:
-            return staged
-        for placement in placements:
-            entry = placement.entry
-            if entry.kind is not EntryKind.FILE or entry.digest is None or entry.digest in bucket.blobs:
-                continue
-            with _reading_blob(placement.field, entry.path or placement.path, entry.digest), \
-                    open(self._blobs.path_of(entry.digest), "rb") as body:
-                self._call("s3", bucket.region, "put_object", Bucket=bucket.name, Key=BLOB_PREFIX + entry.digest,
-                           Body=body)
-            bucket.blobs.add(entry.digest)
-        key = f"{FILE_LIST_PREFIX}{files.digest}.tsv"
-        self._call("s3", bucket.region, "put_object", Bucket=bucket.name, Key=key,
-                   Body=render_file_list(placements).encode(), ContentType="text/tab-separated-values")
-        staged = StagedFiles(file_list=f"s3://{bucket.name}/{key}", blobs=f"s3://{bucket.name}/{BLOB_PREFIX}")
-        bucket.file_lists[files.digest] = staged
-        return staged
-
-    def _ensure_bucket(self, service: str, region: str) -> _Bucket:
-        """The service's bucket, created in ``region`` when missing; on first use by this provider, one
-        paginated ``ListObjectsV2`` of ``blobs/`` learns what an earlier controller uploaded already."""
-        known = self._buckets.get(service)
-        if known is not None:
-            return known
-        name = compute_bucket_name(self._controller_id, service)
-        create: dict[str, Any] = {"Bucket": name}
-        if region != "us-east-1":  # us-east-1 is S3's default location and refuses to be named
-            create["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        try:
-            self._call("s3", region, "create_bucket", **create)
-        except AwsPermanentError as exc:
-            if exc.code != "BucketAlreadyOwnedByYou":
-                raise
-        blobs: set[str] = set()
-        params: dict[str, Any] = {"Bucket": name, "Prefix": BLOB_PREFIX, "MaxKeys": self._page_size}
-        while True:
-            page = self._call("s3", region, "list_objects_v2", **params)
-            blobs.update(str(item["Key"])[len(BLOB_PREFIX):] for item in page.get("Contents", []))
-            if not page.get("IsTruncated"):
-                break
-            params["ContinuationToken"] = page["NextContinuationToken"]
-        self._buckets[service] = _Bucket(name, region, blobs)
-        return self._buckets[service]
 
     # --- inventory and termination -------------------------------------------------------------------------
     def _describe_instances(self, region: str, filters: list[dict[str, Any]]) -> Iterator[Mapping[str, Any]]:
@@ -838,3 +736,51 @@ def _api_name(operation: str) -> str:
     return "".join(part.capitalize() for part in operation.split("_"))
 
 
+
+
+class _S3Objects:
+    """S3 as the stager's ``ObjectStore``, through the provider's ``_call``."""
+
+    scheme = "s3"
+
+    def __init__(self, provider: AwsProvider) -> None:
+        self._aws = provider
+
+    def ensure_bucket(self, bucket: str, region: str) -> None:
+        create: dict[str, Any] = {"Bucket": bucket}
+        if region != "us-east-1":  # us-east-1 is S3's default location and refuses to be named
+            create["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self._aws._call("s3", region, "create_bucket", **create)
+        except AwsPermanentError as exc:
+            if exc.code != "BucketAlreadyOwnedByYou":
+                raise
+
+    def list_keys(self, bucket: str, region: str, prefix: str) -> Iterator[str]:
+        params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": self._aws._page_size}
+        while True:
+            page = self._aws._call("s3", region, "list_objects_v2", **params)
+            yield from (str(item["Key"]) for item in page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                return
+            params["ContinuationToken"] = page["NextContinuationToken"]
+
+    def put(self, bucket: str, region: str, key: str, body: BinaryIO, size: int, content_type: str) -> None:
+        del size  # S3 reads the body to its end
+        extra = {"ContentType": content_type} if content_type != "application/octet-stream" else {}
+        self._aws._call("s3", region, "put_object", Bucket=bucket, Key=key, Body=body, **extra)
+
+    def delete_bucket(self, bucket: str, region: str) -> None:
+        try:
+            while True:
+                listing = self._aws._call("s3", region, "list_objects_v2", Bucket=bucket, MaxKeys=1000)
+                keys = [{"Key": item["Key"]} for item in listing.get("Contents", [])]
+                if keys:
+                    self._aws._call("s3", region, "delete_objects", Bucket=bucket,
+                                    Delete={"Objects": keys, "Quiet": True})
+                if not listing.get("IsTruncated"):
+                    break
+            self._aws._call("s3", region, "delete_bucket", Bucket=bucket)
+        except AwsPermanentError as exc:
+            if exc.code != "NoSuchBucket":
+                raise

@@ -45,7 +45,6 @@ from skyserve_lite.providers.aws import (
     AwsPermanentError,
     AwsProvider,
     AwsTransientError,
-    compute_bucket_name,
     compute_client_token,
     compute_state,
     plan_launch_groups,
@@ -63,6 +62,7 @@ from skyserve_lite.providers.boot_script import (
     render_copy_functions,
     render_file_list,
 )
+from skyserve_lite.providers.staging import compute_bucket_name
 from skyserve_lite.spec.model import Resources, ServiceSpec, TaskSpec
 
 REGION = "us-east-1"
