@@ -38,6 +38,7 @@ def main() -> None:
     from google.auth.credentials import AnonymousCredentials
 
     from skyserve_lite.clock import SystemClock
+    from skyserve_lite.files.blobs import BlobStore
     from skyserve_lite.providers.base import LaunchRequest
     from skyserve_lite.providers.gcp import GcpProvider
     from skyserve_lite.spec.model import Resources, ServiceSpec, TaskSpec
@@ -47,7 +48,8 @@ def main() -> None:
 
     with serve_fake_compute() as (fake, endpoint):
         def provider() -> GcpProvider:
-            return GcpProvider("bench0000000", SystemClock(), project="p", credentials=AnonymousCredentials(),
+            return GcpProvider("bench0000000", SystemClock(), blobs=BlobStore(Path("/nonexistent")), project="p",
+                               credentials=AnonymousCredentials(),
                                api_endpoint=endpoint)
 
         def take() -> Counter[str]:

@@ -62,13 +62,10 @@ def check_task_for_cloud(task: SubmittedTask) -> None:
         if not spec.resources.region and not os.environ.get("SKY_LITE_GCP_REGION"):
             raise SpecError(task.source, "resources.region", "required for cloud gcp unless SKY_LITE_GCP_REGION "
                             "is set (e.g. us-central1)")
-        if spec.workdir is not None:
-            raise SpecError(task.source, "workdir", "cloud gcp does not ship a local workdir yet (see docs/gcp.md); "
-                            "bake the code into the image, or fetch it from gs:// in setup")
         for destination, source in spec.file_mounts:
-            if not source.startswith("gs://"):
+            if "://" in source and not source.startswith("gs://"):
                 raise SpecError(task.source, f"file_mounts.{destination}",
-                                f"{source!r}: cloud gcp copies gs:// sources only (local files: not yet)")
+                                f"{source!r}: cloud gcp copies local paths and gs:// sources only")
 
 
 def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mapping[str, str] | None = None, *,
@@ -101,9 +98,10 @@ def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mappin
         providers["aws"] = LazyProvider("aws", build_aws)
     if "gcp" in available_clouds():
         def build_gcp() -> Provider:
+            from skyserve_lite.files.blobs import blob_store_of
             from skyserve_lite.providers.gcp import GcpProvider
 
-            gcp: Provider = GcpProvider.from_env(controller_id, clock, env)
+            gcp: Provider = GcpProvider.from_env(controller_id, clock, blob_store_of(home), env)
             if env.get("SKY_LITE_EMULATE_INSTANCES") != "1":
                 return gcp
             from skyserve_lite.providers.emulation import EmulatedProvider

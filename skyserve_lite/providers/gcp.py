@@ -30,12 +30,14 @@ Errors: google-api-core's exceptions (and google-auth's, for credentials) are tr
 then a ``TransientProviderError``; permissions, invalid arguments and missing credentials are permanent
 with a message naming what to fix.
 
-Not yet: the snapshot of a task's ``workdir`` and local ``file_mounts`` (a GCS bucket per controller, as
-AWS's S3 staging); a gcp task with local files is refused when it is submitted.
+Files: the version's snapshot is staged in the service's Cloud Storage bucket by ``staging.SnapshotStager``
+(the same stager as AWS's S3: each blob once per digest, a file list per snapshot), and the startup script
+applies it with the instance's own service account.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -43,7 +45,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, BinaryIO, ParamSpec, TypeVar
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.errors import (
@@ -52,10 +54,20 @@ from skyserve_lite.errors import (
     ProviderNotConfiguredError,
     TransientProviderError,
 )
+from skyserve_lite.files.blobs import BlobStore
+from skyserve_lite.files.capture import needs_capture
 from skyserve_lite.providers import cloud
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
-from skyserve_lite.providers.boot_script import BootBatch, BootCloud, Fetch, render_boot_script
+from skyserve_lite.providers.boot_script import (
+    BootBatch,
+    BootCloud,
+    Fetch,
+    find_mount_destination,
+    find_placements,
+    render_boot_script,
+)
 from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError, failed_outcome
+from skyserve_lite.providers.staging import SnapshotStager
 
 log = logging.getLogger(__name__)
 
@@ -225,8 +237,8 @@ class GcpProvider:
 
     name = "gcp"
 
-    def __init__(self, controller_id: str, clock: Clock, *, project: str | None = None, credentials: Any = None,
-                 api_endpoint: str | None = None, default_region: str | None = None,
+    def __init__(self, controller_id: str, clock: Clock, *, blobs: BlobStore, project: str | None = None,
+                 credentials: Any = None, api_endpoint: str | None = None, default_region: str | None = None,
                  sleep: Callable[[float], None] = time.sleep, page_size: int = PAGE_SIZE) -> None:
         self._controller_id = controller_id.lower()
         self._clock = clock
@@ -239,11 +251,14 @@ class GcpProvider:
         self._clients: dict[str, Any] = {}
         self._zones: dict[str, tuple[str, ...]] = {}
         self._firewall_ports: set[int] = set()
+        self._stager = SnapshotStager(_GcsObjects(self), blobs, self._controller_id,
+                                      lambda message: GcpPermanentError(message, "MissingBlob"))
 
     @classmethod
-    def from_env(cls, controller_id: str, clock: Clock, env: Mapping[str, str] | None = None) -> GcpProvider:
+    def from_env(cls, controller_id: str, clock: Clock, blobs: BlobStore,
+                 env: Mapping[str, str] | None = None) -> GcpProvider:
         env = os.environ if env is None else env
-        return cls(controller_id, clock, project=env.get(PROJECT_SETTING) or None,
+        return cls(controller_id, clock, blobs=blobs, project=env.get(PROJECT_SETTING) or None,
                    api_endpoint=env.get(ENDPOINT_SETTING) or None, default_region=env.get(REGION_SETTING) or None)
 
     # --- Provider ------------------------------------------------------------------------------------------
@@ -326,8 +341,10 @@ class GcpProvider:
         if failures:
             raise failures[0]
 
+    @_boundary
     def release_service(self, service: str) -> None:
-        """Nothing is kept per service yet (no staged files)."""
+        """Delete the service's bucket and everything in it. Idempotent."""
+        self._stager.release(service, self._default_region or "us-central1")
 
     @_boundary
     def read_log(self, service: str, replica_id: int, instance_id: str | None,
@@ -389,15 +406,23 @@ class GcpProvider:
         first = group.first
         spec = first.spec
         resources = spec.resources
-        if spec.files is not None:
-            raise GcpPermanentError("workdir / file_mounts: cloud gcp does not ship local files yet", "NoStaging")
+        if needs_capture(spec):
+            raise GcpPermanentError(f"{'workdir' if spec.workdir else 'file_mounts'}: version {first.version} has "
+                                    "no snapshot of its files: submit it again with `sky-lite serve update`",
+                                    "NoSnapshot")
         port = spec.service.port or DEFAULT_PORT
         self._ensure_firewall(port, resources.ports)
-        fetches = tuple(Fetch(source, destination) for destination, source in spec.file_mounts
-                        if source.startswith("gs://"))
+        fetches = tuple(Fetch(source, find_mount_destination(destination)) for destination, source
+                        in spec.file_mounts if source.startswith("gs://"))
+        try:
+            placements = find_placements(spec.files) if spec.files is not None else []
+        except ValueError as exc:
+            raise GcpPermanentError(str(exc), "UnsupportedPath") from exc
+        staged = (self._stager.stage(first.service, group.region, spec.files, placements)
+                  if spec.files is not None and placements else None)
         script = render_boot_script(GCP_BOOT, BootBatch(
             service=first.service, version=first.version, replica_ids=group.replica_ids, envs=spec.envs,
-            setup=spec.setup, run=spec.run, port=port), fetches)
+            setup=spec.setup, run=spec.run, port=port), fetches, staged)
         labels = {**{k.lower(): v.lower() for k, v in resources.labels},
                   LABEL_CONTROLLER: self._controller_id, LABEL_SERVICE: first.service,
                   LABEL_VERSION: str(first.version), LABEL_TOKEN: first.launch_token.lower(), LABEL_PORT: str(port)}
@@ -413,6 +438,9 @@ class GcpProvider:
             "disks": [disk],
             "network_interfaces": [{"network": "global/networks/default"}],
             "metadata": {"items": [{"key": "startup-script", "value": script}]},
+            # The instance reads its snapshot and gs:// sources with its own (default) service account.
+            "service_accounts": [{"email": "default",
+                                  "scopes": ["https://www.googleapis.com/auth/devstorage.read_only"]}],
         }
         if group.is_spot:
             properties["scheduling"] = {"provisioning_model": "SPOT", "instance_termination_action": "DELETE"}
@@ -513,21 +541,83 @@ class GcpProvider:
         return self._clients[kind]
 
     def _call(self, kind: str, method: str, **params: Any) -> Any:
-        """Call ``method`` of the ``kind`` client; retry 429 and 5xx after each of ``RETRY_DELAYS``. A pager
-        (``aggregated_list``) is walked inside the retry, so a page that fails is fetched again. Raises
-        ``GcpTransientError`` or ``GcpPermanentError``."""
+        """Call ``method`` of the ``kind`` client (a pager is walked inside the retry, so a page that fails
+        is fetched again). See ``_retrying``."""
+        def call() -> Any:
+            # The library's own retries are off: _retrying retries, so call counts and delays stay ours.
+            result = getattr(self._client(kind), method)(**params, retry=None, timeout=CALL_TIMEOUT_SECONDS)
+            return list(result) if method in ("aggregated_list", "list") else result
+
+        return self._retrying(method, call)
+
+    def _retrying(self, what: str, call: Callable[[], _R]) -> _R:
+        """``call()``, retried after each of ``RETRY_DELAYS`` on 429 and 5xx. Raises ``GcpTransientError`` or
+        ``GcpPermanentError``."""
         for delay in (*RETRY_DELAYS, None):
             try:
-                # The library's own retries are off: this loop retries, so call counts and delays stay ours.
-                result = getattr(self._client(kind), method)(**params, retry=None, timeout=CALL_TIMEOUT_SECONDS)
-                return list(result) if method in ("aggregated_list", "list") else result
+                return call()
             except Exception as exc:  # the provider boundary: translated here, once
-                error = exc if isinstance(exc, ProviderError) else translate_error(exc, method)
+                error = exc if isinstance(exc, ProviderError) else translate_error(exc, what)
                 if not isinstance(error, GcpTransientError) or isinstance(error, GcpCapacityError) or delay is None:
                     raise error from exc
-                log.info("%s: %s; retrying in %.2fs", method, error, delay)
+                log.info("%s: %s; retrying in %.2fs", what, error, delay)
                 self._sleep(delay)
         raise AssertionError("unreachable")
+
+    def _storage(self) -> Any:
+        if "storage" not in self._clients:
+            from google.cloud import storage  # type: ignore[attr-defined]
+
+            self._client("instances")  # credentials and project, once
+            options = {"api_endpoint": self._endpoint} if self._endpoint else None
+            self._clients["storage"] = storage.Client(project=self._get_project(), credentials=self._credentials,
+                                                      client_options=options)
+        return self._clients["storage"]
+
+
+class _GcsObjects:
+    """Cloud Storage as the stager's ``ObjectStore``, through google-cloud-storage on the provider's path."""
+
+    scheme = "gs"
+
+    def __init__(self, provider: GcpProvider) -> None:
+        self._gcp = provider
+
+    def ensure_bucket(self, bucket: str, region: str) -> None:
+        from google.api_core import exceptions as core
+
+        def create() -> None:
+            # A Conflict is ours already (bucket names are global: another owner's would be Forbidden).
+            with contextlib.suppress(core.Conflict):
+                self._gcp._storage().create_bucket(bucket, location=region, retry=None)
+
+        self._gcp._retrying("buckets.insert", create)
+
+    def list_keys(self, bucket: str, region: str, prefix: str) -> list[str]:
+        return self._gcp._retrying("objects.list", lambda: [
+            b.name for b in self._gcp._storage().list_blobs(bucket, prefix=prefix, retry=None)])
+
+    def put(self, bucket: str, region: str, key: str, body: BinaryIO, size: int, content_type: str) -> None:
+        def upload() -> None:
+            body.seek(0)
+            blob = self._gcp._storage().bucket(bucket).blob(key)
+            blob.upload_from_file(body, size=size, content_type=content_type, retry=None, checksum=None)
+
+        self._gcp._retrying("objects.insert", upload)
+
+    def delete_bucket(self, bucket: str, region: str) -> None:
+        from google.api_core import exceptions as core
+
+        def delete() -> None:
+            client = self._gcp._storage()
+            try:
+                for blob in client.list_blobs(bucket, retry=None):
+                    blob.delete(retry=None)
+                client.bucket(bucket).delete(retry=None)
+            except core.NotFound:
+                pass
+
+        self._gcp._retrying("buckets.delete", delete)
 
 
 def _image_url(image: str) -> str:

@@ -75,8 +75,9 @@ def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args:
                      "resources.image_id: required for cloud aws", id="aws-without-image"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n", [],
                      "resources.region: required for cloud gcp", id="gcp-without-region"),
-        pytest.param("service:\n  replicas: 1\nrun: x\nworkdir: .\nresources:\n  cloud: gcp\n  region: us-central1\n",
-                     [], "workdir: cloud gcp does not ship a local workdir yet", id="gcp-local-workdir"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n  region: us-central1\n"
+                     "file_mounts:\n  /d: s3://b/k\n", [], "file_mounts./d: 's3://b/k': cloud gcp copies local paths "
+                     "and gs:// sources only", id="gcp-foreign-mount-scheme"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n  image_id: ami-1\n"
                      "file_mounts:\n  /data: gs://bucket/data\n", [],
                      "file_mounts./data: 'gs://bucket/data': cloud aws copies local paths and s3:// sources only",

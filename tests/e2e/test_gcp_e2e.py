@@ -1,7 +1,7 @@
 """The GCP story end to end against the fake Compute Engine on 127.0.0.1, with instance emulation: the real
 CLI and controller as subprocesses, the real client library (credentials from a service account key whose
 token exchange goes to the fake), each instance the fake reports RUNNING booted as a local process.
-Nothing contacts the fake instances' addresses."""
+The version's workdir is staged in the fake's Cloud Storage. Nothing contacts the fake instances' addresses."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ resources:
   zone: us-central1-a
   image_id: {image}
   use_spot: true
+workdir: ./app
 service:
   readiness_probe:
-    path: /
+    path: /message.txt
     initial_delay_seconds: 60
   replicas: {replicas}
 run: exec python3 -m http.server $PORT --bind 127.0.0.1
@@ -58,9 +59,14 @@ def images(fake: FakeCompute) -> set[str]:
 
 def test_up_update_scale_preempt_down_against_the_fake(gce: FakeCompute, sky: SkyLite, tmp_path: Path) -> None:
     task = tmp_path / "web.yaml"
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "message.txt").write_text("hello from the workdir\n")
     task.write_text(TASK.format(image="debian-12", replicas=2))
     endpoint = sky.run("serve", "up", str(task), "-n", "web", "--timeout", "120").stdout.rsplit(" ", 1)[1].strip()
-    assert http_get(endpoint + "/")[0] == 200
+    assert http_get(endpoint + "/message.txt") == (200, "hello from the workdir\n")
+    # The snapshot went to the service's bucket, as a real VM's startup script would fetch it.
+    (bucket,) = gce.buckets
+    assert b"hello from the workdir\n" in gce.buckets[bucket].values()
     first = replicas(sky)
     assert {r["cloud"] for r in first.values()} == {"gcp"}
     assert all(r["instance_id"].startswith("us-central1-a/sky-") and r["url"].startswith("http://127.0.0.1:")
@@ -75,14 +81,17 @@ def test_up_update_scale_preempt_down_against_the_fake(gce: FakeCompute, sky: Sk
                message="the old VMs deleted")
     second = {rid: r["instance_id"] for rid, r in replicas(sky).items() if r["status"] == "READY"}
 
-    # Scale only: the same VMs, versions bumped, exactly one bulkInsert for the added replica.
-    before = gce.calls["instances.bulkInsert"]
+    # Scale only (the workdir's contents identical): the same VMs, versions bumped, one bulkInsert for the
+    # added replica, and nothing uploaded again.
+    before, uploads = gce.calls["instances.bulkInsert"], gce.calls["storage.objects.insert"]
     task.write_text(TASK.format(image="debian-13", replicas=3))
-    assert "reuse 2, replace 0, launch 1, terminate 0" in sky.run("serve", "update", "web", str(task), "-y").stdout
+    out = sky.run("serve", "update", "web", str(task), "-y", "--reuse-identical-files").stdout
+    assert "reuse 2, replace 0, launch 1, terminate 0" in out
     wait_until(lambda: settled(sky, 3, 3), timeout=90, message="three READY replicas of version 3")
     third = {rid: r["instance_id"] for rid, r in replicas(sky).items() if r["status"] == "READY"}
     assert {rid: third[rid] for rid in second} == second
     assert gce.calls["instances.bulkInsert"] == before + 1
+    assert gce.calls["storage.objects.insert"] == uploads  # the same snapshot: its blobs and file list are there
 
     # A spot preemption (the VM deleted, an operation left in its zone): PREEMPTED, then replaced.
     victim = next(iter(second))
@@ -92,5 +101,5 @@ def test_up_update_scale_preempt_down_against_the_fake(gce: FakeCompute, sky: Sk
     wait_until(lambda: settled(sky, 3, 3), timeout=90, message="a replacement for the preempted replica")
 
     sky.run("serve", "down", "web", "-y")
-    assert gce.instances == {}
+    assert gce.instances == {} and gce.buckets == {}
     assert sky.processes() == []

@@ -1,7 +1,8 @@
 """A fake of the Compute Engine REST API on 127.0.0.1, for the GCP provider's tests.
 
 Stateful and small: the endpoints the provider calls (instances bulkInsert/aggregatedList/get/delete and
-the serial port, zone operations get/wait, zones list, firewalls get/insert), answered the way Compute
+the serial port, zone operations get/wait, zones list, firewalls get/insert; and Cloud Storage's buckets
+and objects, multipart and resumable uploads included, for staged snapshots), answered the way Compute
 Engine answers them (JSON shapes, pagination with ``pageToken``, operations with ``httpErrorStatusCode``
 and ``error.errors[].code`` on failure). The provider is pointed at it with an ``api_endpoint`` and
 anonymous credentials (or, in another process, a service account key whose token exchange goes to the fake's
@@ -49,6 +50,8 @@ class FakeCompute:
     instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (zone, name) -> resource
     operations: dict[str, dict[str, Any]] = field(default_factory=dict)
     firewalls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    buckets: dict[str, dict[str, bytes]] = field(default_factory=dict)  # Cloud Storage: bucket -> key -> bytes
+    uploads: dict[str, tuple[str, str, bytearray]] = field(default_factory=dict)  # resumable: id -> bucket, key
     calls: Counter[str] = field(default_factory=Counter)
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (method, body) of each write
     stockout: set[str] = field(default_factory=set)
@@ -72,6 +75,78 @@ class FakeCompute:
 
     def set_status(self, zone: str, name: str, status: str) -> None:
         self.instances[(zone, name)]["status"] = status
+
+    # --- Cloud Storage (JSON API) ------------------------------------------------------------------------------
+    def storage(self, verb: str, path: str, query: dict[str, str], raw: bytes, content_type: str,
+                endpoint: str) -> tuple[int, Any, dict[str, str]]:
+        """The Cloud Storage calls the stager makes: buckets insert/delete, objects list/insert (multipart and
+        resumable)/get/delete. Counted as ``storage.<method>``."""
+        with self._lock:
+            return self._storage(verb, path, query, raw, content_type, endpoint)
+
+    def _storage(self, verb: str, path: str, query: dict[str, str], raw: bytes, content_type: str,
+                 endpoint: str) -> tuple[int, Any, dict[str, str]]:
+        parts = path.strip("/").split("/")
+        if path == "/storage/v1/b" and verb == "POST":
+            self.calls["storage.buckets.insert"] += 1
+            name = json.loads(raw)["name"]
+            if name in self.buckets:
+                return 409, _error(409, "conflict", f"The bucket {name} already exists"), {}
+            self.buckets[name] = {}
+            return 200, {"kind": "storage#bucket", "name": name, "id": name}, {}
+        if parts[:3] == ["upload", "storage", "v1"] and verb in ("POST", "PUT"):
+            bucket = parts[4]
+            if bucket not in self.buckets:
+                return 404, _error(404, "notFound", f"no bucket {bucket}"), {}
+            kind = query.get("uploadType")
+            if kind == "multipart":
+                self.calls["storage.objects.insert"] += 1
+                metadata, data = _parse_multipart(raw, content_type)
+                self.buckets[bucket][metadata["name"]] = data
+                return 200, _object(bucket, metadata["name"], data), {}
+            if kind == "resumable" and "upload_id" not in query:
+                self.calls["storage.objects.insert"] += 1
+                upload_id = str(next(self._ids))
+                name = query.get("name") or json.loads(raw or b"{}").get("name")
+                self.uploads[upload_id] = (bucket, str(name), bytearray())
+                location = f"{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=resumable&upload_id={upload_id}"
+                return 200, {}, {"Location": location}
+            if kind == "resumable":
+                bucket, name, received = self.uploads[query["upload_id"]]
+                received += raw
+                self.buckets[bucket][name] = bytes(received)
+                return 200, _object(bucket, name, bytes(received)), {}
+        if parts[:3] == ["storage", "v1", "b"] and len(parts) >= 4:
+            bucket = parts[3]
+            objects = self.buckets.get(bucket)
+            if objects is None:
+                return 404, _error(404, "notFound", f"no bucket {bucket}"), {}
+            if len(parts) == 4 and verb == "DELETE":
+                self.calls["storage.buckets.delete"] += 1
+                if objects:
+                    return 409, _error(409, "conflict", "The bucket you tried to delete is not empty"), {}
+                del self.buckets[bucket]
+                return 204, None, {}
+            if len(parts) == 5 and verb == "GET":
+                self.calls["storage.objects.list"] += 1
+                keys = sorted(k for k in objects if k.startswith(query.get("prefix", "")))
+                start = int(query.get("pageToken") or 0)
+                size = int(query.get("maxResults") or 1000)
+                answer: dict[str, Any] = {"kind": "storage#objects",
+                                          "items": [_object(bucket, k, objects[k]) for k in keys[start:start + size]]}
+                if start + size < len(keys):
+                    answer["nextPageToken"] = str(start + size)
+                return 200, answer, {}
+            if len(parts) >= 6:
+                key = urllib.parse.unquote("/".join(parts[5:]))
+                if key not in objects:
+                    return 404, _error(404, "notFound", f"no object {key}"), {}
+                if verb == "DELETE":
+                    self.calls["storage.objects.delete"] += 1
+                    del objects[key]
+                    return 204, None, {}
+                return 200, objects[key] if query.get("alt") == "media" else _object(bucket, key, objects[key]), {}
+        return 404, _error(404, "notFound", f"no such storage endpoint: {verb} {path}"), {}
 
     # --- the API --------------------------------------------------------------------------------------------
     def handle(self, verb: str, path: str, query: dict[str, str], body: dict[str, Any]) -> tuple[int, Any]:
@@ -247,6 +322,18 @@ def _route(verb: str, path: str) -> tuple[str, dict[str, str]] | None:
     return None
 
 
+def _object(bucket: str, key: str, data: bytes) -> dict[str, Any]:
+    return {"kind": "storage#object", "bucket": bucket, "name": key, "size": str(len(data)), "id": f"{bucket}/{key}"}
+
+
+def _parse_multipart(raw: bytes, content_type: str) -> tuple[dict[str, Any], bytes]:
+    """The metadata and the media of a ``multipart/related`` upload."""
+    boundary = content_type.split("boundary=", 1)[1].strip('"').encode()
+    parts = [p for p in raw.split(b"--" + boundary) if p.strip() not in (b"", b"--")]
+    documents = [p.split(b"\r\n\r\n", 1)[1].removesuffix(b"\r\n") for p in parts]
+    return json.loads(documents[0]), documents[1]
+
+
 def _parse_label_filter(text: str) -> dict[str, str]:
     return dict(re.findall(r'labels\.([\w-]+)\s*=\s*"?([\w-]*)"?', text))
 
@@ -272,15 +359,22 @@ def serve_fake_compute(fake: FakeCompute | None = None) -> Iterator[tuple[FakeCo
             query = dict(urllib.parse.parse_qsl(parsed.query))
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            headers: dict[str, str] = {}
             if parsed.path == TOKEN_PATH:  # google-auth's token exchange for a service account key
                 state.calls["oauth2.token"] += 1
                 status, answer = 200, {"access_token": "fake-token", "expires_in": 3600, "token_type": "Bearer"}
+            elif parsed.path.startswith(("/storage/", "/upload/storage/")):
+                status, answer, headers = state.storage(verb, parsed.path, query, raw,
+                                                        self.headers.get("Content-Type", ""), endpoint)
             else:
                 body = json.loads(raw) if raw.strip() else {}
                 status, answer = state.handle(verb, urllib.parse.unquote(parsed.path), query, body)
-            data = json.dumps(answer).encode()
+            data = answer if isinstance(answer, bytes) else b"" if answer is None else json.dumps(answer).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "application/octet-stream" if isinstance(answer, bytes)
+                             else "application/json")
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -294,14 +388,18 @@ def serve_fake_compute(fake: FakeCompute | None = None) -> Iterator[tuple[FakeCo
         def do_DELETE(self) -> None:
             self._answer("DELETE")
 
+        def do_PUT(self) -> None:
+            self._answer("PUT")
+
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
+        yield state, endpoint
     finally:
         server.shutdown()
         server.server_close()

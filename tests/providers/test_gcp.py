@@ -19,6 +19,7 @@ from skyserve_lite.controller.probe import FakeProber
 from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import PermanentProviderError, TransientProviderError
+from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import InstanceState, LaunchRequest
 from skyserve_lite.providers.cloud import plan_launch_groups
 from skyserve_lite.providers.gcp import (
@@ -50,6 +51,9 @@ run: python3 -m http.server 8000
 """
 
 
+NO_BLOBS = BlobStore(Path("/nonexistent/blobs"))  # tasks without files never read it
+
+
 def spec(zone: str | None = "us-central1-a", spot: bool = False) -> SubmittedTask:
     text = TASK.format(zone=f"zone: {zone}" if zone else "", spot=str(spot).lower())
     return SubmittedTask(text, "/t.yaml", parse_task(text))
@@ -73,7 +77,7 @@ def fake() -> Iterator[tuple[FakeCompute, str]]:
 
 
 def provider_for(endpoint: str, page_size: int = 500) -> GcpProvider:
-    return GcpProvider("c0ffee123456", FakeClock(), project="p", credentials=anonymous(),
+    return GcpProvider("c0ffee123456", FakeClock(), blobs=NO_BLOBS, project="p", credentials=anonymous(),
                        api_endpoint=endpoint, sleep=lambda _s: None, page_size=page_size)
 
 
@@ -126,7 +130,7 @@ def test_the_inventory_is_the_aggregated_list_pages_only(fake: tuple[FakeCompute
 def test_only_this_controllers_instances_are_listed(fake: tuple[FakeCompute, str]) -> None:
     _compute, endpoint = fake
     provider_for(endpoint).launch([request(1)])
-    other = GcpProvider("0ther0000000", FakeClock(), project="p", credentials=anonymous(),
+    other = GcpProvider("0ther0000000", FakeClock(), blobs=NO_BLOBS, project="p", credentials=anonymous(),
                         api_endpoint=endpoint)
     assert other.list_instances() == []
 
@@ -222,21 +226,10 @@ def test_the_serial_console_is_the_replica_log(gcp: GcpProvider) -> None:
     assert log is not None and log.text is not None and "serial console" in log.text
 
 
-def test_a_task_with_local_files_is_refused_for_now(gcp: GcpProvider, tmp_path: Path) -> None:
-    import dataclasses
-
-    from skyserve_lite.files.manifest import TaskFiles
-
-    task = spec()
-    with_files = dataclasses.replace(task.spec, files=TaskFiles())
-    (outcome,) = gcp.launch([LaunchRequest("web", 1, 1, with_files, "a" * 32, False)])
-    assert outcome.permanent and outcome.error is not None and "local files" in outcome.error
-
-
 def test_missing_credentials_name_what_to_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
-    provider = GcpProvider("c0ffee123456", FakeClock(), project="p", api_endpoint="http://127.0.0.1:9")
+    provider = GcpProvider("c0ffee123456", FakeClock(), blobs=NO_BLOBS, project="p", api_endpoint="http://127.0.0.1:9")
     with pytest.raises(PermanentProviderError, match="GOOGLE_APPLICATION_CREDENTIALS"):
         provider.list_instances()
 
@@ -277,9 +270,8 @@ def test_the_startup_script_finds_its_replica_id_from_its_name(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("extra", "field", "message"), [
-    ("workdir: ./app\n", "workdir", "does not ship a local workdir yet"),
-    ("file_mounts:\n  /data: ./data\n", "file_mounts./data", "gs:// sources only"),
-    ("file_mounts:\n  /data: s3://bucket/data\n", "file_mounts./data", "gs:// sources only"),
+    ("file_mounts:\n  /data: s3://bucket/data\n", "file_mounts./data", "local paths and gs:// sources only"),
+    ("file_mounts:\n  /data: https://example.com/x\n", "file_mounts./data", "local paths and gs:// sources only"),
 ])
 def test_a_gcp_task_with_what_gcp_cannot_ship_is_refused_naming_the_field(extra: str, field: str,
                                                                            message: str) -> None:
@@ -309,7 +301,7 @@ def test_force_down_notes_a_cloud_without_credentials_instead_of_failing(tmp_pat
     home = tmp_path / "home"
     home.mkdir()
     (home / "controller-id").write_text("c0ffee123456\n")
-    provider = GcpProvider("c0ffee123456", FakeClock(), project="p", api_endpoint="http://127.0.0.1:9")
+    provider = GcpProvider("c0ffee123456", FakeClock(), blobs=NO_BLOBS, project="p", api_endpoint="http://127.0.0.1:9")
     report = force_down(home, clouds=lambda _id: {"gcp": provider})
     assert report.errors == ()
     assert any(note.startswith("gcp: not searched: it has no credentials here") for note in report.notes)
@@ -384,3 +376,77 @@ def test_crash_between_bulk_insert_and_recording_adopts_without_launching_again(
     assert compute.calls["instances.bulkInsert"] == 1
     assert {r.replica_id: r.instance_id for r in store.list_replicas("web")} == launched
     assert compute.calls["instances.delete"] == 0
+
+
+# --- files: the snapshot staged in Cloud Storage --------------------------------------------------------------
+def _with_files(tmp_path: Path, blobs: BlobStore, files: dict[str, bytes]) -> SubmittedTask:
+    import dataclasses
+
+    from skyserve_lite.files.capture import capture_task_files
+
+    app = tmp_path / "app"
+    for name, data in files.items():
+        (app / name).parent.mkdir(parents=True, exist_ok=True)
+        (app / name).write_bytes(data)
+    text = TASK.format(zone="zone: us-central1-a", spot="false") + "workdir: ./app\n"
+    task = SubmittedTask(text, str(tmp_path / "t.yaml"), parse_task(text))
+    captured = capture_task_files(task.spec, tmp_path, task.source, blobs)
+    return dataclasses.replace(task, spec=dataclasses.replace(task.spec, files=captured))
+
+
+def test_a_workdir_is_staged_once_per_digest_and_applied_by_the_startup_script(
+        tmp_path: Path, fake: tuple[FakeCompute, str]) -> None:
+    import hashlib
+
+    compute, endpoint = fake
+    blobs = BlobStore(tmp_path / "blobs")
+    gcp = GcpProvider("c0ffee123456", FakeClock(), blobs=blobs, project="p", credentials=anonymous(),
+                      api_endpoint=endpoint, sleep=lambda _s: None)
+    big = b"x" * (9 << 20)  # over the library's 8 MB multipart limit: a resumable upload
+    first = _with_files(tmp_path, blobs, {"app.py": b"print(1)\n", "lib/util.py": b"X = 1\n", "model.bin": big})
+    gcp.launch([request(1, first)])
+    (bucket,) = compute.buckets
+    stored = compute.buckets[bucket]
+    assert stored["blobs/" + hashlib.sha256(big).hexdigest()] == big
+    assert {k for k in stored if k.startswith("blobs/")} == {"blobs/" + hashlib.sha256(d).hexdigest()
+                                                            for d in (b"print(1)\n", b"X = 1\n", big)}
+    assert first.spec.files is not None
+    file_list = stored[f"files/{first.spec.files.digest}.tsv"].decode()
+    assert "/opt/sky-lite/workdir/lib/util.py" in file_list
+    ((_, body),) = [r for r in compute.requests if r[0] == "instances.bulkInsert"]
+    script = {i["key"]: i["value"] for i in body["instanceProperties"]["metadata"]["items"]}["startup-script"]
+    assert f"cloud_copy gs://{bucket}/files/{first.spec.files.digest}.tsv" in script
+    assert f"apply_files /opt/sky-lite/files.tsv gs://{bucket}/blobs/" in script
+    assert "devstorage.read_only" in str(body["instanceProperties"]["serviceAccounts"])
+
+    # A new version that changes one file uploads that file (and its file list) only.
+    uploads = compute.calls["storage.objects.insert"]
+    second = _with_files(tmp_path, blobs, {"app.py": b"print(2)\n"})
+    gcp.launch([request(2, second, token="b" * 32, version=2)])
+    assert compute.calls["storage.objects.insert"] == uploads + 2
+    # A provider that starts afresh (a restarted controller) learns what is there with one listing.
+    again = GcpProvider("c0ffee123456", FakeClock(), blobs=blobs, project="p", credentials=anonymous(),
+                        api_endpoint=endpoint, sleep=lambda _s: None)
+    compute.calls.clear()
+    again.launch([request(3, first, token="c" * 32)])
+    assert compute.calls["storage.objects.list"] == 1 and compute.calls["storage.objects.insert"] == 1
+
+    gcp.release_service("web")
+    assert compute.buckets == {}
+    gcp.release_service("web")  # idempotent
+
+
+def test_a_blob_missing_from_the_state_directory_fails_the_launch_naming_the_field(
+        tmp_path: Path, fake: tuple[FakeCompute, str]) -> None:
+    compute, endpoint = fake
+    blobs = BlobStore(tmp_path / "blobs")
+    gcp = GcpProvider("c0ffee123456", FakeClock(), blobs=blobs, project="p", credentials=anonymous(),
+                      api_endpoint=endpoint, sleep=lambda _s: None)
+    task = _with_files(tmp_path, blobs, {"app.py": b"print(1)\n"})
+    import shutil
+
+    shutil.rmtree(blobs.root)
+    (outcome,) = gcp.launch([request(1, task)])
+    assert outcome.permanent and outcome.error is not None
+    assert outcome.error.startswith("workdir: app.py: its content") and "serve update" in outcome.error
+    assert compute.calls["instances.bulkInsert"] == 0
