@@ -33,8 +33,10 @@ from skyserve_lite.cli.params import FiniteFloatRange
               "the first time and pin it.")
 @click.option("--region", default=None, help="With --cloud: the region (default: the cloud's configured one).")
 @click.option("--zone", default=None, help="With --cloud: the zone (default: the cloud's choice).")
-@click.option("--instance-type", default=None, help="With --cloud: the VM type (default: t3.small on aws).")
-@click.option("--image-id", default=None, help="With --cloud: the image (an AMI on aws; required the first time).")
+@click.option("--instance-type", default=None,
+              help="With --cloud: the VM type (default: t3.small on aws, e2-small on gcp).")
+@click.option("--image-id", default=None,
+              help="With --cloud: the image (an AMI on aws, required the first time; default Debian 12 on gcp).")
 @click.option("--ssh-user", default="ubuntu", show_default=True, help="With --cloud: the image's login user.")
 @click.option("--allow-cidr", default="0.0.0.0/0", show_default=True,
               help="With --cloud: who may reach the load balancers (the security group's only other rule is SSH).")

@@ -22,11 +22,11 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from skyserve_lite.errors import PermanentProviderError, ProviderError, TransientProviderError
 from skyserve_lite.providers.aws import AwsPermanentError, AwsProvider
+from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest
 
 TAG_HOST = "sky-lite:controller-host"
 GLOBAL_REGION = "us-east-1"  # IAM is global; its client is made for this region
@@ -43,33 +43,6 @@ _CONTROLLER_POLICY = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Resource": "*", "Action": "iam:PassRole",
      "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}}]}
 POLICY_NAME = "sky-lite-controller"
-
-
-@dataclass(frozen=True)
-class MachineRequest:
-    machine_id: str  # recorded in the local state directory; names and tags everything below
-    region: str
-    image_id: str
-    public_key: str  # OpenSSH public key text, for the login user
-    allow_cidr: str  # who may reach the load balancers
-    ssh_cidr: str  # who may reach sshd
-    lb_ports: tuple[int, int]
-    instance_type: str = DEFAULT_INSTANCE_TYPE
-    zone: str | None = None
-
-    @property
-    def name(self) -> str:
-        return f"sky-lite-controller-{self.machine_id}"
-
-
-@dataclass(frozen=True)
-class LaunchedMachine:
-    instance_id: str
-    region: str
-    state: str  # EC2's: pending, running, ...
-    public_ip: str | None
-    private_ip: str | None
-    resources: tuple[tuple[str, str], ...]  # (kind, id) made for it: role, instance-profile, key-pair, security-group
 
 
 class AwsMachines:
@@ -93,7 +66,8 @@ class AwsMachines:
                                    resources)
         tags = [{"Key": "Name", "Value": request.name}, {"Key": TAG_HOST, "Value": request.machine_id}]
         params: dict[str, Any] = {
-            "ImageId": request.image_id, "InstanceType": request.instance_type, "MinCount": 1, "MaxCount": 1,
+            "ImageId": request.image_id, "InstanceType": request.instance_type or DEFAULT_INSTANCE_TYPE,
+            "MinCount": 1, "MaxCount": 1,
             "KeyName": key_pair, "SecurityGroupIds": [group], "IamInstanceProfile": {"Name": profile},
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},

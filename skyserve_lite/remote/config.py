@@ -34,6 +34,7 @@ class CloudMachine:
     resources: tuple[tuple[str, str], ...] = ()  # (kind, id): security group, instance profile, role, key pair
     machine_id: str = ""  # names and tags what was made for it
     address: str | None = None  # the address clients reach it at
+    zone: str | None = None  # where it is, when the cloud locates instances by zone (GCP)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Putting the controller on a host and taking it off: what `controller up`, `upgrade` and `down` do.
 
-``bring_up`` adopts an SSH host (``--ssh``) or first launches a controller VM (``--cloud``, through
-``machines``), then pins the host key, bootstraps the host (``bootstrap``) and records it (``config``). The
-record is written as soon as a VM exists, so a failed bootstrap leaves something `controller down` can
-remove; running `controller up` again resumes from it. ``take_down`` is the reverse.
+``bring_up`` adopts an SSH host (``--ssh``) or first launches a controller VM (``--cloud aws|gcp``, through
+the cloud's ``Machines``: ``aws_machine``, ``gcp_machine``), then pins the host key, bootstraps the host
+(``bootstrap``) and records it (``config``). The record is written as soon as a VM exists, so a failed
+bootstrap leaves something `controller down` can remove; running `controller up` again resumes from it.
+``take_down_machine`` is the reverse.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from skyserve_lite.controller.host import HostSettings
 from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START
@@ -26,7 +27,7 @@ from skyserve_lite.remote.config import CloudMachine, ControllerRecord
 from skyserve_lite.remote.ssh import SshTarget
 
 if TYPE_CHECKING:
-    from skyserve_lite.providers.aws_machine import AwsMachines
+    from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest
 
 Say = Callable[[str], None]
 DEFAULT_ALLOW_CIDR = "0.0.0.0/0"
@@ -115,43 +116,57 @@ def host_settings_of(record: ControllerRecord) -> HostSettings:
     return HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
 
 
+class Machines(Protocol):
+    """A cloud's controller VMs (``aws_machine.AwsMachines``, ``gcp_machine.GcpMachines``). ``location`` is
+    where the machine is: the region on AWS, the zone on GCP."""
+
+    def ensure(self, request: MachineRequest) -> LaunchedMachine: ...
+
+    def wait_running(self, machine_id: str, location: str) -> LaunchedMachine: ...
+
+    def delete(self, machine_id: str, location: str) -> list[str]: ...
+
+
 def launch_machine(home: Path, previous: ControllerRecord | None, request: CloudRequest, say: Say
                    ) -> tuple[SshTarget, CloudMachine, HostSettings]:
     """Launch (or find) the controller VM and wait until its sshd answers; where to log in, what was
     made, and the host settings."""
-    if request.cloud != "aws":
-        raise UsageError(f"--cloud {request.cloud}: controller VMs can be launched on aws only (for now, "
-                         "adopt a host of another cloud with --ssh)")
     from skyserve_lite.providers import available_clouds
 
-    if "aws" not in available_clouds():
-        raise UsageError("--cloud aws needs boto3: pip install 'skyserve-lite[aws]'")
+    if request.cloud not in available_clouds():
+        package = {"aws": "aws", "gcp": "gcp"}.get(request.cloud, request.cloud)
+        raise UsageError(f"--cloud {request.cloud} needs its library: pip install 'skyserve-lite[{package}]'")
     from skyserve_lite.providers.emulated_host import EmulatedHosts, make_key
+    from skyserve_lite.providers.machines import MachineRequest
 
     old = previous.machine if previous is not None else None
+    if old is not None and old.cloud != request.cloud:
+        raise StateConflictError(f"this machine's controller VM is on {old.cloud}; take it down first with "
+                                 "`sky-lite controller down`")
     machine_id = old.machine_id if old is not None and old.machine_id else secrets.token_hex(6)
     key = make_key(home / "ssh" / f"controller-{machine_id}")
-    machines, region = _aws_machines(home, machine_id, request.region or (old.region if old else None))
-    if not request.image_id and old is None:
+    region = request.region or (old.region if old else None)
+    if request.cloud == "aws" and not request.image_id and old is None:
         raise UsageError("--image-id: the controller VM needs an AMI of the region (Ubuntu 22.04 or later, or "
                          "any Linux with python3 >= 3.10 and OpenSSH)")
-    from skyserve_lite.providers.aws_machine import DEFAULT_INSTANCE_TYPE, MachineRequest
-
+    machines, region = _machines(home, request.cloud, machine_id, region)
     say(f"launching the controller VM in {region}")
     launched = machines.ensure(MachineRequest(
         machine_id=machine_id, region=region, image_id=request.image_id or "", public_key=key.with_suffix(
             ".pub").read_text(), allow_cidr=request.allow_cidr, ssh_cidr=request.ssh_cidr or request.allow_cidr,
-        lb_ports=(LB_PORT_START, LB_PORT_END), instance_type=request.instance_type or DEFAULT_INSTANCE_TYPE,
-        zone=request.zone))
-    running = machines.wait_running(machine_id, region)
+        lb_ports=(LB_PORT_START, LB_PORT_END), instance_type=request.instance_type,
+        zone=request.zone or (old.zone if old else None), ssh_user=request.ssh_user))
+    location = launched.region  # the zone on GCP
+    running = machines.wait_running(machine_id, location)
     address = running.public_ip or running.private_ip
     if address is None:
         raise ControllerError(f"the controller VM {running.instance_id} has no address")
-    machine = CloudMachine(cloud="aws", region=region, instance_id=running.instance_id,
-                           resources=launched.resources, machine_id=machine_id, address=address)
+    machine = CloudMachine(cloud=request.cloud, region=region, instance_id=running.instance_id,
+                           resources=launched.resources, machine_id=machine_id, address=address,
+                           zone=location if request.cloud == "gcp" else None)
     if os.environ.get("SKY_LITE_EMULATE_INSTANCES") == "1":
         # The emulator's instance cannot be reached: boot it here, as an sshd on 127.0.0.1 (see emulated_host).
-        host = EmulatedHosts(home).boot(running.instance_id, key.with_suffix(".pub").read_text())
+        host = EmulatedHosts(home).boot(_host_folder(running.instance_id), key.with_suffix(".pub").read_text())
         target = SshTarget("127.0.0.1", host.port, getpass.getuser(), key)
         settings = HostSettings(lb_host="127.0.0.1", endpoint_host="127.0.0.1")
     else:
@@ -166,17 +181,32 @@ def take_down_machine(home: Path, machine: CloudMachine, say: Say) -> None:
     """Terminate the controller VM and delete what was made for it (idempotent)."""
     from skyserve_lite.providers.emulated_host import EmulatedHosts
 
-    machines, _region = _aws_machines(home, machine.machine_id, machine.region)
-    for line in machines.delete(machine.machine_id, machine.region):
+    machines, _region = _machines(home, machine.cloud, machine.machine_id, machine.region)
+    for line in machines.delete(machine.machine_id, machine.zone or machine.region):
         say(line)
-    EmulatedHosts(home).stop(machine.instance_id)
+    EmulatedHosts(home).stop(_host_folder(machine.instance_id))
     (home / "ssh" / f"controller-{machine.machine_id}").unlink(missing_ok=True)
     (home / "ssh" / f"controller-{machine.machine_id}.pub").unlink(missing_ok=True)
 
 
-def _aws_machines(home: Path, machine_id: str, region: str | None) -> tuple[AwsMachines, str]:
+def _host_folder(instance_id: str) -> str:
+    """An emulated host's folder name (a GCE instance id is ``zone/name``)."""
+    return instance_id.replace("/", "_")
+
+
+def _machines(home: Path, cloud: str, machine_id: str, region: str | None) -> tuple[Machines, str]:
     from skyserve_lite.clock import SystemClock
     from skyserve_lite.files.blobs import blob_store_of
+
+    if cloud == "gcp":
+        from skyserve_lite.providers.gcp import REGION_SETTING, GcpProvider
+        from skyserve_lite.providers.gcp_machine import GcpMachines
+
+        found = region or os.environ.get(REGION_SETTING)
+        if not found:
+            raise UsageError(f"--region: no region given and {REGION_SETTING} is not set")
+        gcp = GcpProvider.from_env(machine_id, SystemClock(), blob_store_of(home))
+        return GcpMachines(gcp), found
     from skyserve_lite.providers.aws import AwsProvider
     from skyserve_lite.providers.aws_machine import AwsMachines
 

@@ -197,6 +197,30 @@ class FakeCompute:
             }
         return 200, self._operation(zone, "bulkInsert", target, done=True)
 
+    def _instances_insert(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str
+                          ) -> tuple[int, Any]:
+        name = body["name"]
+        target = f"{_link(project, zone)}/instances/{name}"
+        if (zone, name) not in self.instances:
+            interface: dict[str, Any] = {"networkIP": f"10.128.0.{len(self.instances) % 250 + 2}"}
+            if any(i.get("accessConfigs") for i in body.get("networkInterfaces", [])):
+                address = f"203.0.113.{len(self.instances) % 250 + 2}"
+                interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "natIP": address}]
+            self.instances[(zone, name)] = {
+                "kind": "compute#instance", "id": str(next(self._ids)), "name": name, "zone": _link(project, zone),
+                "selfLink": target, "status": "RUNNING", "machineType": body.get("machineType", ""),
+                "labels": dict(body.get("labels", {})), "metadata": body.get("metadata", {}),
+                "tags": body.get("tags", {}), "disks": body.get("disks", []), "networkInterfaces": [interface],
+                "serviceAccounts": body.get("serviceAccounts", []), "scheduling": {},
+            }
+        return 200, self._operation(zone, "insert", target, done=True)
+
+    def _firewalls_delete(self, query: dict[str, str], body: dict[str, Any], project: str, name: str
+                          ) -> tuple[int, Any]:
+        if self.firewalls.pop(name, None) is None:
+            return 404, _error(404, "notFound", f"The resource '{name}' was not found")
+        return 200, self._operation(None, "delete", f"{_PREFIX}{project}/global/firewalls/{name}", done=True)
+
     def _instances_aggregatedList(self, query: dict[str, str], body: dict[str, Any], project: str
                                   ) -> tuple[int, Any]:
         wanted = _parse_label_filter(query.get("filter", ""))
@@ -296,6 +320,8 @@ class FakeCompute:
 _ROUTES = [
     ("POST", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/bulkInsert", "instances.bulkInsert"),
     ("GET", r"(?P<project>[^/]+)/aggregated/instances", "instances.aggregatedList"),
+    ("POST", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances", "instances.insert"),
+    ("DELETE", r"(?P<project>[^/]+)/global/firewalls/(?P<name>[^/]+)", "firewalls.delete"),
     ("GET", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/serialPort",
      "instances.getSerialPortOutput"),
     ("GET", r"(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)", "instances.get"),

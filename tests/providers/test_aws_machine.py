@@ -16,7 +16,8 @@ from moto import mock_aws
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.providers.aws import AwsProvider
-from skyserve_lite.providers.aws_machine import TAG_HOST, AwsMachines, MachineRequest
+from skyserve_lite.providers.aws_machine import TAG_HOST, AwsMachines
+from skyserve_lite.providers.machines import MachineRequest
 from tests.providers.test_aws import REGION, Api, ami
 
 PUBLIC_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKqkl7S0+1G4GD/J3s7Fk5kbWeZ8gm1N4x1ys4W3gTST sky-lite")

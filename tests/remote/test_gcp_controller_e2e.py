@@ -1,0 +1,83 @@
+"""`controller up --cloud gcp` against the fake Compute Engine on 127.0.0.1, with instance emulation: the
+VM the fake reports running is booted here as an sshd on a 127.0.0.1 port that accepts the VM's key, so the
+bootstrap, a service's life and `controller down` run for real over SSH."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1")
+
+from skyserve_lite.remote.config import load_record
+from tests.e2e.conftest import SkyLite, http_get
+from tests.providers.gce_fake import FakeCompute, serve_fake_compute, write_service_account_key
+from tests.remote.sshd import SSHD
+from tests.remote.test_ssh_e2e import CRONTAB, TASK
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
+              pytest.mark.skipif(SSHD is None, reason="needs OpenSSH's sshd (.ci/run installs it)")]
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[tuple[SkyLite, FakeCompute]]:
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    crontab = tmp_path / "crontab.txt"
+    (fake_bin / "crontab").write_text(CRONTAB.format(store=shlex.quote(str(crontab))))
+    (fake_bin / "crontab").chmod(0o755)
+    with serve_fake_compute() as (fake, endpoint):
+        sky = SkyLite(tmp_path / "home")
+        sky.env |= {"SKY_LITE_EMULATE_INSTANCES": "1", "PATH": f"{fake_bin}:{os.environ['PATH']}",
+                    "GOOGLE_APPLICATION_CREDENTIALS": str(write_service_account_key(tmp_path / "key.json", endpoint)),
+                    "SKY_LITE_GCP_PROJECT": "p", "SKY_LITE_GCP_ENDPOINT": endpoint}
+        try:
+            yield sky, fake
+        finally:
+            with contextlib.suppress(AssertionError, OSError):
+                sky.run("controller", "down", "--force", "-y", check=False, timeout=180)
+            sky.cleanup()
+            for host_home in (sky.home / "emulated-hosts").glob("*/login-home/.sky-lite"):
+                SkyLite(host_home).cleanup()
+
+
+def test_controller_vm_on_gcp_from_up_to_down(cloud: tuple[SkyLite, FakeCompute], tmp_path: Path) -> None:
+    sky, fake = cloud
+    result = sky.run("controller", "up", "--cloud", "gcp", "--region", "us-central1",
+                     "--allow-cidr", "198.51.100.0/24", "--ssh-cidr", "203.0.113.7/32",
+                     "--remote-python", str(getattr(sys, "_base_executable", sys.executable)), timeout=600)
+    record = load_record(sky.home)
+    assert record is not None and record.machine is not None and record.machine.cloud == "gcp"
+    assert record.machine.instance_id in result.stdout and "pinned" in result.stdout
+
+    ((zone, name), instance), = fake.instances.items()
+    assert f"{zone}/{name}" == record.machine.instance_id and record.machine.zone == zone
+    assert instance["labels"]["sky-lite-controller-host"] == record.machine.machine_id
+    keys = {i["key"]: i["value"] for i in instance["metadata"]["items"]}["ssh-keys"]
+    public = (sky.home / "ssh" / f"controller-{record.machine.machine_id}.pub").read_text().strip()
+    assert keys.endswith(public)
+    assert instance["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
+    rules = {r["name"]: (r["sourceRanges"], r["allowed"][0]["ports"], r["targetTags"]) for r in fake.firewalls.values()}
+    tag = [f"sky-lite-controller-{record.machine.machine_id}"]
+    assert rules == {f"{tag[0]}-lb": (["198.51.100.0/24"], ["30001-30999"], tag),
+                     f"{tag[0]}-ssh": (["203.0.113.7/32"], ["22"], tag)}
+    assert json.loads(sky.run("controller", "status", "-o", "json").stdout)["running"] is True
+
+    task = tmp_path / "task.yaml"
+    task.write_text(TASK.format(replicas=1, greeting="hello"))
+    sky.run("serve", "up", str(task), "--timeout", "120", timeout=180)
+    (service,) = sky.status("web")["services"]
+    assert http_get(service["endpoint"])[1].startswith("hello from replica")
+    sky.run("serve", "down", "web", "-y", timeout=120)
+
+    down = sky.run("controller", "down", "-y", timeout=300)
+    assert record.machine.instance_id in down.stdout and load_record(sky.home) is None
+    assert fake.instances == {} and fake.firewalls == {}
+    assert not list((sky.home / "emulated-hosts").glob("*"))
