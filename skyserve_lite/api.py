@@ -264,9 +264,10 @@ class LocalController:
     def _open(self) -> Store:
         return Store.open(self.home)
 
-    def _shown(self, service: ServiceRecord) -> ServiceRecord:
-        """``service`` with the endpoint address of this host (``controller.host``)."""
-        host = load_host_settings(self.home).endpoint_host
+    def _shown(self, service: ServiceRecord, host: str | None = None) -> ServiceRecord:
+        """``service`` with the endpoint address of this host (``controller.host``; ``host`` when the caller
+        read it already)."""
+        host = host or load_host_settings(self.home).endpoint_host
         return service if host == service.endpoint_host else dataclasses.replace(service, endpoint_host=host)
 
     @contextmanager
@@ -304,11 +305,12 @@ class LocalController:
         store = self._open()
         try:
             services = [store.get_service(n) for n in names] if names else store.list_services()
+            host = load_host_settings(self.home).endpoint_host  # once for every service shown
             views = []
             for service in services:
                 spec = store.get_version(service.name, service.current_version).spec
                 views.append(ServiceView(
-                    service=self._shown(service), policy=spec.service.replica_policy.describe(),
+                    service=self._shown(service, host), policy=spec.service.replica_policy.describe(),
                     load_balancing_policy=spec.service.load_balancing_policy.value,
                     replicas=tuple(store.list_replicas(service.name)),
                     events=tuple(store.list_events(service.name, limit=10)),

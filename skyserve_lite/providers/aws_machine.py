@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from skyserve_lite.errors import PermanentProviderError, ProviderError, TransientProviderError
+from skyserve_lite.errors import ProviderError, TransientProviderError
 from skyserve_lite.providers.aws import AwsPermanentError, AwsProvider
-from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest
+from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest, wait_until_running
 
 TAG_HOST = "sky-lite:controller-host"
 GLOBAL_REGION = "us-east-1"  # IAM is global; its client is made for this region
@@ -92,21 +92,11 @@ class AwsMachines:
         newest = max(raws, key=lambda i: str(i.get("LaunchTime", "")))
         return _machine(newest, region, ())
 
-    def wait_running(self, machine_id: str, region: str, timeout_seconds: float = 600,
-                     poll_seconds: float = 5) -> LaunchedMachine:
-        """Poll until the machine's instance runs. Raises ``ProviderError`` on timeout or if it stops."""
-        deadline = time.monotonic() + timeout_seconds
-        while True:
-            found = self.find(machine_id, region)
-            if found is None or found.state in ("shutting-down", "stopped", "stopping"):
-                raise PermanentProviderError(f"the controller VM of {machine_id} in {region} is "
-                                             f"{found.state if found else 'gone'}")
-            if found.state == "running":
-                return found
-            if time.monotonic() >= deadline:
-                raise TransientProviderError(f"the controller VM {found.instance_id} is still {found.state} after "
-                                             f"{timeout_seconds:g}s")
-            self._sleep(poll_seconds)
+    def wait_running(self, machine_id: str, region: str, timeout_seconds: float = 600) -> LaunchedMachine:
+        """Poll until the machine's instance runs (``machines.wait_until_running``)."""
+        return wait_until_running(lambda: self.find(machine_id, region),
+                                  f"the controller VM of {machine_id} in {region}", "running",
+                                  ("shutting-down", "stopped", "stopping"), self._sleep, timeout_seconds)
 
     def delete(self, machine_id: str, region: str, timeout_seconds: float = 600, poll_seconds: float = 5) -> list[str]:
         """Terminate the machine's instances and delete what was made for them; what was deleted, one line

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from skyserve_lite.errors import PermanentProviderError, TransientProviderError
+from skyserve_lite.errors import TransientProviderError
 from skyserve_lite.providers.gcp import DEFAULT_IMAGE, GcpPermanentError, GcpProvider, _as_dict, _image_url
-from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest
+from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest, wait_until_running
 
 LABEL_HOST = "sky-lite-controller-host"
 DEFAULT_MACHINE_TYPE = "e2-small"
@@ -83,19 +83,11 @@ class GcpMachines:
         return LaunchedMachine(f"{zone}/{raw['name']}", zone, str(raw.get("status", "")), nat,
                                interface.get("networkIP"), ())
 
-    def wait_running(self, machine_id: str, zone: str, timeout_seconds: float = 600,
-                     poll_seconds: float = 5) -> LaunchedMachine:
-        deadline = time.monotonic() + timeout_seconds
-        while True:
-            found = self.find(machine_id, zone)
-            if found is None or found.state in ("STOPPING", "TERMINATED", "SUSPENDED"):
-                raise PermanentProviderError(f"the controller VM of {machine_id} in {zone} is "
-                                             f"{found.state.lower() if found else 'gone'}")
-            if found.state == "RUNNING":
-                return found
-            if time.monotonic() >= deadline:
-                raise TransientProviderError(f"the controller VM is still {found.state} after {timeout_seconds:g}s")
-            self._sleep(poll_seconds)
+    def wait_running(self, machine_id: str, zone: str, timeout_seconds: float = 600) -> LaunchedMachine:
+        """Poll until the machine's instance runs (``machines.wait_until_running``)."""
+        return wait_until_running(lambda: self.find(machine_id, zone),
+                                  f"the controller VM of {machine_id} in {zone}", "RUNNING",
+                                  ("STOPPING", "TERMINATED", "SUSPENDED"), self._sleep, timeout_seconds)
 
     def delete(self, machine_id: str, zone: str, timeout_seconds: float = 600, poll_seconds: float = 5) -> list[str]:
         """Delete the instance (waiting until it is gone) and the firewall rules; what was deleted."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+
+from skyserve_lite.errors import PermanentProviderError, TransientProviderError
 
 
 @dataclass(frozen=True)
@@ -31,3 +35,20 @@ class LaunchedMachine:
     public_ip: str | None
     private_ip: str | None
     resources: tuple[tuple[str, str], ...]  # (kind, id) made for it: role, instance-profile, key-pair, security-group
+
+
+def wait_until_running(find: Callable[[], LaunchedMachine | None], what: str, running: str,
+                       stopped: Collection[str], sleep: Callable[[float], None], timeout_seconds: float = 600,
+                       poll_seconds: float = 5) -> LaunchedMachine:
+    """Poll ``find`` until the machine's state is ``running``. Raises ``PermanentProviderError`` when it is
+    gone or in one of ``stopped``, ``TransientProviderError`` on timeout. ``what`` names it in messages."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        found = find()
+        if found is None or found.state in stopped:
+            raise PermanentProviderError(f"{what} is {found.state.lower() if found else 'gone'}")
+        if found.state == running:
+            return found
+        if time.monotonic() >= deadline:
+            raise TransientProviderError(f"{what} is still {found.state.lower()} after {timeout_seconds:g}s")
+        sleep(poll_seconds)

@@ -67,7 +67,7 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
         if previous is not None and previous.machine is None:
             raise StateConflictError(f"this machine's controller is recorded at {previous.target.url}; take it "
                                      "down first with `sky-lite controller down`")
-        target, machine, settings = launch_machine(home, previous, request.cloud, say)
+        target, machine = launch_machine(home, previous, request.cloud, say)
         extras = tuple(sorted({*extras, request.cloud.cloud}))
     else:
         assert request.target is not None
@@ -75,7 +75,6 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
         if previous is not None and (previous.target.host, previous.target.port) != (target.host, target.port):
             raise StateConflictError(f"this machine's controller is recorded at {previous.target.url}; take it "
                                      "down first with `sky-lite controller down`")
-        settings = HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
         machine = previous.machine if previous is not None else None
     same_host = previous is not None and (previous.target.host, previous.target.port) == (target.host, target.port)
     pinned = previous.host_keys if previous is not None and same_host else ()
@@ -90,7 +89,8 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
     shell = record_shell(home, record)
     remote_home = request.remote_home or record.remote_home or None
     home_there = bootstrap.find_remote_home(shell, remote_home)
-    plan = bootstrap.HostPlan(remote_home=home_there, python=request.remote_python, extras=extras, settings=settings)
+    plan = bootstrap.HostPlan(remote_home=home_there, python=request.remote_python, extras=extras,
+                              settings=host_settings_of(record))
     install_wheel(shell, plan, home_there, restart=False, say=say)
     record = ControllerRecord(target=target, remote_home=home_there, host_keys=tuple(keys),
                               fingerprint=record.fingerprint, machine=machine)
@@ -107,7 +107,8 @@ def install_wheel(shell: bootstrap.RemoteShell, plan: bootstrap.HostPlan, home_t
 
 
 def host_settings_of(record: ControllerRecord) -> HostSettings:
-    """Where the recorded host's load balancers listen and what its endpoints show."""
+    """Where the recorded host's load balancers listen and what its endpoints show: its interfaces and the
+    address clients reach (a VM's public one); loopback only for a host on 127.0.0.1 (an emulated VM)."""
     target = record.target
     if record.machine is not None and record.machine.address:
         emulated = target.is_loopback
@@ -128,9 +129,9 @@ class Machines(Protocol):
 
 
 def launch_machine(home: Path, previous: ControllerRecord | None, request: CloudRequest, say: Say
-                   ) -> tuple[SshTarget, CloudMachine, HostSettings]:
+                   ) -> tuple[SshTarget, CloudMachine]:
     """Launch (or find) the controller VM and wait until its sshd answers; where to log in, what was
-    made, and the host settings."""
+    made."""
     from skyserve_lite.providers import available_clouds
 
     if request.cloud not in available_clouds():
@@ -168,13 +169,11 @@ def launch_machine(home: Path, previous: ControllerRecord | None, request: Cloud
         # The emulator's instance cannot be reached: boot it here, as an sshd on 127.0.0.1 (see emulated_host).
         host = EmulatedHosts(home).boot(_host_folder(running.instance_id), key.with_suffix(".pub").read_text())
         target = SshTarget("127.0.0.1", host.port, getpass.getuser(), key)
-        settings = HostSettings(lb_host="127.0.0.1", endpoint_host="127.0.0.1")
     else:
         target = SshTarget(address, 22, request.ssh_user, key)
-        settings = HostSettings(lb_host="0.0.0.0", endpoint_host=address)
     say(f"waiting for ssh on {target.url} ({running.instance_id})")
     _wait_for_sshd(target)
-    return target, machine, settings
+    return target, machine
 
 
 def take_down_machine(home: Path, machine: CloudMachine, say: Say) -> None:

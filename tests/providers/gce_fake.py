@@ -186,15 +186,7 @@ class FakeCompute:
         for name in names:
             if (zone, name) in self.instances:
                 continue  # bulkInsert is idempotent by name: an existing instance is left as it is
-            self.instances[(zone, name)] = {
-                "kind": "compute#instance", "id": str(next(self._ids)), "name": name, "zone": _link(project, zone),
-                "selfLink": f"{target}/{name}", "status": "RUNNING",
-                "machineType": properties.get("machineType", ""), "labels": dict(properties.get("labels", {})),
-                "scheduling": properties.get("scheduling", {}), "metadata": properties.get("metadata", {}),
-                "networkInterfaces": [{"networkIP": f"10.128.0.{len(self.instances) % 250 + 2}"}],
-                "tags": properties.get("tags", {}), "disks": properties.get("disks", []),
-                "creationTimestamp": "2026-12-01T12:00:00.000-08:00",
-            }
+            self.instances[(zone, name)] = self._new_instance(project, zone, name, properties)
         return 200, self._operation(zone, "bulkInsert", target, done=True)
 
     def _instances_insert(self, query: dict[str, str], body: dict[str, Any], project: str, zone: str
@@ -202,18 +194,23 @@ class FakeCompute:
         name = body["name"]
         target = f"{_link(project, zone)}/instances/{name}"
         if (zone, name) not in self.instances:
-            interface: dict[str, Any] = {"networkIP": f"10.128.0.{len(self.instances) % 250 + 2}"}
-            if any(i.get("accessConfigs") for i in body.get("networkInterfaces", [])):
-                address = f"203.0.113.{len(self.instances) % 250 + 2}"
-                interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "natIP": address}]
-            self.instances[(zone, name)] = {
-                "kind": "compute#instance", "id": str(next(self._ids)), "name": name, "zone": _link(project, zone),
-                "selfLink": target, "status": "RUNNING", "machineType": body.get("machineType", ""),
-                "labels": dict(body.get("labels", {})), "metadata": body.get("metadata", {}),
-                "tags": body.get("tags", {}), "disks": body.get("disks", []), "networkInterfaces": [interface],
-                "serviceAccounts": body.get("serviceAccounts", []), "scheduling": {},
-            }
+            self.instances[(zone, name)] = self._new_instance(project, zone, name, body)
         return 200, self._operation(zone, "insert", target, done=True)
+
+    def _new_instance(self, project: str, zone: str, name: str, properties: dict[str, Any]) -> dict[str, Any]:
+        """A RUNNING instance made from ``properties`` (bulkInsert's instanceProperties, or insert's body), with
+        a private address, and a public one when it asks for an access config (never contacted)."""
+        number = len(self.instances) % 250 + 2
+        interface: dict[str, Any] = {"networkIP": f"10.128.0.{number}"}
+        if any(i.get("accessConfigs") for i in properties.get("networkInterfaces", [])):
+            interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "natIP": f"203.0.113.{number}"}]
+        return {"kind": "compute#instance", "id": str(next(self._ids)), "name": name, "zone": _link(project, zone),
+                "selfLink": f"{_link(project, zone)}/instances/{name}", "status": "RUNNING",
+                "machineType": properties.get("machineType", ""), "labels": dict(properties.get("labels", {})),
+                "scheduling": properties.get("scheduling", {}), "metadata": properties.get("metadata", {}),
+                "networkInterfaces": [interface], "tags": properties.get("tags", {}),
+                "disks": properties.get("disks", []), "serviceAccounts": properties.get("serviceAccounts", []),
+                "creationTimestamp": "2026-12-01T12:00:00.000-08:00"}
 
     def _firewalls_delete(self, query: dict[str, str], body: dict[str, Any], project: str, name: str
                           ) -> tuple[int, Any]:

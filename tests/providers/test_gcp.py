@@ -76,8 +76,8 @@ def fake() -> Iterator[tuple[FakeCompute, str]]:
         yield served
 
 
-def provider_for(endpoint: str, page_size: int = 500) -> GcpProvider:
-    return GcpProvider("c0ffee123456", FakeClock(), blobs=NO_BLOBS, project="p", credentials=anonymous(),
+def provider_for(endpoint: str, page_size: int = 500, blobs: BlobStore = NO_BLOBS) -> GcpProvider:
+    return GcpProvider("c0ffee123456", FakeClock(), blobs=blobs, project="p", credentials=anonymous(),
                        api_endpoint=endpoint, sleep=lambda _s: None, page_size=page_size)
 
 
@@ -400,8 +400,7 @@ def test_a_workdir_is_staged_once_per_digest_and_applied_by_the_startup_script(
 
     compute, endpoint = fake
     blobs = BlobStore(tmp_path / "blobs")
-    gcp = GcpProvider("c0ffee123456", FakeClock(), blobs=blobs, project="p", credentials=anonymous(),
-                      api_endpoint=endpoint, sleep=lambda _s: None)
+    gcp = provider_for(endpoint, blobs=blobs)
     big = b"x" * (9 << 20)  # over the library's 8 MB multipart limit: a resumable upload
     first = _with_files(tmp_path, blobs, {"app.py": b"print(1)\n", "lib/util.py": b"X = 1\n", "model.bin": big})
     gcp.launch([request(1, first)])
@@ -425,8 +424,7 @@ def test_a_workdir_is_staged_once_per_digest_and_applied_by_the_startup_script(
     gcp.launch([request(2, second, token="b" * 32, version=2)])
     assert compute.calls["storage.objects.insert"] == uploads + 2
     # A provider that starts afresh (a restarted controller) learns what is there with one listing.
-    again = GcpProvider("c0ffee123456", FakeClock(), blobs=blobs, project="p", credentials=anonymous(),
-                        api_endpoint=endpoint, sleep=lambda _s: None)
+    again = provider_for(endpoint, blobs=blobs)
     compute.calls.clear()
     again.launch([request(3, first, token="c" * 32)])
     assert compute.calls["storage.objects.list"] == 1 and compute.calls["storage.objects.insert"] == 1
@@ -440,8 +438,7 @@ def test_a_blob_missing_from_the_state_directory_fails_the_launch_naming_the_fie
         tmp_path: Path, fake: tuple[FakeCompute, str]) -> None:
     compute, endpoint = fake
     blobs = BlobStore(tmp_path / "blobs")
-    gcp = GcpProvider("c0ffee123456", FakeClock(), blobs=blobs, project="p", credentials=anonymous(),
-                      api_endpoint=endpoint, sleep=lambda _s: None)
+    gcp = provider_for(endpoint, blobs=blobs)
     task = _with_files(tmp_path, blobs, {"app.py": b"print(1)\n"})
     import shutil
 

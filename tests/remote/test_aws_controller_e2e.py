@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite.remote.config import load_record
-from tests.e2e.conftest import SkyLite, http_get
+from tests.e2e.conftest import SkyLite
 from tests.e2e.test_aws_e2e import REGION, moto  # noqa: F401 (the moto server fixture)
 from tests.remote.sshd import SSHD
-from tests.remote.test_ssh_e2e import CRONTAB, TASK
+from tests.remote.test_ssh_e2e import CRONTAB, serve_one_through_the_host
 
 boto3 = pytest.importorskip("boto3")
 
@@ -69,12 +69,7 @@ def test_controller_vm_on_aws_from_up_to_down(sky: SkyLite, tmp_path: Path) -> N
     assert json.loads(sky.run("controller", "status", "-o", "json").stdout)["running"] is True
     assert not (sky.home / "state.db").exists()
 
-    task = tmp_path / "task.yaml"
-    task.write_text(TASK.format(replicas=1, greeting="hello"))
-    sky.run("serve", "up", str(task), "--timeout", "120", timeout=180)
-    (service,) = sky.status("web")["services"]
-    assert http_get(service["endpoint"])[1].startswith("hello from replica")
-    sky.run("serve", "down", "web", "-y", timeout=120)
+    serve_one_through_the_host(sky, tmp_path)
 
     down = sky.run("controller", "down", "-y", timeout=300)
     assert record.machine.instance_id in down.stdout and load_record(sky.home) is None

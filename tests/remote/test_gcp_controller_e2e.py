@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("google.cloud.compute_v1")
 
 from skyserve_lite.remote.config import load_record
-from tests.e2e.conftest import SkyLite, http_get
+from tests.e2e.conftest import SkyLite
 from tests.providers.gce_fake import FakeCompute, serve_fake_compute, write_service_account_key
 from tests.remote.sshd import SSHD
-from tests.remote.test_ssh_e2e import CRONTAB, TASK
+from tests.remote.test_ssh_e2e import CRONTAB, serve_one_through_the_host
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.skipif(SSHD is None, reason="needs OpenSSH's sshd (.ci/run installs it)")]
@@ -70,12 +70,7 @@ def test_controller_vm_on_gcp_from_up_to_down(cloud: tuple[SkyLite, FakeCompute]
                      f"{tag[0]}-ssh": (["203.0.113.7/32"], ["22"], tag)}
     assert json.loads(sky.run("controller", "status", "-o", "json").stdout)["running"] is True
 
-    task = tmp_path / "task.yaml"
-    task.write_text(TASK.format(replicas=1, greeting="hello"))
-    sky.run("serve", "up", str(task), "--timeout", "120", timeout=180)
-    (service,) = sky.status("web")["services"]
-    assert http_get(service["endpoint"])[1].startswith("hello from replica")
-    sky.run("serve", "down", "web", "-y", timeout=120)
+    serve_one_through_the_host(sky, tmp_path)
 
     down = sky.run("controller", "down", "-y", timeout=300)
     assert record.machine.instance_id in down.stdout and load_record(sky.home) is None

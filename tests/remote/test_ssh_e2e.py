@@ -344,6 +344,16 @@ def test_controller_down_removes_its_lines_and_stops_it(host: Host) -> None:
     wait_until(lambda: not host.remote.processes(), 30, "every process of the host's home to stop")
 
 
+def serve_one_through_the_host(sky: SkyLite, folder: Path) -> None:
+    """Up a one-replica service through the recorded host, answer through its endpoint, take it down."""
+    task = folder / "task.yaml"
+    task.write_text(TASK.format(replicas=1, greeting="hello"))
+    sky.run("serve", "up", str(task), "--timeout", "120", timeout=180)
+    (service,) = sky.status("web")["services"]
+    assert http_get(service["endpoint"])[1].startswith("hello from replica")
+    sky.run("serve", "down", "web", "-y", timeout=120)
+
+
 def _ready_ids(sky: SkyLite) -> set[int]:
     (service,) = sky.status("web")["services"]
     return {r["replica_id"] for r in service["replicas"] if r["status"] == "READY"}
