@@ -45,8 +45,9 @@ from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.providers.base import ReplicaLog
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
-from skyserve_lite.spec.model import SubmittedTask
-from skyserve_lite.spec.parse import is_valid_service_name
+from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
+from skyserve_lite.spec.model import SubmittedTask, TaskInputs
+from skyserve_lite.spec.parse import is_valid_service_name, to_service_name
 from skyserve_lite.state.models import (
     AutoscalerObservation,
     EventRecord,
@@ -55,6 +56,7 @@ from skyserve_lite.state.models import (
     ServiceStatus,
     VersionRecord,
 )
+from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
 
 if TYPE_CHECKING:
@@ -271,10 +273,14 @@ class LocalController:
         return service if host == service.endpoint_host else dataclasses.replace(service, endpoint_host=host)
 
     @contextmanager
-    def _submitting(self, task: SubmittedTask) -> Iterator[tuple[SubmittedTask, Store, ControllerSettings]]:
-        """Check ``task``, capture its files and open the store for storing it: the task with its snapshot,
-        the store and the settings. The blob store's writing lock is held from the first blob written
-        until the ``with`` body has stored the version that needs them (see ``files.blobs``)."""
+    def _submitting(self, task: SubmittedTask, previous: VersionRecord | None
+                    ) -> Iterator[tuple[SubmittedTask, BoundInputs, Store, ControllerSettings]]:
+        """Bind ``task``'s inputs (over ``previous``, the current version of the service an update
+        replaces), check it, capture its files and open the store for storing it: the task with its
+        snapshot (and no secret value left in it), its inputs to store, the store and the settings. The blob
+        store's writing lock is held from the first blob written until the ``with`` body has stored the
+        version that needs them (see ``files.blobs``)."""
+        task, inputs = bind_submission(task, previous, SecretStore(self.home), keep_secrets=True)
         settings = check_submission(task)
         blobs = blob_store_of(self.home)
         with _capture_lock(task, blobs):
@@ -282,19 +288,27 @@ class LocalController:
             _check_blobs(captured, blobs)
             store = self._open()
             try:
-                yield captured, store, settings
+                yield captured, inputs, store, settings
             finally:
                 store.close()
+
+    def _current_version(self, name: str) -> VersionRecord:
+        store = self._open()
+        try:
+            return store.get_version(name, store.get_service(name).current_version)
+        finally:
+            store.close()
 
     def create_service(self, name: str, task: SubmittedTask, *, key: str | None = None) -> ServiceRecord:
         """See ``Controller``; ``key`` is a submission's idempotency key (a retry returns the service the
         first attempt created)."""
         check_service_name(name)
-        with self._submitting(task) as (task, store, _settings):
+        with self._submitting(task, None) as (task, inputs, store, _settings):
             if key is not None and (done := store.find_submission(key)) is not None and done[0] == name:
                 return self._shown(store.get_service(name))
             port = _pick_lb_port(store.used_lb_ports())
-            service = self._shown(store.create_service(name, task, port, self._clock.now(), key=key))
+            service = self._shown(store.create_service(name, task, port, self._clock.now(), key=key,
+                                                       inputs=inputs))
             store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
                                f"{task.source}" + _describe_files(task))])
         if self._start_daemon:
@@ -348,10 +362,13 @@ class LocalController:
         from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
 
         settings = ControllerSettings.from_env()
-        task = _with_files(task, settings, blobs=None)  # hashed only: a plan stores nothing
         store = self._open()
         try:
             service = store.get_service(name)
+            previous = store.get_version(name, service.current_version)
+            task, _ = bind_submission(task, previous, SecretStore(self.home), keep_secrets=False)
+            check_submission(task)
+            task = _with_files(task, settings, blobs=None)  # hashed only: a plan stores nothing
             now = self._clock.now()
             snapshot = read_snapshot(store, service, store.list_replicas(name), now, settings,
                                      procs.is_alive, VersionCache())
@@ -375,13 +392,14 @@ class LocalController:
                       reuse_identical_files: bool = False, key: str | None = None) -> VersionRecord:
         """See ``Controller``; ``key`` is a submission's idempotency key (a retry returns the version the
         first attempt stored, and stores nothing)."""
-        with self._submitting(task) as (task, store, settings):
+        with self._submitting(task, self._current_version(name)) as (task, inputs, store, settings):
             if key is not None and (done := store.find_submission(key)) is not None and done[0] == name:
                 return store.get_version(name, done[1])
             version = store.add_version(name, task, mode.value, self._clock.now(),
                                         expect_version=expect_version, note=note,
                                         reuse_identical_files=reuse_identical_files,
-                                        keep_snapshot_versions=settings.keep_snapshot_versions, key=key)
+                                        keep_snapshot_versions=settings.keep_snapshot_versions, key=key,
+                                        inputs=inputs)
             store.add_events([(self._clock.now(), name, None, "service",
                                f"version {version.version} submitted ({mode.value}"
                                + (f", {note}" if note else "") + f") from {task.source}"
@@ -464,6 +482,44 @@ class LocalController:
         from skyserve_lite.forcedown import force_down
 
         return force_down(self.home, regions=regions)
+
+
+def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets: SecretStore, *,
+                    keep_secrets: bool) -> tuple[SubmittedTask, BoundInputs]:
+    """``task`` as its version will run it, and the inputs to store with it.
+
+    - infra: ``--infra``, else (for a task that names no cloud) the previous version's, else the home's
+      ``default_infra``, else none (``local``);
+    - envs: given now, over the file's own values; a name the new file declares without a value keeps the
+      previous version's value;
+    - secrets: given now (on the command line or in the file), else by digest (a rollback), else, for a
+      name the file declares, the previous version's. Values are kept in ``secrets`` only with
+      ``keep_secrets`` (a plan keeps nothing).
+
+    Raises ``SpecError`` naming the first env or secret that still has no value. The task returned carries
+    no secret value.
+    """
+    inherited = previous.inputs if previous is not None else BoundInputs()
+    spec, given = task.spec, task.inputs
+    names_cloud = any(c.cloud is not None for c in spec.resource_candidates)
+    infra = given.infra or (None if names_cloud else inherited.infra or given.default_infra)
+    # Inherited: only what the new file declares without a value (a variable only ever given on the
+    # command line must be given again).
+    envs = {name: value for name, value in inherited.envs if name in spec.unset_envs}
+    envs.update(given.envs)
+    declared = {name for name, digest in spec.secrets if not digest}
+    digests = {name: digest for name, digest in inherited.secrets if name in declared}
+    for name, digest in given.secret_digests:
+        secrets.get(digest)  # refused when this home does not hold it
+        digests[name] = digest
+    for name, secret in given.secrets:
+        digests[name] = secrets.put(secret) if keep_secrets else secrets.digest(secret)
+    inputs = BoundInputs(infra=infra, envs=tuple(sorted(envs.items())), secrets=tuple(sorted(digests.items())))
+    bound = bind(spec, inputs, task.source)
+    missing = find_missing(bound, task.source)
+    if missing is not None:
+        raise missing
+    return dataclasses.replace(task, spec=bound, inputs=TaskInputs()), inputs
 
 
 def check_submission(task: SubmittedTask) -> ControllerSettings:
@@ -554,8 +610,10 @@ def rollback_task(state: RolloutState, to_version: int | None) -> tuple[Submitte
         raise StateConflictError(f"version {target} of {state.service.name!r} cannot be rolled back to: its files "
                                  "were dropped (SKY_LITE_KEEP_SNAPSHOT_VERSIONS keeps the newest versions' files); "
                                  f"see `sky-lite serve history {state.service.name}`")
-    # Its spec carries its snapshot: the rollback runs exactly the files version N ran, not today's disk.
-    return SubmittedTask(text=record.text, source=record.source, spec=record.spec), target
+    # Its spec carries its snapshot: the rollback runs exactly the files version N ran, not today's disk;
+    # and its inputs: the infra, env values and secrets (by digest) it ran with.
+    inputs = TaskInputs(infra=record.inputs.infra, envs=record.inputs.envs, secret_digests=record.inputs.secrets)
+    return SubmittedTask(text=record.text, source=record.source, spec=record.spec, inputs=inputs), target
 
 
 def describe_history(versions: Sequence[VersionRecord]) -> list[HistoryEntry]:
@@ -592,8 +650,9 @@ def check_service_name(name: str) -> None:
 
 
 def default_service_name(task: SubmittedTask) -> str:
-    """The YAML's `name`, else the file's stem (``minimal.yaml`` -> ``minimal``)."""
-    return task.spec.name or Path(task.source).stem.lower().replace("_", "-")
+    """The YAML's `name`, else the file's stem (``minimal.yaml`` -> ``minimal``), made a DNS label
+    (``deepseek-r1-A100`` -> ``deepseek-r1-a100``, ``my_svc`` -> ``my-svc``)."""
+    return to_service_name(task.spec.name or Path(task.source).stem)
 
 
 def _pick_lb_port(used: set[int]) -> int:

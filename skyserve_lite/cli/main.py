@@ -30,6 +30,7 @@ from skyserve_lite.cli.render import (
 )
 from skyserve_lite.errors import StateConflictError, UsageError
 from skyserve_lite.plan.rollout import UpdateMode
+from skyserve_lite.spec.inputs import check_given
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import load_task_file
 from skyserve_lite.state.models import ServiceStatus
@@ -50,6 +51,47 @@ def _reuse_files_option(func: F) -> F:
 
 def _yes_option(func: F) -> F:
     return click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")(func)
+
+
+def _inputs_options(func: F) -> F:
+    """``--infra``, ``--env``, ``--env-file`` and ``--secret``: what a submission adds to the task's YAML."""
+    for option in reversed([
+        click.option("--infra", default=None, metavar="CLOUD[/REGION[/ZONE]]",
+                     help="Where to run when the task names no cloud (default: the previous version's, then "
+                     "`sky-lite config set default_infra`, then local)."),
+        click.option("--env", "envs", multiple=True, metavar="NAME[=VALUE]",
+                     help="Set an env var of the replicas (NAME alone: its value here); repeatable; over the "
+                     "task's envs."),
+        click.option("--env-file", "env_files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+                     help="A dotenv file of NAME=VALUE lines to set as --env does; repeatable."),
+        click.option("--secret", "secrets", multiple=True, metavar="NAME[=VALUE]",
+                     help="Set a secret env var (NAME alone: its value here); never stored with the task, "
+                     "shown or logged; repeatable."),
+    ]):
+        func = option(func)
+    return func
+
+
+def _with_inputs(task: SubmittedTask, infra: str | None, envs: tuple[str, ...], env_files: tuple[Path, ...],
+                 secrets: tuple[str, ...]) -> SubmittedTask:
+    """``task`` with the command line's inputs, checked (every value the file leaves open is given)."""
+    import os
+
+    from skyserve_lite.spec.inputs import read_assignments, read_env_file, with_inputs
+    from skyserve_lite.spec.model import Secret
+    from skyserve_lite.spec.parse import parse_infra
+    from skyserve_lite.userconfig import load_config
+
+    if infra is not None:
+        infra = parse_infra(infra, "--infra", "the command line").describe()
+    values: dict[str, str] = {}
+    for env_file in env_files:
+        values.update(read_env_file(env_file))
+    values.update(read_assignments("--env", envs, os.environ))
+    secret_values = read_assignments("--secret", secrets, os.environ)
+    default_infra = load_config(home_dir()).get("default_infra")
+    return with_inputs(task, tuple(sorted(values.items())),
+                       [(name, Secret(value)) for name, value in sorted(secret_values.items())], infra, default_infra)
 
 
 def _output_option(func: F) -> F:
@@ -76,12 +118,16 @@ def serve() -> None:
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the service is READY.")
 @click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for READY.")
-def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: float) -> None:
+@_inputs_options
+def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: float, infra: str | None,
+             envs: tuple[str, ...], env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
     """Start a service from TASK_FILE."""
     del yes  # `serve up` asks nothing; accepted so that scripts can pass -y to every command
     with _errors():
-        task = load_task_file(task_file.resolve())
+        task = _with_inputs(load_task_file(task_file.resolve()), infra, envs, env_files, secrets)
         name = name or api.default_service_name(task)
+        api.check_service_name(name)
+        check_given(task)
         controller = _controller()
         service = controller.create_service(name, task)
         if not wait:
@@ -113,11 +159,16 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @_reuse_files_option
 @_yes_option
 @_output_option
+@_inputs_options
 def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_version: int | None,
-                 reuse_identical_files: bool, yes: bool, output: str) -> None:
-    """Update service NAME to TASK_FILE, reusing replicas whose config is unchanged."""
+                 reuse_identical_files: bool, yes: bool, output: str, infra: str | None, envs: tuple[str, ...],
+                 env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
+    """Update service NAME to TASK_FILE, reusing replicas whose config is unchanged.
+
+    Values of envs and secrets the file declares without a value are kept from the current version unless
+    given again."""
     with _errors():
-        task = load_task_file(task_file.resolve())
+        task = _with_inputs(load_task_file(task_file.resolve()), infra, envs, env_files, secrets)
         _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None,
                 reuse_identical_files=reuse_identical_files)
 
@@ -322,6 +373,44 @@ def serve_logs(name: str, replica_id: int | None, controller_log: bool, lb_log: 
             if close is not None:
                 close()
         out.flush()
+
+
+@main.group("config")
+def config_group() -> None:
+    """Settings of this state directory ($SKY_LITE_HOME/config.json)."""
+
+
+@config_group.command("set")
+@click.argument("key")
+@click.argument("value")
+def config_set(key: str, value: str) -> None:
+    """Set KEY to VALUE. Keys: default_infra (CLOUD[/REGION[/ZONE]] for tasks that name no cloud)."""
+    from skyserve_lite.userconfig import set_config
+
+    with _errors():
+        click.echo(f"{key} = {set_config(home_dir(), key, value)}")
+
+
+@config_group.command("unset")
+@click.argument("key")
+def config_unset(key: str) -> None:
+    """Remove KEY (back to its default)."""
+    from skyserve_lite.userconfig import set_config
+
+    with _errors():
+        set_config(home_dir(), key, None)
+        click.echo(f"{key} unset")
+
+
+@config_group.command("list")
+def config_list() -> None:
+    """Print every setting: KEY = VALUE (or its default), with what it means."""
+    from skyserve_lite.userconfig import KEYS, load_config
+
+    with _errors():
+        config = load_config(home_dir())
+        for key, (meaning, _) in KEYS.items():
+            click.echo(f"{key} = {config.get(key, '(unset)')}    # {meaning}")
 
 
 @main.group()

@@ -23,10 +23,12 @@ from collections.abc import Callable, Mapping
 from skyserve_lite.clock import Clock
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner, find_lb_port
 from skyserve_lite.controller.plan import Event, LaunchBatch, PassPlan
-from skyserve_lite.errors import ProviderError, TransientProviderError
+from skyserve_lite.errors import ProviderError, StateConflictError, TransientProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider
+from skyserve_lite.spec.model import Secret, TaskSpec
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -38,8 +40,10 @@ HEARTBEAT_SECONDS = 5.0
 
 class Executor:
     def __init__(self, store: Store, providers: Mapping[str, Provider], lb_runner: LoadBalancerRunner,
-                 clock: Clock, *, new_token: Callable[[], str] | None = None, blobs: BlobStore | None = None) -> None:
+                 clock: Clock, *, new_token: Callable[[], str] | None = None, blobs: BlobStore | None = None,
+                 secrets: SecretStore | None = None) -> None:
         self._store = store
+        self._secrets = secrets
         self._providers = providers
         self._lb_runner = lb_runner
         self._clock = clock
@@ -100,7 +104,7 @@ class Executor:
         """Release what the clouds the service used keep for it (files, buckets), then forget it. When a
         release fails the service stays, SHUTTING_DOWN with no replica, and the next pass tries again:
         deleting the row first would leak whatever the release did not remove."""
-        clouds = {version.spec.resources.cloud.value for version in self._store.list_versions(name)}
+        clouds = {version.spec.cloud.value for version in self._store.list_versions(name)}
         for cloud in sorted(clouds):
             provider = self._providers.get(cloud)
             if provider is None:
@@ -128,6 +132,14 @@ class Executor:
                 # The instances are still observed next pass, whose plan asks to terminate them again.
                 log.warning("terminating %s on %s failed, retrying next pass: %s", instance_ids, cloud, exc)
 
+    def _read_secrets(self, spec: TaskSpec) -> tuple[tuple[str, Secret], ...]:
+        """The values of ``spec``'s secrets; ``StateConflictError`` when one is not in the store."""
+        if not spec.secrets:
+            return ()
+        if self._secrets is None:
+            raise StateConflictError("this controller has no secret store: the task's secrets cannot be read")
+        return tuple((name, self._secrets.get(digest)) for name, digest in spec.secrets)
+
     def _launch(self, batch: LaunchBatch, events: list[Event]) -> None:
         now = self._clock.now()
         rows = list(batch.retry)
@@ -148,14 +160,16 @@ class Executor:
             self._store.put_replicas(failed)
             return
         version = self._store.get_version(batch.service, batch.version)
-        requests = [LaunchRequest(service=r.service, replica_id=r.replica_id, version=r.version,
-                                  spec=self._store.get_version(r.service, r.version).spec
-                                  if r.version != batch.version else version.spec,
-                                  launch_token=r.launch_token, is_spot=r.is_spot)
-                    for r in rows]
+        specs = {r.version: self._store.get_version(r.service, r.version).spec
+                 if r.version != batch.version else version.spec for r in rows}
         try:
+            secrets = {number: self._read_secrets(spec) for number, spec in specs.items()}
+            requests = [LaunchRequest(service=r.service, replica_id=r.replica_id, version=r.version,
+                                      spec=specs[r.version], launch_token=r.launch_token, is_spot=r.is_spot,
+                                      secrets=secrets[r.version])
+                        for r in rows]
             outcomes = provider.launch(requests)
-        except ProviderError as exc:
+        except (ProviderError, StateConflictError) as exc:
             outcomes = [LaunchOutcome(r.replica_id, error=str(exc),
                                       permanent=not isinstance(exc, TransientProviderError)) for r in rows]
         by_id = {r.replica_id: r for r in rows}

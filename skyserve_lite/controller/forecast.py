@@ -107,7 +107,7 @@ class _World:
         self.snapshot = dataclasses.replace(snapshot, service=service, versions={**snapshot.versions,
                                             to_version: new_spec}, mode=mode, lb_alive=True,
                                             reuse_identical_files=reuse_identical_files)
-        self.clouds = frozenset({new_spec.resources.cloud.value, *(r.cloud for r in snapshot.replicas)})
+        self.clouds = frozenset({new_spec.cloud.value, *(r.cloud for r in snapshot.replicas)})
         self.instances: dict[int, tuple[str, Instance]] = {}  # replica id -> (cloud, instance)
         for replica in snapshot.replicas:
             if replica.status.is_live or replica.status is ReplicaStatus.SHUTTING_DOWN:

@@ -31,6 +31,7 @@ from skyserve_lite.errors import ControllerError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.providers import make_providers
 from skyserve_lite.remote.listener import RpcListener
+from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store, prepare_home
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> 
     providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
     lb_host = load_host_settings(home).lb_host
     return Reconciler(store, providers, HttpProber(), ProcessLoadBalancerRunner(home, lb_host), clock, settings,
-                      blobs=blob_store_of(home))
+                      blobs=blob_store_of(home), secrets=SecretStore(home))
 
 
 def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:

@@ -26,6 +26,7 @@ from skyserve_lite.errors import ProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import Instance, Provider
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -41,14 +42,14 @@ class Reconciler:
 
     def __init__(self, store: Store, providers: Mapping[str, Provider], prober: Prober,
                  lb_runner: LoadBalancerRunner, clock: Clock, settings: ControllerSettings, *,
-                 blobs: BlobStore | None = None) -> None:
+                 blobs: BlobStore | None = None, secrets: SecretStore | None = None) -> None:
         self._store = store
         self._providers = {cloud: guard_provider(provider) for cloud, provider in providers.items()}
         self._prober = prober
         self._lb_runner = lb_runner
         self._clock = clock
         self._settings = settings
-        self._executor = Executor(store, self._providers, lb_runner, clock, blobs=blobs)
+        self._executor = Executor(store, self._providers, lb_runner, clock, blobs=blobs, secrets=secrets)
         self._versions = VersionCache()
 
     def reconcile_once(self) -> PassPlan:
@@ -138,15 +139,14 @@ class Reconciler:
 
     @staticmethod
     def _regions_in_use(snapshots: Sequence[ServiceSnapshot], cloud: str) -> list[str]:
-        regions = {s.spec.resources.region for s in snapshots if s.spec.resources.cloud.value == cloud}
+        specs = [spec for s in snapshots for spec in (s.spec, *s.versions.values()) if spec.cloud.value == cloud]
+        regions = {c.region for spec in specs for c in spec.resource_candidates}
         regions |= {r.region for s in snapshots for r in s.replicas if r.cloud == cloud}
-        regions |= {spec.resources.region for s in snapshots for spec in s.versions.values()
-                    if spec.resources.cloud.value == cloud}
         return sorted(region for region in regions if region)
 
     def _clouds_in_use(self, snapshots: Sequence[ServiceSnapshot]) -> list[str]:
         """Every configured cloud that a service or replica uses; local is always listed (it is cheap)
         so that processes left by a crashed controller are found even with no service left."""
-        used = {s.spec.resources.cloud.value for s in snapshots}
+        used = {s.spec.cloud.value for s in snapshots}
         used |= {r.cloud for s in snapshots for r in s.replicas}
         return sorted(cloud for cloud in self._providers if cloud in used or cloud == "local")

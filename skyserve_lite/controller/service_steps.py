@@ -155,7 +155,7 @@ def plan_launches(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], setti
         missing = max(0, markets.for_market(is_spot) - sum(1 for r in live if r.is_spot == is_spot))
         if missing or retry:
             batches.append(LaunchBatch(service=service.name, version=service.current_version,
-                                       cloud=snapshot.spec.resources.cloud.value, is_spot=is_spot, count=missing,
+                                       cloud=snapshot.spec.cloud.value, is_spot=is_spot, count=missing,
                                        retry=retry))
     return batches
 

@@ -41,7 +41,7 @@ def _has_module(name: str) -> bool:
 def check_task_for_cloud(task: SubmittedTask) -> None:
     """Cloud-specific rules a task must meet before it is stored. Raises ``SpecError`` naming the field."""
     spec = task.spec
-    cloud = spec.resources.cloud
+    cloud = spec.cloud
     if cloud.value not in available_clouds():
         hint = ""
         if cloud is Cloud.AWS:

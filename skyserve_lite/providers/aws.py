@@ -508,7 +508,7 @@ class AwsProvider:
                                     "MissingImage")
         port = find_service_port(spec)
         batch = BootBatch(service=first.service, version=first.version, replica_ids=group.replica_ids,
-                          envs=spec.envs, setup=spec.setup, run=spec.run, port=port)
+                          envs=first.envs, setup=spec.setup, run=spec.run, port=port)
         fetches, files = self._stage_files(first, group.region)
         user_data = render_user_data(batch, fetches, files)
         if len(user_data.encode()) > USER_DATA_LIMIT_BYTES:

@@ -28,7 +28,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Protocol
 
-from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.spec.model import Pairs, Secret, TaskSpec
 
 
 class InstanceState(str, Enum):
@@ -55,6 +55,13 @@ class LaunchRequest:
     is_spot: bool
     # The version's files come with ``spec.files`` (its snapshot, taken when it was submitted): providers
     # never read the submitter's disk.
+    # The values of ``spec.secrets``, read from the secret store for this launch only.
+    secrets: tuple[tuple[str, Secret], ...] = ()
+
+    @property
+    def envs(self) -> Pairs:
+        """Every variable the task names for its replicas: ``envs``, then its secrets' values."""
+        return (*self.spec.envs, *((name, secret.value) for name, secret in self.secrets))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from skyserve_lite.clock import Clock
+from skyserve_lite.errors import PermanentProviderError, StateConflictError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.providers.base import (
     Instance,
@@ -36,7 +37,9 @@ from skyserve_lite.providers.base import (
     ReplicaLog,
 )
 from skyserve_lite.providers.local import LocalProvider
+from skyserve_lite.spec.model import Secret
 from skyserve_lite.state.models import VersionRecord
+from skyserve_lite.state.secrets import SecretStore
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +49,14 @@ ENV_SWITCH = "SKY_LITE_EMULATE_INSTANCES"
 FindVersion = Callable[[str, int], VersionRecord | None]
 
 
-def compute_boot_request(instance: Instance, version: VersionRecord) -> LaunchRequest:
-    """The local launch that plays ``instance``: its own replica, the version's task and snapshot. The
-    instance id is the launch token: one local process per cloud instance."""
+def compute_boot_request(instance: Instance, version: VersionRecord,
+                         secrets: tuple[tuple[str, Secret], ...] = ()) -> LaunchRequest:
+    """The local launch that plays ``instance``: its own replica, the version's task, snapshot and secrets
+    (what the instance's boot script would export). The instance id is the launch token: one local process
+    per cloud instance."""
     return LaunchRequest(service=instance.service, replica_id=instance.replica_id, version=instance.version,
-                         spec=version.spec, launch_token=instance.instance_id, is_spot=instance.is_spot)
+                         spec=version.spec, launch_token=instance.instance_id, is_spot=instance.is_spot,
+                         secrets=secrets)
 
 
 class EmulatedProvider:
@@ -68,6 +74,7 @@ class EmulatedProvider:
         # from what the controller uploaded.
         self._local = LocalProvider(home / "emulated" / inner.name, clock, grace_seconds=2.0,
                                     blobs=blob_store_of(home), state_home=home)
+        self._secrets = SecretStore(home)
 
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
         # Booting happens when the cloud reports the instance running (list_instances), as on a real VM.
@@ -114,7 +121,11 @@ class EmulatedProvider:
             version = self._find_version(instance.service, instance.version)
             if version is None:
                 return dataclasses.replace(instance, state=InstanceState.PENDING, url=None)
-            (outcome,) = self._local.launch([compute_boot_request(instance, version)])
+            try:
+                secrets = tuple((name, self._secrets.get(digest)) for name, digest in version.spec.secrets)
+            except StateConflictError as exc:
+                raise PermanentProviderError(str(exc)) from exc
+            (outcome,) = self._local.launch([compute_boot_request(instance, version, secrets)])
             if outcome.instance is None:
                 log.warning("emulating %s failed: %s", instance.instance_id, outcome.error)
                 return dataclasses.replace(instance, state=InstanceState.EXITED, url=None,

@@ -421,7 +421,7 @@ class GcpProvider:
         staged = (self._stager.stage(first.service, group.region, spec.files, placements)
                   if spec.files is not None and placements else None)
         script = render_boot_script(GCP_BOOT, BootBatch(
-            service=first.service, version=first.version, replica_ids=group.replica_ids, envs=spec.envs,
+            service=first.service, version=first.version, replica_ids=group.replica_ids, envs=first.envs,
             setup=spec.setup, run=spec.run, port=port), fetches, staged)
         labels = {**{k.lower(): v.lower() for k, v in resources.labels},
                   LABEL_CONTROLLER: self._controller_id, LABEL_SERVICE: first.service,

@@ -280,7 +280,7 @@ class LocalProvider:
                                  request.launch_token, port, self._clock.now())
                 if self._setting_error is not None:
                     raise _LaunchError(self._setting_error)
-                env = compute_replica_env(self._environ, self._passthrough, dict(request.spec.envs), {
+                env = compute_replica_env(self._environ, self._passthrough, dict(request.envs), {
                     "PORT": str(port), "SKY_LITE_REPLICA_ID": str(request.replica_id),
                     "SKY_LITE_SERVICE": request.service, TAG_HOME: str(self._state_home),
                     TAG_REPLICA_DIR: str(directory)})

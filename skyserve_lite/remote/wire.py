@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from skyserve_lite.files.manifest import TaskFiles
-from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.spec.model import SubmittedTask, TaskInputs
 from skyserve_lite.spec.parse import parse_task
 
 
@@ -31,20 +31,22 @@ class HostInfo:
 
 @dataclass(frozen=True)
 class WireTask:
-    """A submitted task as it travels: its text and where it came from, and the snapshot of its files the
-    client captured. The host parses the text itself, with its own version of the parser."""
+    """A submitted task as it travels: its text and where it came from, the snapshot of its files the
+    client captured, and what the command line added (secret values included: the channel is SSH's). The
+    host parses the text itself, with its own version of the parser."""
 
     text: str
     source: str
     files: TaskFiles | None = None
+    inputs: TaskInputs = dataclasses.field(default_factory=TaskInputs)
 
     @classmethod
     def of(cls, task: SubmittedTask) -> WireTask:
-        return cls(task.text, task.source, task.spec.files)
+        return cls(task.text, task.source, task.spec.files, task.inputs)
 
     def to_task(self) -> SubmittedTask:
         spec = parse_task(self.text, source=self.source)
-        return SubmittedTask(self.text, self.source, dataclasses.replace(spec, files=self.files))
+        return SubmittedTask(self.text, self.source, dataclasses.replace(spec, files=self.files), self.inputs)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from skyserve_lite.files.manifest import Manifest, compare_manifests
-from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.spec.model import Resources, TaskSpec
 
 ConfigValue = str | int | float | bool | None
 
@@ -34,7 +34,8 @@ class FieldChange:
     def describe(self) -> str:
         old, new = self.old, self.new
         if old == new and self.note:
-            return f"{self.path}: {self.note}"  # the value did not change; what is behind it did
+            # the value did not change (or is not shown: a secret's); what is behind it did
+            return f"{self.path}: {self.note}"
         if isinstance(old, str) and isinstance(new, str) and ("\n" in old or "\n" in new):
             # Scripts: show the first line that differs, not two equal-looking prefixes.
             number, old, new = _first_different_line(old, new)
@@ -61,13 +62,12 @@ def compute_replica_config(spec: TaskSpec) -> dict[str, ConfigValue]:
     """
     res = spec.resources
     flat: dict[str, ConfigValue] = {
-        "resources.cloud": res.cloud.value,
-        "resources.region": res.region,
-        "resources.zone": res.zone,
-        "resources.instance_type": res.instance_type,
-        "resources.image_id": res.image_id,
+        "resources.cloud": spec.cloud.value,
+        **(_candidate_fields(res) if not spec.candidates else {
+            # A replica may have landed on any candidate: the set is its config, whichever it took.
+            "resources.candidates": f"{spec.candidate_order.value}("
+                                    + "; ".join(describe_candidate(c) for c in spec.candidates) + ")"}),
         "resources.use_spot": res.use_spot,
-        "resources.disk_size": res.disk_size,
         "resources.ports": ",".join(str(port) for port in res.ports) or None,
         "setup": spec.setup,
         "run": spec.run,
@@ -77,8 +77,34 @@ def compute_replica_config(spec: TaskSpec) -> dict[str, ConfigValue]:
     }
     flat.update({f"resources.labels.{key}": value for key, value in res.labels})
     flat.update({f"envs.{key}": value for key, value in spec.envs})
+    # A secret's digest (never its value): a changed value replaces replicas, shown as "changed".
+    flat.update({f"{SECRETS_PREFIX}{key}": digest or None for key, digest in spec.secrets})
     flat.update({f"file_mounts.{dst}": src for dst, src in spec.file_mounts})
     return {key: value for key, value in flat.items() if value is not None}
+
+
+SECRETS_PREFIX = "secrets."
+
+
+def _candidate_fields(res: Resources) -> dict[str, ConfigValue]:
+    return {
+        "resources.region": res.region,
+        "resources.zone": res.zone,
+        "resources.instance_type": res.instance_type,
+        "resources.cpus": res.cpus.describe() if res.cpus else None,
+        "resources.memory": res.memory.describe() if res.memory else None,
+        "resources.accelerators": res.accelerator.describe() if res.accelerator else None,
+        "resources.image_id": res.image_id,
+        "resources.disk_size": res.disk_size,
+        "resources.disk_tier": res.disk_tier.value if res.disk_tier else None,
+    }
+
+
+def describe_candidate(res: Resources) -> str:
+    """One candidate in one line, its fields as written: ``region=us-east-1 accelerators=A100:8``."""
+    fields = {key.removeprefix("resources."): value for key, value in _candidate_fields(res).items()
+              if value is not None}
+    return " ".join(f"{key}={value}" for key, value in fields.items()) or "default"
 
 
 def compute_config_fingerprint(spec: TaskSpec) -> str:
@@ -101,7 +127,7 @@ def find_config_changes(old: TaskSpec, new: TaskSpec, *, reuse_identical_files: 
     ``reuse_identical_files`` identical snapshots are no change, so a replica whose whole config, file
     digests included, is equal is reused.
     """
-    changes = list(_diff(compute_replica_config(old), compute_replica_config(new)))
+    changes = [_hide_secret(change) for change in _diff(compute_replica_config(old), compute_replica_config(new))]
     changed_paths = {change.path for change in changes}
     if (old.workdir or new.workdir) and "workdir" not in changed_paths:
         change = _files_change("workdir", old.workdir, _workdir_manifest(old), _workdir_manifest(new),
@@ -118,6 +144,14 @@ def find_config_changes(old: TaskSpec, new: TaskSpec, *, reuse_identical_files: 
         if change:
             changes.append(change)
     return tuple(sorted(changes, key=lambda c: c.path))
+
+
+def _hide_secret(change: FieldChange) -> FieldChange:
+    """A secret's change without its digests: ``secrets.HF_TOKEN: changed`` (or added, removed)."""
+    if not change.path.startswith(SECRETS_PREFIX):
+        return change
+    what = "added" if change.old is None else "removed" if change.new is None else "changed"
+    return FieldChange(change.path, None, None, note=what)
 
 
 def is_same_replica_config(old: TaskSpec, new: TaskSpec, *, reuse_identical_files: bool = False) -> bool:
@@ -165,8 +199,15 @@ def compute_service_settings(spec: TaskSpec) -> dict[str, ConfigValue]:
         "service.replica_policy.downscale_delay_seconds": policy.downscale_delay_seconds,
         "service.replica_policy.base_ondemand_fallback_replicas": policy.base_ondemand_fallback_replicas,
         "service.replica_policy.dynamic_ondemand_fallback": policy.dynamic_ondemand_fallback,
+        "service.replica_policy.num_overprovision": policy.num_overprovision or None,
         "service.load_balancing_policy": spec.service.load_balancing_policy.value,
+        "service.tls.keyfile": spec.service.tls.keyfile if spec.service.tls else None,
+        "service.tls.certfile": spec.service.tls.certfile if spec.service.tls else None,
     }
+    if policy.qps_per_accelerator:
+        del flat["service.replica_policy.target_qps_per_replica"]
+        flat.update({f"service.replica_policy.target_qps_per_replica.{name}": qps
+                     for name, qps in policy.qps_per_accelerator})
     flat.update({f"service.readiness_probe.headers.{k}": v for k, v in probe.headers})
     return {key: value for key, value in flat.items() if value is not None}
 

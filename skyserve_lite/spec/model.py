@@ -31,19 +31,80 @@ class Cloud(str, Enum):
 class LoadBalancingPolicy(str, Enum):
     ROUND_ROBIN = "round_robin"
     LEAST_LOAD = "least_load"
+    # least load, each replica weighted by its capacity (``target_qps_per_replica`` per accelerator)
+    INSTANCE_AWARE_LEAST_LOAD = "instance_aware_least_load"
+
+
+class DiskTier(str, Enum):
+    """SkyPilot's disk tiers; each cloud maps them to its volume types (``catalog.disk_for``)."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    ULTRA = "ultra"
+    BEST = "best"
+
+
+class CandidateOrder(str, Enum):
+    """How a task's resource candidates are tried: ``any_of`` cheapest first, ``ordered`` as written."""
+
+    ANY_OF = "any_of"
+    ORDERED = "ordered"
+
+
+@dataclass(frozen=True)
+class Amount:
+    """``cpus: 4`` (exactly 4) or ``cpus: 4+`` (at least 4); memory in GiB the same way."""
+
+    value: float
+    at_least: bool = False
+
+    def describe(self) -> str:
+        return f"{self.value:g}{'+' if self.at_least else ''}"
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """``A100:8``: the accelerator's name as written (matched case-insensitively) and how many."""
+
+    name: str
+    count: int = 1
+
+    def describe(self) -> str:
+        return f"{self.name}:{self.count}"
 
 
 @dataclass(frozen=True)
 class Resources:
-    cloud: Cloud = Cloud.LOCAL
+    """One way to run a replica. ``cloud`` None: the task names none, and submitting it chooses one
+    (``--infra``, the home's ``default_infra``, else ``local``); ``TaskSpec.cloud`` is the one that counts."""
+
+    cloud: Cloud | None = None
     region: str | None = None
     zone: str | None = None
     instance_type: str | None = None
     image_id: str | None = None
     use_spot: bool = False
     disk_size: int | None = None
+    disk_tier: DiskTier | None = None
+    cpus: Amount | None = None
+    memory: Amount | None = None
+    accelerator: Accelerator | None = None
     ports: tuple[int, ...] = ()
     labels: Pairs = ()
+
+    def describe_need(self) -> str:
+        """What this candidate asks for, for plans and errors: ``A100:8, cpus 32+`` or ``m5.large``."""
+        parts = []
+        if self.instance_type:
+            parts.append(self.instance_type)
+        if self.accelerator:
+            parts.append(self.accelerator.describe())
+        if self.cpus:
+            parts.append(f"cpus {self.cpus.describe()}")
+        if self.memory:
+            parts.append(f"memory {self.memory.describe()}GB")
+        return ", ".join(parts) or "the default instance type"
 
 
 @dataclass(frozen=True)
@@ -66,6 +127,11 @@ class ReplicaPolicy:
     downscale_delay_seconds: int = DEFAULT_DOWNSCALE_DELAY_SECONDS
     base_ondemand_fallback_replicas: int = 0
     dynamic_ondemand_fallback: bool = False
+    # Replicas kept above the autoscaler's target (SkyServe's num_overprovision).
+    num_overprovision: int = 0
+    # ``target_qps_per_replica: {A100: 5, L4: 2}``: each replica's share by the accelerator it landed on
+    # (sorted by name); ``target_qps_per_replica`` is then the smallest of them, for the replica count.
+    qps_per_accelerator: tuple[tuple[str, float], ...] = ()
 
     @property
     def is_autoscaling(self) -> bool:
@@ -93,6 +159,16 @@ class ServiceSpec:
     # The port the workload listens on for cloud replicas; the local provider assigns its own ($PORT).
     port: int | None = None
     load_balancing_policy: LoadBalancingPolicy = LoadBalancingPolicy.LEAST_LOAD
+    tls: TlsFiles | None = None
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """``service.tls``: the load balancer serves HTTPS with this key and certificate (paths as written;
+    their contents are captured with the version's files)."""
+
+    keyfile: str
+    certfile: str
 
 
 @dataclass(frozen=True)
@@ -100,8 +176,18 @@ class TaskSpec:
     run: str
     service: ServiceSpec
     name: str | None = None
+    # The `resources` section itself (shared by every candidate)...
     resources: Resources = field(default_factory=Resources)
+    # ...and, with `any_of`, `ordered` or several accelerators, each candidate in full (the section with
+    # the candidate's fields over it), in the order written; () when there is one way only.
+    candidates: tuple[Resources, ...] = ()
+    candidate_order: CandidateOrder = CandidateOrder.ANY_OF
     envs: Pairs = ()
+    # `envs` entries written `X: null`: their values come at submit time (`--env X=v`), then live in `envs`.
+    unset_envs: tuple[str, ...] = ()
+    # `secrets`: (name, digest) of every secret, its value kept apart (``spec.secrets``); a digest of ""
+    # means not given yet (`secrets: {X: null}` before submitting with `--secret X`).
+    secrets: Pairs = ()
     workdir: str | None = None
     file_mounts: Pairs = ()
     setup: str | None = None
@@ -109,11 +195,53 @@ class TaskSpec:
     # part of the YAML): what every replica of the version runs. None before capture, or with nothing local.
     files: TaskFiles | None = None
 
+    @property
+    def cloud(self) -> Cloud:
+        """The one cloud every replica of the task runs on."""
+        for resources in self.resource_candidates:
+            if resources.cloud is not None:
+                return resources.cloud
+        return Cloud.LOCAL
+
+    @property
+    def resource_candidates(self) -> tuple[Resources, ...]:
+        """Every way to run a replica, in the order written: the candidates, else the section."""
+        return self.candidates or (self.resources,)
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A secret's value on its way from the user to the replicas; never printed (its repr hides it)."""
+
+    value: str = field(repr=False)
+
+    def __str__(self) -> str:
+        return "<redacted>"
+
+
+@dataclass(frozen=True)
+class TaskInputs:
+    """What `serve up`/`update` add to the YAML: ``infra`` (``--infra``: the cloud/region/zone where the task
+    names none), ``default_infra`` (the home's setting, used only when neither ``infra`` nor the previous
+    version decides), values of `envs: {X: null}` and of secrets (from --env/--env-file/--secret)."""
+
+    infra: str | None = None
+    default_infra: str | None = None
+    envs: Pairs = ()
+    secrets: tuple[tuple[str, Secret], ...] = ()
+    # Secrets by the digest a stored version names (a rollback brings back the version's own values).
+    secret_digests: Pairs = ()
+
 
 @dataclass(frozen=True)
 class SubmittedTask:
-    """A task as the user submitted it: the exact text, where it came from, and its parsed form."""
+    """A task as the user submitted it: the exact text, where it came from, and its parsed form.
+
+    ``text`` never holds a secret value: one written in the file is cut out when the file is read, and
+    travels in ``inputs`` like one given with ``--secret``.
+    """
 
     text: str
     source: str
     spec: TaskSpec
+    inputs: TaskInputs = field(default_factory=TaskInputs)

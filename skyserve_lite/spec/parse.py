@@ -6,6 +6,7 @@ here touches state, so a rejected file changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -22,34 +23,55 @@ from skyserve_lite.spec.model import (
     DEFAULT_PROBE_PATH,
     DEFAULT_PROBE_TIMEOUT_SECONDS,
     DEFAULT_UPSCALE_DELAY_SECONDS,
+    Accelerator,
+    Amount,
+    CandidateOrder,
     Cloud,
+    DiskTier,
     LoadBalancingPolicy,
     Pairs,
     ReadinessProbe,
     ReplicaPolicy,
     Resources,
+    Secret,
     ServiceSpec,
     SubmittedTask,
+    TaskInputs,
     TaskSpec,
+    TlsFiles,
 )
 
 _T = TypeVar("_T")
 
 # DNS-1123 label: what a hostname part, a Kubernetes name and a cloud tag accept alike.
 _NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+# A task's `name`, as SkyPilot accepts it; only the service name must be a DNS label.
+_TASK_NAME_RE = re.compile(r"[A-Za-z]([-_.A-Za-z0-9]*[A-Za-z0-9])?")
+# `cpus: 4`, `4+`, `0.5+`; `memory: 16`, `32+`, `8GB`, `1TB+`.
+_AMOUNT_RE = re.compile(r"(?P<value>\d+(\.\d+)?|\.\d+)\s*(?P<unit>[A-Za-z]*)\s*(?P<plus>\+?)")
+_MEMORY_UNITS = {"": 1.0, "gb": 1.0, "gib": 1.0, "g": 1.0, "tb": 1024.0, "tib": 1024.0, "t": 1024.0,
+                 "mb": 1 / 1024, "mib": 1 / 1024, "m": 1 / 1024}
+# Clouds SkyPilot knows that sky-lite does not offer: named in the refusal instead of "unknown value".
+_OTHER_CLOUDS = ("azure", "kubernetes", "k8s", "lambda", "runpod", "oci", "ibm", "scp", "fluidstack",
+                 "paperspace", "cudo", "vsphere", "do", "nebius", "vast", "hyperbolic", "ssh")
 # What `export NAME=...` accepts as NAME: a name is written into boot scripts as is, only values are quoted.
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-_TOP_KEYS = ("name", "resources", "envs", "workdir", "file_mounts", "setup", "run", "service")
-_RESOURCE_KEYS = (
-    "cloud", "region", "zone", "instance_type", "image_id", "use_spot", "disk_size", "ports", "labels",
+_TOP_KEYS = ("name", "resources", "envs", "secrets", "workdir", "file_mounts", "setup", "run", "service",
+             "num_nodes")
+# What a candidate of `any_of`/`ordered` may set; the rest is shared by every candidate.
+_CANDIDATE_KEYS = (
+    "infra", "cloud", "region", "zone", "instance_type", "cpus", "memory", "accelerators", "image_id",
+    "disk_size", "disk_tier",
 )
-_SERVICE_KEYS = ("readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy")
+_RESOURCE_KEYS = (*_CANDIDATE_KEYS, "use_spot", "ports", "labels", "any_of", "ordered")
+_SERVICE_KEYS = ("readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls")
+_TLS_KEYS = ("keyfile", "certfile")
 _PROBE_KEYS = ("path", "post_data", "initial_delay_seconds", "timeout_seconds", "headers")
 _POLICY_KEYS = (
     "min_replicas", "max_replicas", "target_qps_per_replica", "target_ongoing_requests_per_replica",
-    "upscale_delay_seconds",
-    "downscale_delay_seconds", "base_ondemand_fallback_replicas", "dynamic_ondemand_fallback",
+    "upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
+    "dynamic_ondemand_fallback", "num_overprovision",
 )
 
 
@@ -82,27 +104,94 @@ def is_valid_service_name(name: str) -> bool:
     return _NAME_RE.fullmatch(name) is not None
 
 
+def is_valid_task_name(name: str) -> bool:
+    """SkyPilot's rule for a task's `name`: letters, digits, '-', '_' and '.', starting with a letter and
+    ending with a letter or digit."""
+    return _TASK_NAME_RE.fullmatch(name) is not None
+
+
+def to_service_name(text: str) -> str:
+    """A DNS label made of ``text`` (a task name, a file stem): lowercased, every run of characters a label
+    does not allow turned into one '-', cut to 63 characters. May still be invalid (``1ok``, ``""``)."""
+    label = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return label[:63].rstrip("-")
+
+
 def load_task_file(path: Path) -> SubmittedTask:
     """Read and parse a task file; an unreadable file is a ``SpecError`` on the file itself."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(path), "", f"cannot read the file: {exc}") from exc
-    return SubmittedTask(text=text, source=str(path), spec=parse_task(text, source=str(path)))
+    return read_task(text, str(path))
+
+
+def read_task(text: str, source: str = "<string>") -> SubmittedTask:
+    """A submitted task from YAML text: secret values written in the file are cut out of the text (which
+    is what gets stored) and carried in ``inputs``, as if given with ``--secret``."""
+    document = _load_yaml(text, source)
+    kept_text, inline = split_secret_values(text, document, source)
+    spec = parse_document(yaml.load(kept_text, Loader=_StrictLoader) if inline else document, source)
+    inputs = TaskInputs(secrets=tuple((name, Secret(value)) for name, value in sorted(inline.items())))
+    return SubmittedTask(text=kept_text, source=source, spec=spec, inputs=inputs)
 
 
 def parse_task(text: str, source: str = "<string>") -> TaskSpec:
-    """Parse task YAML text. Pure: raises ``SpecError`` on the first problem found."""
+    """Parse task YAML text. Pure: raises ``SpecError`` on the first problem found.
+
+    A secret written with its value is read as not given (``read_task`` is what keeps such values).
+    """
+    return parse_document(_load_yaml(text, source), source)
+
+
+def parse_document(document: object, source: str) -> TaskSpec:
+    spec = _Parser(source).task(document)
+    validate_cross_fields(spec, source)
+    return spec
+
+
+def _load_yaml(text: str, source: str) -> object:
     try:
-        document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(source, "", f"invalid YAML{where}: {problem}") from exc
-    spec = _Parser(source).task(document)
-    validate_cross_fields(spec, source)
-    return spec
+
+
+def split_secret_values(text: str, document: object, source: str) -> tuple[str, dict[str, str]]:
+    """``text`` with the value of every ``secrets`` entry written in it replaced by ``null``, and those
+    values by name. The text is edited where the values stand (by the YAML parser's marks), so comments and
+    layout survive; a file without inline secrets comes back unchanged."""
+    if not isinstance(document, dict) or not isinstance(document.get("secrets"), dict):
+        return text, {}
+    values: dict[str, str] = {}
+    spans: list[tuple[int, int]] = []
+    root = yaml.compose(text, Loader=_StrictLoader)
+    secrets_node = next((value for key, value in root.value if key.value == "secrets"), None) if root else None
+    if not isinstance(secrets_node, yaml.MappingNode):
+        raise SpecError(source, "secrets", "write the secrets as a block or flow mapping of names to values")
+    for key_node, value_node in secrets_node.value:
+        value = document["secrets"].get(key_node.value)
+        if value is None:
+            continue
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise SpecError(source, f"secrets.{key_node.value}", f"must be a string, got {_kind(value)}")
+        if value_node.start_mark.index == value_node.end_mark.index or "*" in text[
+                value_node.start_mark.index:value_node.start_mark.index + 1]:
+            raise SpecError(source, f"secrets.{key_node.value}", "write the value itself, not an alias")
+        values[str(key_node.value)] = str(value)
+        spans.append((value_node.start_mark.index, value_node.end_mark.index))
+    if not spans:
+        return text, {}
+    out, last = [], 0
+    for start, end in sorted(spans):
+        out.append(text[last:start])
+        out.append("null" + ("\n" if text[start:end].endswith("\n") else ""))
+        last = end
+    out.append(text[last:])
+    return "".join(out), values
 
 
 class _Parser:
@@ -203,23 +292,26 @@ class _Parser:
                 raise self.fail(_join(path, key), f"must be a string, got {_kind(item)}")
         return tuple(sorted(pairs))
 
-    def envs(self, value: object, path: str) -> Pairs:
-        """Environment variables: names a shell can export, values as ``string_map`` reads them.
+    def envs(self, value: object, path: str) -> tuple[tuple[str, str | None], ...]:
+        """Environment variables: names a shell can export, values as ``string_map`` reads them, or None
+        for `X: null`, a value to be given when the task is submitted.
 
         A name is checked here, not where it is used, because some uses put it into shell text unquoted
         (`export NAME=...` in a boot script): `K$(touch /x)` would run as a command there. A NUL cannot be
         part of any environment variable (the kernel's environment is NUL-separated strings).
         """
-        for name in self.mapping(value, path, None):
-            if _ENV_NAME_RE.fullmatch(name) is None:
-                raise self.fail(_join(path, name), "not a valid environment variable name: use letters, digits "
-                                                   "and _, not starting with a digit")
-        pairs = self.string_map(value, path)
-        for name, text in pairs:
-            if "\0" in text:
-                raise self.fail(_join(path, name), "the value holds a NUL character, which no environment "
-                                                   "variable can carry")
-        return pairs
+        doc = self.mapping(value, path, None)
+        for name in doc:
+            check_env_name(name, _join(path, name), self.source)
+        given = self.string_map({key: item for key, item in doc.items() if item is not None}, path)
+        for name, text in given:
+            check_env_value(text, _join(path, name), self.source)
+        unset = [(key, None) for key, item in doc.items() if item is None]
+        return tuple(sorted([*given, *unset], key=lambda pair: pair[0]))
+
+    def secrets(self, value: object, path: str) -> tuple[tuple[str, str | None], ...]:
+        """`secrets`: environment variables whose values are kept apart from the task (see ``read_task``)."""
+        return self.envs(value, path)
 
     def enum(self, value: object, path: str, enum_type: type[Any]) -> Any:
         text = self.string(value, path)
@@ -235,18 +327,35 @@ class _Parser:
             raise self.fail("", "the file is empty; a task needs at least `run` and `service`")
         doc = self.mapping(document, "", _TOP_KEYS)
         name = self.optional(doc, "name", "", self.string, None)
-        if name is not None and not is_valid_service_name(name):
-            raise self.fail("name", f"{name!r} is not a valid name: use lowercase letters, digits and '-', "
-                                    "starting with a letter, at most 63 characters")
+        if name is not None and not is_valid_task_name(name):
+            raise self.fail("name", f"{name!r} is not a valid task name: use letters, digits, '-', '_' and "
+                                    "'.', starting with a letter and ending with a letter or digit")
+        nodes = self.optional(doc, "num_nodes", "", lambda v, p: self.integer(v, p, 1), 1)
+        if nodes != 1:
+            raise self.fail("num_nodes", f"{nodes} nodes per replica: multi-node replicas are not supported; "
+                                         "each replica is one machine (num_nodes: 1)")
         if doc.get("service") is None:
             raise self.fail("service", "missing; a service needs a `service` section (readiness probe, "
                                        "replicas)")
         if doc.get("run") is None:
             raise self.fail("run", "missing; the command that starts the server listening on $PORT")
+        no_candidates: tuple[Resources, tuple[Resources, ...], CandidateOrder] = (
+            Resources(), (), CandidateOrder.ANY_OF)
+        resources, candidates, order = self.optional(doc, "resources", "", self.resources, no_candidates)
+        no_envs: tuple[tuple[str, str | None], ...] = ()
+        envs = self.optional(doc, "envs", "", self.envs, no_envs)
+        secrets = self.optional(doc, "secrets", "", self.secrets, no_envs)
+        for secret, _ in secrets:
+            if any(secret == env for env, _ in envs):
+                raise self.fail(f"secrets.{secret}", "also given in envs: name a variable in one of the two")
         return TaskSpec(
             name=name,
-            resources=self.optional(doc, "resources", "", self.resources, Resources()),
-            envs=self.optional(doc, "envs", "", self.envs, ()),
+            resources=resources,
+            candidates=candidates,
+            candidate_order=order,
+            envs=tuple((key, value) for key, value in envs if value is not None),
+            unset_envs=tuple(key for key, value in envs if value is None),
+            secrets=tuple((key, "") for key, _ in secrets),
             workdir=self.optional(doc, "workdir", "", self.command, None),
             file_mounts=self.optional(doc, "file_mounts", "", self.file_mounts, ()),
             setup=self.optional(doc, "setup", "", self.string, None),
@@ -267,19 +376,161 @@ class _Parser:
             pairs.append((destination, source))
         return tuple(sorted(pairs))
 
-    def resources(self, value: object, path: str) -> Resources:
+    def resources(self, value: object, path: str) -> tuple[Resources, tuple[Resources, ...], CandidateOrder]:
+        """The section, its candidates in full (each `any_of`/`ordered` entry over the section, times the
+        accelerators when several are named) and how to try them."""
         doc = self.mapping(value, path, _RESOURCE_KEYS)
-        return Resources(
-            cloud=self.optional(doc, "cloud", path, lambda v, p: self.enum(v, p, Cloud), Cloud.LOCAL),
-            region=self.optional(doc, "region", path, self.string, None),
-            zone=self.optional(doc, "zone", path, self.string, None),
-            instance_type=self.optional(doc, "instance_type", path, self.string, None),
-            image_id=self.optional(doc, "image_id", path, self.string, None),
+        if doc.get("any_of") is not None and doc.get("ordered") is not None:
+            raise self.fail(_join(path, "ordered"), "give either any_of or ordered, not both")
+        base, base_accelerators, base_ordered = self.candidate(doc, path)
+        base = dataclasses.replace(
+            base,
             use_spot=self.optional(doc, "use_spot", path, self.boolean, False),
-            disk_size=self.optional(doc, "disk_size", path, lambda v, p: self.integer(v, p, 1), None),
             ports=self.optional(doc, "ports", path, self.ports, ()),
-            labels=self.optional(doc, "labels", path, self.string_map, ()),
+            labels=self.optional(doc, "labels", path, self.labels, ()),
         )
+        order_key = "ordered" if doc.get("ordered") is not None else "any_of"
+        entries = doc.get(order_key)
+        overrides: list[tuple[Resources, tuple[Accelerator, ...]]] = []
+        if entries is not None:
+            entries_path = _join(path, order_key)
+            if not isinstance(entries, list) or not entries:
+                raise self.fail(entries_path, "must be a non-empty list of candidate resources")
+            for index, entry in enumerate(entries):
+                entry_path = f"{entries_path}[{index}]"
+                entry_doc = self.mapping(entry, entry_path, _CANDIDATE_KEYS)
+                merged = {**{k: v for k, v in doc.items() if k in _CANDIDATE_KEYS}, **entry_doc}
+                if "infra" in entry_doc or "cloud" in entry_doc:
+                    # a candidate's own placement replaces the section's, it does not merge with it
+                    for key in ("infra", "cloud", "region", "zone"):
+                        if key not in entry_doc:
+                            merged.pop(key, None)
+                resources, accelerators, _ = self.candidate(merged, entry_path)
+                overrides.append((dataclasses.replace(resources, use_spot=base.use_spot, ports=base.ports,
+                                                      labels=base.labels), accelerators))
+        else:
+            overrides.append((base, base_accelerators))
+        candidates = tuple(
+            dataclasses.replace(resources, accelerator=accelerator) if accelerators else resources
+            for resources, accelerators in overrides
+            for accelerator in (accelerators or (None,))
+        )
+        ordered = order_key == "ordered" if entries is not None else base_ordered
+        order = CandidateOrder.ORDERED if ordered else CandidateOrder.ANY_OF
+        clouds = sorted({c.cloud.value for c in candidates if c.cloud is not None})
+        if len(clouds) > 1:
+            raise self.fail(_join(path, order_key if entries is not None else "cloud"),
+                            f"candidates on more than one cloud ({', '.join(clouds)}): a service's replicas "
+                            "run on one cloud; keep the candidates of one")
+        if len(candidates) == 1:
+            return candidates[0], (), order
+        section = dataclasses.replace(base, accelerator=None) if len(base_accelerators) > 1 else base
+        return section, candidates, order
+
+    def candidate(self, doc: Mapping[str, Any], path: str) -> tuple[Resources, tuple[Accelerator, ...], bool]:
+        """The placement and shape fields of one candidate (or of the section), with its accelerators
+        (several: each is a candidate of its own) and whether those are ordered (a list) or not."""
+        cloud = self.optional(doc, "cloud", path, self.cloud, None)
+        region = self.optional(doc, "region", path, self.string, None)
+        zone = self.optional(doc, "zone", path, self.string, None)
+        if doc.get("infra") is not None:
+            infra_path = _join(path, "infra")
+            infra = parse_infra(self.string(doc["infra"], infra_path), infra_path, self.source)
+            for key, written, given in (("cloud", cloud, infra.cloud), ("region", region, infra.region),
+                                        ("zone", zone, infra.zone)):
+                if written is not None and given is not None and written != given:
+                    said, wrote = (v.value if isinstance(v, Cloud) else v for v in (given, written))
+                    raise self.fail(infra_path, f"says {key} {said!r} but resources.{key} says {wrote!r}: "
+                                                "write one of the two")
+            cloud, region, zone = cloud or infra.cloud, region or infra.region, zone or infra.zone
+        no_accelerators: tuple[tuple[Accelerator, ...], bool] = ((), False)
+        accelerators, ordered = self.optional(doc, "accelerators", path, self.accelerators, no_accelerators)
+        resources = Resources(
+            cloud=cloud, region=region, zone=zone,
+            instance_type=self.optional(doc, "instance_type", path, self.string, None),
+            image_id=self.optional(doc, "image_id", path, self.image_id, None),
+            disk_size=self.optional(doc, "disk_size", path, lambda v, p: self.integer(v, p, 1), None),
+            disk_tier=self.optional(doc, "disk_tier", path, lambda v, p: self.enum(v, p, DiskTier), None),
+            cpus=self.optional(doc, "cpus", path, lambda v, p: self.amount(v, p, {"": 1.0}), None),
+            memory=self.optional(doc, "memory", path, lambda v, p: self.amount(v, p, _MEMORY_UNITS), None),
+            accelerator=accelerators[0] if len(accelerators) == 1 else None,
+        )
+        return resources, accelerators if len(accelerators) > 1 else (), ordered
+
+    def cloud(self, value: object, path: str) -> Cloud:
+        return cloud_named(self.string(value, path), path, self.source)
+
+    def image_id(self, value: object, path: str) -> str:
+        if isinstance(value, dict):
+            raise self.fail(path, "a mapping of region to image is not supported: name one image (and one "
+                                  "region), or one candidate per region under any_of")
+        text = self.string(value, path)
+        if text.startswith("docker:"):
+            raise self.fail(path, f"{text!r}: container images are not supported; replicas boot a machine "
+                                  "image (AMI, GCE image) and run `setup`/`run` on it")
+        return text
+
+    def amount(self, value: object, path: str, units: Mapping[str, float]) -> Amount:
+        """``4``, ``4+``, ``0.5``; for memory also ``8GB``, ``32GB+``, ``1TB`` (GB counted as GiB, as SkyPilot
+        does)."""
+        if isinstance(value, bool):
+            raise self.fail(path, f"must be a number, optionally with '+' (at least), got {_kind(value)}")
+        if isinstance(value, (int, float)):
+            if not math.isfinite(value) or value <= 0:
+                raise self.fail(path, f"must be greater than 0, got {value}")
+            return Amount(float(value))
+        text = self.string(value, path).strip()
+        match = _AMOUNT_RE.fullmatch(text)
+        unit = match.group("unit").lower() if match else ""
+        if match is None or unit not in units:
+            example = "'4' or '4+'" if len(units) == 1 else "'16', '32+', '8GB' or '1TB+'"
+            raise self.fail(path, f"must look like {example}, got {text!r}")
+        number = float(match.group("value")) * units[unit]
+        if number <= 0:
+            raise self.fail(path, f"must be greater than 0, got {text!r}")
+        return Amount(number, at_least=bool(match.group("plus")))
+
+    def accelerators(self, value: object, path: str) -> tuple[tuple[Accelerator, ...], bool]:
+        """``A100``, ``A100:8``, ``{A100: 8}``, ``{L4: 1, A10G: 1}`` (any of them), ``[A100:8, H100:8]`` (in
+        that order); with whether they are ordered."""
+        if isinstance(value, str):
+            return (self.accelerator(value, path),), False
+        if isinstance(value, dict):
+            items = []
+            for name, count in self.mapping(value, path, None).items():
+                items.append(self.accelerator_count(name, 1 if count is None else count, _join(path, name)))
+            if not items:
+                raise self.fail(path, "names no accelerator")
+            return tuple(items), False
+        if isinstance(value, list):
+            if not value:
+                raise self.fail(path, "names no accelerator")
+            return tuple(self.accelerator(self.string(item, f"{path}[{i}]"), f"{path}[{i}]")
+                         for i, item in enumerate(value)), True
+        raise self.fail(path, f"must be NAME:COUNT (A100:8), a mapping or a list of them, got {_kind(value)}")
+
+    def accelerator(self, text: str, path: str) -> Accelerator:
+        name, colon, count_text = text.strip().partition(":")
+        count: object = 1
+        if colon:
+            try:
+                count = float(count_text) if "." in count_text else int(count_text)
+            except ValueError:
+                raise self.fail(path, f"must look like NAME:COUNT (A100:8), got {text!r}") from None
+        return self.accelerator_count(name.strip(), count, path)
+
+    def accelerator_count(self, name: str, count: object, path: str) -> Accelerator:
+        if not re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]*", name):
+            raise self.fail(path, f"{name!r} is not an accelerator name (A100, L4, H100, A100-80GB)")
+        if isinstance(count, float) and not count.is_integer():
+            raise self.fail(path, f"fractional accelerators ({name}:{count:g}) are not supported: a replica "
+                                  "has whole accelerators")
+        if isinstance(count, bool) or not isinstance(count, (int, float)) or count < 1:
+            raise self.fail(path, f"the count must be a whole number of at least 1, got {_kind(count)}")
+        return Accelerator(name, int(count))
+
+    def labels(self, value: object, path: str) -> Pairs:
+        return self.string_map(value, path)
 
     def service(self, value: object, path: str) -> ServiceSpec:
         doc = self.mapping(value, path, _SERVICE_KEYS)
@@ -297,7 +548,16 @@ class _Parser:
             load_balancing_policy=self.optional(
                 doc, "load_balancing_policy", path, lambda v, p: self.enum(v, p, LoadBalancingPolicy),
                 LoadBalancingPolicy.LEAST_LOAD),
+            tls=self.optional(doc, "tls", path, self.tls, None),
         )
+
+    def tls(self, value: object, path: str) -> TlsFiles:
+        doc = self.mapping(value, path, _TLS_KEYS)
+        for key in _TLS_KEYS:
+            if doc.get(key) is None:
+                raise self.fail(_join(path, key), "missing; service.tls needs both keyfile and certfile")
+        return TlsFiles(keyfile=self.command(doc["keyfile"], _join(path, "keyfile")),
+                        certfile=self.command(doc["certfile"], _join(path, "certfile")))
 
     def probe(self, value: object, path: str) -> ReadinessProbe:
         if isinstance(value, str):
@@ -343,8 +603,17 @@ class _Parser:
             return self.optional(doc, key, path, lambda v, p: self.integer(v, p, minimum), default)
 
         min_replicas = count("min_replicas", 0, 1)
+        per_accelerator: tuple[tuple[str, float], ...] = ()
+        if isinstance(doc.get("target_qps_per_replica"), dict):
+            qps_path = _join(path, "target_qps_per_replica")
+            per_accelerator = tuple(sorted(
+                (name, self.number(item, _join(qps_path, name), positive=True))
+                for name, item in self.mapping(doc["target_qps_per_replica"], qps_path, None).items()))
+            if not per_accelerator:
+                raise self.fail(qps_path, "names no accelerator")
         targets = {
-            key: self.optional(doc, key, path, lambda v, p: self.number(v, p, positive=True), None)
+            key: (min(q for _, q in per_accelerator) if key == "target_qps_per_replica" and per_accelerator
+                  else self.optional(doc, key, path, lambda v, p: self.number(v, p, positive=True), None))
             for key in ("target_qps_per_replica", "target_ongoing_requests_per_replica")
         }
         given = [key for key, value in targets.items() if value is not None]
@@ -380,18 +649,80 @@ class _Parser:
             downscale_delay_seconds=count("downscale_delay_seconds", 0, DEFAULT_DOWNSCALE_DELAY_SECONDS),
             base_ondemand_fallback_replicas=base_fallback,
             dynamic_ondemand_fallback=dynamic_fallback,
+            num_overprovision=count("num_overprovision", 0, 0),
+            qps_per_accelerator=per_accelerator,
         )
 
 
 def validate_cross_fields(spec: TaskSpec, source: str) -> None:
     """Rules that span sections (checked after each section parsed on its own)."""
     policy = spec.service.replica_policy
+    if policy.qps_per_accelerator:
+        named = {c.accelerator.name.lower() for c in spec.resource_candidates if c.accelerator is not None}
+        for name, _ in policy.qps_per_accelerator:
+            if name.lower() not in named:
+                raise SpecError(source, f"service.replica_policy.target_qps_per_replica.{name}",
+                                "not an accelerator of resources.accelerators (or any_of/ordered): "
+                                + (", ".join(sorted(named)) or "the task names none"))
     uses_fallback = policy.base_ondemand_fallback_replicas > 0 or policy.dynamic_ondemand_fallback
     if uses_fallback and not spec.resources.use_spot:
         key = ("base_ondemand_fallback_replicas" if policy.base_ondemand_fallback_replicas > 0
                else "dynamic_ondemand_fallback")
         raise SpecError(source, f"service.replica_policy.{key}",
                         "on-demand fallback needs resources.use_spot: true")
+
+
+@dataclasses.dataclass(frozen=True)
+class Infra:
+    """``aws``, ``aws/us-east-1``, ``gcp/us-central1/us-central1-a``: SkyPilot's spelling of cloud/region/zone."""
+
+    cloud: Cloud
+    region: str | None = None
+    zone: str | None = None
+
+    def describe(self) -> str:
+        return "/".join(part for part in (self.cloud.value, self.region, self.zone) if part)
+
+
+def parse_infra(text: str, path: str, source: str) -> Infra:
+    """Read ``CLOUD[/REGION[/ZONE]]``; ``path`` and ``source`` name where it was written (a field, or the
+    ``--infra`` option) in the ``SpecError``."""
+    parts = text.strip().split("/")
+    if not 1 <= len(parts) <= 3 or not all(part.strip() for part in parts):
+        raise SpecError(source, path, f"must look like CLOUD, CLOUD/REGION or CLOUD/REGION/ZONE, got {text!r}")
+    if parts[0] == "*":
+        raise SpecError(source, path, f"{text!r}: name the cloud; sky-lite does not choose among clouds")
+    cloud = cloud_named(parts[0], path, source)
+    if cloud is Cloud.LOCAL and len(parts) > 1:
+        raise SpecError(source, path, f"{text!r}: the local cloud has no regions or zones")
+    region = parts[1] if len(parts) > 1 else None
+    zone = parts[2] if len(parts) > 2 else None
+    if zone is not None and region is not None and not zone.startswith(region):
+        raise SpecError(source, path, f"zone {zone!r} is not in region {region!r}")
+    return Infra(cloud, region, zone)
+
+
+def cloud_named(text: str, path: str, source: str) -> Cloud:
+    try:
+        return Cloud(text.strip().lower())
+    except ValueError:
+        offered = ", ".join(cloud.value for cloud in Cloud)
+        if text.strip().lower() in _OTHER_CLOUDS:
+            raise SpecError(source, path, f"cloud {text!r} is not offered by sky-lite; it runs replicas on: "
+                                          f"{offered}") from None
+        raise SpecError(source, path, f"unknown cloud {text!r}; expected one of: {offered}") from None
+
+
+def check_env_name(name: str, path: str, source: str) -> None:
+    if _ENV_NAME_RE.fullmatch(name) is None:
+        raise SpecError(source, path, "not a valid environment variable name: use letters, digits and _, not "
+                                      "starting with a digit")
+
+
+def check_env_value(text: str, path: str, source: str) -> None:
+    if "\0" in text:
+        raise SpecError(source, path, "the value holds a NUL character, which no environment variable can "
+                                      "carry")
 
 
 def find_destination_problem(destination: str) -> str | None:

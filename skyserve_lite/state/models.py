@@ -9,6 +9,7 @@ from enum import Enum
 from functools import cached_property
 
 from skyserve_lite.files.manifest import TaskFiles
+from skyserve_lite.spec.inputs import BoundInputs, bind
 from skyserve_lite.spec.model import TaskSpec
 from skyserve_lite.spec.parse import parse_task
 
@@ -100,6 +101,11 @@ class VersionRecord:
     files_json: str | None = None  # the snapshot's manifest (TaskFiles as JSON); None: nothing captured
     files_expired: bool = False  # the snapshot was dropped (SKY_LITE_KEEP_SNAPSHOT_VERSIONS): no rollback to it
     reuse_identical_files: bool = False  # its update reuses replicas whose files are identical
+    inputs_json: str | None = None  # what the submission added to the text (``spec.inputs.BoundInputs``)
+
+    @cached_property
+    def inputs(self) -> BoundInputs:
+        return BoundInputs.from_json(self.inputs_json)
 
     @cached_property
     def files(self) -> TaskFiles | None:
@@ -110,7 +116,8 @@ class VersionRecord:
     @cached_property
     def spec(self) -> TaskSpec:
         # The text was validated when it was accepted; parsing it again gives the same value.
-        parsed = parse_task(self.text, source=f"{self.service} version {self.version}")
+        source = f"{self.service} version {self.version}"
+        parsed = bind(parse_task(self.text, source=source), self.inputs, source)
         return dataclasses.replace(parsed, files=self.files) if self.files is not None else parsed
 
 

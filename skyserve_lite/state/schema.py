@@ -121,4 +121,9 @@ MIGRATIONS: tuple[str, ...] = (
         version INTEGER NOT NULL
     );
     """,
+    # 7: what a submission added to the YAML (``spec.inputs.BoundInputs``): the chosen infra, env values,
+    #    secrets by digest (never their values). NULL for older versions: nothing was added.
+    """
+    ALTER TABLE versions ADD COLUMN inputs_json TEXT;
+    """,
 )

@@ -36,6 +36,7 @@ from skyserve_lite.errors import (
     UsageError,
 )
 from skyserve_lite.files.manifest import TaskFiles
+from skyserve_lite.spec.inputs import BoundInputs
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state.models import (
     REPLICA_STATUS_BY_VALUE,
@@ -340,7 +341,7 @@ class Store:
 
     # --- services and versions ------------------------------------------------------------------
     def create_service(self, name: str, task: SubmittedTask, lb_port: int, now: float, *,
-                       key: str | None = None) -> ServiceRecord:
+                       key: str | None = None, inputs: BoundInputs | None = None) -> ServiceRecord:
         """Store a new service with ``task`` as version 1. Raises ``StateConflictError`` if it exists, unless
         it was created by the submission ``key`` (a retry), which returns it."""
         with self._write() as db:
@@ -358,7 +359,7 @@ class Store:
                 (name, ServiceStatus.CONTROLLER_INIT.value, lb_port,
                  task.spec.service.load_balancing_policy.value, now),
             )
-            self._insert_version(db, name, 1, task, "initial", now)
+            self._insert_version(db, name, 1, task, "initial", now, inputs=inputs)
             if key is not None:
                 db.execute("INSERT INTO submissions (key, service, version) VALUES (?, ?, 1)", (key, name))
         return self.get_service(name)
@@ -368,7 +369,8 @@ class Store:
         return _find_submission(self._db, key)
 
     def _insert_version(self, db: sqlite3.Connection, name: str, version: int, task: SubmittedTask,
-                        mode: str, now: float, note: str | None = None, reuse_identical_files: bool = False) -> None:
+                        mode: str, now: float, note: str | None = None, reuse_identical_files: bool = False, *,
+                        inputs: BoundInputs | None = None) -> None:
         files = task.spec.files
         spec_json = json.dumps(dataclasses.asdict(dataclasses.replace(task.spec, files=None)),
                                default=_json_default, sort_keys=True)
@@ -378,14 +380,16 @@ class Store:
                         files.size))
         db.execute(
             "INSERT INTO versions (service, version, text, source, spec_json, mode, created_at, note, files_digest,"
-            " reuse_identical_files) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " reuse_identical_files, inputs_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (name, version, task.text, task.source, spec_json, mode, now, note,
-             files.digest if files is not None else None, int(reuse_identical_files)),
+             files.digest if files is not None else None, int(reuse_identical_files),
+             inputs.to_json() if inputs is not None else None),
         )
 
     def add_version(self, name: str, task: SubmittedTask, mode: str, now: float, *,
                     expect_version: int | None = None, note: str | None = None, reuse_identical_files: bool = False,
-                    keep_snapshot_versions: int = 0, key: str | None = None) -> VersionRecord:
+                    keep_snapshot_versions: int = 0, key: str | None = None,
+                    inputs: BoundInputs | None = None) -> VersionRecord:
         """Store ``task`` as the next version of ``name`` and make it current, in one transaction.
 
         Concurrent callers are serialized by the write lock: each gets its own number, in order.
@@ -410,7 +414,7 @@ class Store:
                     f"service {name!r} is at version {current}, not {expect_version}: someone else updated "
                     f"it; see `sky-lite serve history {name}` and plan again")
             version = current + 1
-            self._insert_version(db, name, version, task, mode, now, note, reuse_identical_files)
+            self._insert_version(db, name, version, task, mode, now, note, reuse_identical_files, inputs=inputs)
             db.execute("UPDATE services SET current_version = ? WHERE name = ?", (version, name))
             if key is not None:
                 db.execute("INSERT OR REPLACE INTO submissions (key, service, version) VALUES (?, ?, ?)",
@@ -654,7 +658,7 @@ _SERVICE_SELECT = (
 )
 _VERSION_SELECT = (
     "v.service, v.version, v.text, v.source, v.created_at, v.mode, v.note, s.manifest_json, v.files_expired,"
-    " v.reuse_identical_files FROM versions v LEFT JOIN snapshots s ON s.digest = v.files_digest"
+    " v.reuse_identical_files, v.inputs_json FROM versions v LEFT JOIN snapshots s ON s.digest = v.files_digest"
 )
 
 
@@ -672,9 +676,9 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 
 
 def _version(row: tuple[Any, ...]) -> VersionRecord:
-    service, version, text, source, created_at, mode, note, files_json, expired, reuse = row
+    service, version, text, source, created_at, mode, note, files_json, expired, reuse, inputs = row
     return VersionRecord(service, version, text, source, created_at, mode, note, files_json, bool(expired),
-                         bool(reuse))
+                         bool(reuse), inputs)
 
 
 def _service(row: tuple[Any, ...]) -> ServiceRecord:

@@ -68,7 +68,7 @@ def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args:
     [
         pytest.param("service: [\n", [], "invalid YAML (line 2, column 1)", id="yaml-syntax"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: azure\n", [],
-                     "resources.cloud: unknown value 'azure'", id="unknown-cloud"),
+                     "resources.cloud: cloud 'azure' is not offered by sky-lite", id="unknown-cloud"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n", [],
                      "resources.cloud: cloud 'gcp' is not available here", id="unavailable-cloud"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n", [],

@@ -73,7 +73,7 @@ class Fleet:
         return max(self.versions)
 
     def records(self) -> list[ReplicaRecord]:
-        clouds = {v: parse_task(text).resources.cloud.value for v, text in self.versions.items()}
+        clouds = {v: parse_task(text).cloud.value for v, text in self.versions.items()}
         return [ReplicaRecord(service="svc", replica_id=r.replica_id, version=r.version, status=r.status,
                               cloud=clouds[r.version], launched_at=float(r.replica_id),
                               status_since=float(r.replica_id), launch_token="t", is_spot=r.is_spot,

@@ -1,0 +1,204 @@
+"""`--env`, `--env-file`, `--secret`, `--infra` and `config set default_infra` through the CLI: what is stored,
+what is refused, and that a secret's value is nowhere but in the secret store."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from skyserve_lite.api import LocalController
+from skyserve_lite.clock import FakeClock
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, VersionRecord
+from skyserve_lite.state.store import Store
+
+from .runner import Cli
+
+TOKEN = "hf_TOKEN-1234-never-shown"
+TASK = """\
+envs:
+  MODEL: null
+  SIZE: small
+secrets:
+  HF_TOKEN: null
+service:
+  replicas: 1
+run: python serve.py
+"""
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("SKY_LITE_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def cli(home: Path) -> Cli:
+    return Cli(LocalController(home, FakeClock(), start_daemon=False))
+
+
+def write(tmp_path: Path, text: str, name: str = "svc.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def versions(home: Path) -> list[VersionRecord]:
+    store = Store.open(home)
+    try:
+        return store.list_versions("svc")
+    finally:
+        store.close()
+
+
+def services(home: Path) -> list[str]:
+    if not (home / "state.db").exists():
+        return []
+    store = Store.open(home)
+    try:
+        return [s.name for s in store.list_services()]
+    finally:
+        store.close()
+
+
+def grep_home(home: Path, needle: str) -> list[Path]:
+    """Every file under ``home`` whose bytes hold ``needle``, the secret store aside."""
+    return [path for path in home.rglob("*") if path.is_file() and "secrets" not in path.parts
+            and needle.encode() in path.read_bytes()]
+
+
+def up(cli: Cli, task: str, *args: str) -> tuple[int, str, str]:
+    return cli("serve", "up", task, "-n", "svc", "--no-wait", *args)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    pytest.param([f"--secret=HF_TOKEN={TOKEN}"], "envs.MODEL", id="env-missing"),
+    pytest.param(["--env", "MODEL=m"], "secrets.HF_TOKEN", id="secret-missing"),
+])
+def test_a_value_left_open_is_refused_naming_it_and_nothing_is_stored(cli: Cli, home: Path, tmp_path: Path,
+                                                                      args: list[str], field: str) -> None:
+    code, _, stderr = up(cli, write(tmp_path, TASK), *args)
+    assert code == 2
+    assert f"{field}: has no value" in stderr and "--" in stderr
+    assert services(home) == []
+
+
+def test_envs_and_secrets_are_bound_and_the_secret_is_stored_apart(cli: Cli, home: Path, tmp_path: Path) -> None:
+    code, stdout, stderr = up(cli, write(tmp_path, TASK), "--env", "MODEL=llama", "--env", "SIZE=big",
+                              "--secret", f"HF_TOKEN={TOKEN}")
+    assert code == 0, stderr
+    [version] = versions(home)
+    assert dict(version.spec.envs) == {"MODEL": "llama", "SIZE": "big"}  # --env wins over the file's value
+    [(name, digest)] = version.spec.secrets
+    assert name == "HF_TOKEN" and len(digest) == 32 and TOKEN not in digest
+    assert version.text == (tmp_path / "svc.yaml").read_text()  # the text as written: it held no value
+    assert grep_home(home, TOKEN) == []
+    stored = home / "secrets" / digest
+    assert stored.read_text() == TOKEN
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert stat.S_IMODE((home / "secrets").stat().st_mode) == 0o700
+    assert TOKEN not in stdout + stderr
+
+
+def test_a_secret_written_in_the_file_never_reaches_the_stored_text(cli: Cli, home: Path, tmp_path: Path) -> None:
+    text = TASK.replace("HF_TOKEN: null", f"HF_TOKEN: {TOKEN}").replace("MODEL: null", "MODEL: m")
+    code, _, stderr = up(cli, write(tmp_path, text))
+    assert code == 0, stderr
+    [version] = versions(home)
+    assert TOKEN not in version.text and "HF_TOKEN: null" in version.text
+    assert grep_home(home, TOKEN) == []
+    code, stdout, stderr = cli("serve", "history", "svc")
+    assert code == 0 and TOKEN not in stdout + stderr
+
+
+def test_env_from_the_callers_environment_and_from_an_env_file(cli: Cli, home: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    env_file = write(tmp_path, "# models\nexport MODEL='llama 3'\nSIZE=\"x y\"  # trailing comment\n", "vars.env")
+    code, _, stderr = up(cli, write(tmp_path, TASK), "--env-file", env_file, "--secret", "HF_TOKEN")
+    assert code == 0, stderr
+    [version] = versions(home)
+    assert dict(version.spec.envs) == {"MODEL": "llama 3", "SIZE": "x y"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    pytest.param(["--env", "NOT_SET_ANYWHERE_X"], "--env NOT_SET_ANYWHERE_X: NOT_SET_ANYWHERE_X is not set in this "
+                 "environment", id="env-not-in-environment"),
+    pytest.param(["--env", "1X=2"], "'1X' is not a valid environment variable name", id="env-bad-name"),
+    pytest.param(["--secret", "A B=c"], "--secret 'A B=c'", id="secret-bad-name"),
+    pytest.param(["--env-file", "/nonexistent/vars.env"], "--env-file /nonexistent/vars.env: cannot read the file",
+                 id="env-file-missing"),
+    pytest.param(["--infra", "oci"], "--infra: cloud 'oci' is not offered by sky-lite", id="infra-not-offered"),
+    pytest.param(["--infra", "aws/us-east-1/eu-west-1a"], "zone 'eu-west-1a' is not in region 'us-east-1'",
+                 id="infra-bad-zone"),
+    pytest.param(["--env", "MODEL=m", "--secret", "SIZE=x", "--secret", f"HF_TOKEN={TOKEN}"],
+                 "--secret SIZE: the task's envs name SIZE too", id="secret-also-env"),
+])
+def test_bad_inputs_exit_2_naming_the_option(cli: Cli, home: Path, tmp_path: Path, args: list[str],
+                                             message: str) -> None:
+    os.environ.pop("NOT_SET_ANYWHERE_X", None)
+    code, _, stderr = up(cli, write(tmp_path, TASK), *args)
+    assert code == 2
+    assert message in stderr
+    assert services(home) == []
+
+
+def test_an_update_keeps_open_values_and_a_changed_secret_replaces_replicas(cli: Cli, home: Path,
+                                                                          tmp_path: Path) -> None:
+    task = write(tmp_path, TASK)
+    assert up(cli, task, "--env", "MODEL=m", "--secret", f"HF_TOKEN={TOKEN}")[0] == 0
+    store = Store.open(home)
+    store.add_replicas("svc", 1, ReplicaRecord(service="svc", replica_id=0, version=1, status=ReplicaStatus.READY,
+                                               cloud="local", launched_at=0.0, status_since=0.0, launch_token="t"))
+    store.close()
+    # Nothing given again: MODEL and HF_TOKEN are kept, so there is nothing to replace.
+    code, stdout, stderr = cli("serve", "update", "svc", task, "--dry-run")
+    assert code == 0, stderr
+    assert "secrets.HF_TOKEN" not in stdout and "reuse 1" in stdout
+    code, stdout, stderr = cli("serve", "update", "svc", task, "--secret", "HF_TOKEN=another-value", "--dry-run")
+    assert code == 0, stderr
+    assert "secrets.HF_TOKEN: changed" in stdout
+    assert "another-value" not in stdout and TOKEN not in stdout
+    code, _, stderr = cli("serve", "update", "svc", task, "--secret", "HF_TOKEN=another-value", "-y")
+    assert code == 0, stderr
+    first, second = versions(home)
+    assert dict(second.spec.envs)["MODEL"] == "m"
+    assert first.spec.secrets != second.spec.secrets
+    # Rolling back brings version 1's own secret back, by its digest.
+    code, _, stderr = cli("serve", "rollback", "svc", "-y")
+    assert code == 0, stderr
+    third = versions(home)[-1]
+    assert third.spec.secrets == first.spec.secrets
+    assert grep_home(home, "another-value") == [] and grep_home(home, TOKEN) == []
+
+
+def test_default_infra_is_a_validated_setting(cli: Cli, home: Path) -> None:
+    code, stdout, _ = cli("config", "set", "default_infra", "gcp/us-central1")
+    assert code == 0 and "default_infra = gcp/us-central1" in stdout
+    code, stdout, _ = cli("config", "list")
+    assert "default_infra = gcp/us-central1" in stdout
+    code, _, stderr = cli("config", "set", "default_infra", "azure")
+    assert code == 2 and "default_infra: cloud 'azure' is not offered" in stderr
+    code, _, stderr = cli("config", "set", "colour", "blue")
+    assert code == 2 and "unknown setting 'colour'" in stderr
+    assert cli("config", "unset", "default_infra")[0] == 0
+    assert "default_infra = (unset)" in cli("config", "list")[1]
+
+
+def test_infra_local_runs_a_task_that_names_no_cloud_locally(cli: Cli, home: Path, tmp_path: Path) -> None:
+    code, _, stderr = up(cli, write(tmp_path, TASK), "--infra", "local", "--env", "MODEL=m",
+                         "--secret", f"HF_TOKEN={TOKEN}")
+    assert code == 0, stderr
+    [version] = versions(home)
+    assert version.spec.cloud.value == "local" and version.inputs.infra == "local"
+
+
+def test_task_name_with_capitals_gives_a_dns_service_name(cli: Cli, home: Path, tmp_path: Path) -> None:
+    text = "name: deepseek-r1-A100\nservice: {replicas: 1}\nrun: python serve.py\n"
+    code, stdout, stderr = cli("serve", "up", write(tmp_path, text), "--no-wait")
+    assert code == 0, stderr
+    assert services(home) == ["deepseek-r1-a100"]
