@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +46,9 @@ from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.providers.base import ReplicaLog
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
-from skyserve_lite.spec.model import SubmittedTask, TaskInputs
+from skyserve_lite.spec.model import SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import is_valid_service_name, to_service_name
+from skyserve_lite.spec.placement import Resolution
 from skyserve_lite.state.models import (
     AutoscalerObservation,
     EventRecord,
@@ -61,6 +62,7 @@ from skyserve_lite.state.store import Store
 
 if TYPE_CHECKING:
     from skyserve_lite.forcedown import ForceDownReport
+    from skyserve_lite.plan.placement import LaunchPlan
 
 # What only some calls need is imported by them (forecasting, providers, force-down): a status read, which
 # a controller host answers in a process of its own per call, stays cheap to start.
@@ -204,6 +206,11 @@ class Controller(Protocol):
         """The service with every stored version and its replicas. Raises ``NotFoundError``."""
         ...
 
+    def plan_create(self, name: str, task: SubmittedTask) -> LaunchPlan:
+        """What ``create_service`` would start (`serve up --dry-run`): validated and resolved as a submission
+        is, without storing anything or contacting a cloud."""
+        ...
+
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                     reuse_identical_files: bool = False) -> UpdatePlan:
         """What making ``task`` the next version would do, replica by replica: the controller's own passes
@@ -266,11 +273,13 @@ class LocalController:
     def _open(self) -> Store:
         return Store.open(self.home)
 
-    def _shown(self, service: ServiceRecord, host: str | None = None) -> ServiceRecord:
+    def _shown(self, service: ServiceRecord, host: str | None = None, *, tls: bool) -> ServiceRecord:
         """``service`` with the endpoint address of this host (``controller.host``; ``host`` when the caller
-        read it already)."""
+        read it already), ``https://`` when ``tls`` (its current version has `service.tls`)."""
         host = host or load_host_settings(self.home).endpoint_host
-        return service if host == service.endpoint_host else dataclasses.replace(service, endpoint_host=host)
+        if host == service.endpoint_host and tls == service.endpoint_tls:
+            return service
+        return dataclasses.replace(service, endpoint_host=host, endpoint_tls=tls)
 
     @contextmanager
     def _submitting(self, task: SubmittedTask, previous: VersionRecord | None
@@ -304,11 +313,12 @@ class LocalController:
         first attempt created)."""
         check_service_name(name)
         with self._submitting(task, None) as (task, inputs, store, _settings):
+            tls = task.spec.service.tls is not None
             if key is not None and (done := store.find_submission(key)) is not None and done[0] == name:
-                return self._shown(store.get_service(name))
+                return self._shown(store.get_service(name), tls=tls)
             port = _pick_lb_port(store.used_lb_ports())
             service = self._shown(store.create_service(name, task, port, self._clock.now(), key=key,
-                                                       inputs=inputs))
+                                                       inputs=inputs), tls=tls)
             store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
                                f"{task.source}" + _describe_files(task))])
         if self._start_daemon:
@@ -324,7 +334,8 @@ class LocalController:
             for service in services:
                 spec = store.get_version(service.name, service.current_version).spec
                 views.append(ServiceView(
-                    service=self._shown(service, host), policy=spec.service.replica_policy.describe(),
+                    service=self._shown(service, host, tls=spec.service.tls is not None),
+                    policy=spec.service.replica_policy.describe(),
                     load_balancing_policy=spec.service.load_balancing_policy.value,
                     replicas=tuple(store.list_replicas(service.name)),
                     events=tuple(store.list_events(service.name, limit=10)),
@@ -355,6 +366,27 @@ class LocalController:
     def start_controller(self) -> ControllerStatus:
         pid = ensure_controller(self.home)
         return dataclasses.replace(self.controller_status(), running=True, pid=pid)
+
+    def plan_create(self, name: str, task: SubmittedTask) -> LaunchPlan:
+        from skyserve_lite.plan.placement import plan_launch
+
+        check_service_name(name)
+        if (self.home / "state.db").exists():
+            store = self._open()
+            try:
+                if name in {s.name for s in store.list_services()}:
+                    raise StateConflictError(f"service {name!r} already exists; change it with `sky-lite serve "
+                                             f"update {name} TASK.yaml`")
+            finally:
+                store.close()
+        task, _ = bind_submission(task, None, SecretStore(self.home), keep_secrets=False)
+        settings = check_submission(task)
+        if needs_capture(task.spec):
+            check_task_sources(task.spec, find_task_dir(task.source), task.source)
+        task = _with_files(task, settings, blobs=None)  # hashed only
+        files = task.spec.files
+        return plan_launch(name, task.spec, None if files is None else
+                           f"sha256 {files.digest[:12]} ({format_size(files.size)})")
 
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                     reuse_identical_files: bool = False) -> UpdatePlan:
@@ -513,13 +545,29 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
         secrets.get(digest)  # refused when this home does not hold it
         digests[name] = digest
     for name, secret in given.secrets:
-        digests[name] = secrets.put(secret) if keep_secrets else secrets.digest(secret)
+        digests[name] = secrets.put(secret) if keep_secrets else secrets.digest(secret, make_key=False)
     inputs = BoundInputs(infra=infra, envs=tuple(sorted(envs.items())), secrets=tuple(sorted(digests.items())))
     bound = bind(spec, inputs, task.source)
     missing = find_missing(bound, task.source)
     if missing is not None:
         raise missing
+    resolution = resolve_task(bound, task.source)
+    inputs = dataclasses.replace(inputs, resolution=resolution)
+    bound = dataclasses.replace(bound, resolution=resolution)
     return dataclasses.replace(task, spec=bound, inputs=TaskInputs()), inputs
+
+
+def resolve_task(spec: TaskSpec, source: str, environ: Mapping[str, str] | None = None) -> Resolution:
+    """Where ``spec``'s replicas may run (``plan.placement``), with the default regions of ``environ``: a
+    candidate without a region runs in ``AWS_DEFAULT_REGION`` (or ``AWS_REGION``) on aws and
+    ``SKY_LITE_GCP_REGION`` on gcp, else in the catalog's cheapest region. Reads no cloud."""
+    from skyserve_lite.catalog import load_catalog
+    from skyserve_lite.plan.placement import resolve_placements
+
+    env = os.environ if environ is None else environ
+    regions = {"aws": env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or None,
+               "gcp": env.get("SKY_LITE_GCP_REGION") or None}
+    return resolve_placements(spec, source, regions, load_catalog)
 
 
 def check_submission(task: SubmittedTask) -> ControllerSettings:
@@ -663,8 +711,10 @@ def _pick_lb_port(used: set[int]) -> int:
 
 
 def is_endpoint_listening(endpoint: str) -> bool:
-    """Whether something accepts TCP connections at ``http://HOST:PORT``."""
-    host, _, port = endpoint.removeprefix("http://").rstrip("/").rpartition(":")
+    """Whether something accepts TCP connections at ``http://HOST:PORT`` (or ``https://``: a TLS load
+    balancer accepts first and shakes hands after, so a TCP connect tells the same)."""
+    host, _, port = endpoint.partition("://")[2].rstrip("/").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # an IPv6 endpoint host: [::1]
     try:
         with socket.create_connection((host, int(port)), timeout=1.0):
             return True

@@ -40,7 +40,9 @@ def carry_over(state: AutoscalerState | None, policy: ReplicaPolicy, version: in
 
 def compute_target_replicas(policy: ReplicaPolicy, state: AutoscalerState | None = None) -> int:
     """The replica count to steer to: ``min_replicas`` for a fixed policy, else the autoscaler's target
-    clipped to the policy's bounds (``min_replicas`` before the first decision)."""
+    clipped to the policy's bounds (``min_replicas`` before the first decision); plus ``num_overprovision``
+    (spare replicas above the target, beyond ``max_replicas`` too: they absorb a burst while the autoscaler's
+    upscale delay holds)."""
     if not policy.is_autoscaling or state is None:
-        return policy.min_replicas
-    return clip(state.target, policy.min_replicas, policy.max_replicas)
+        return policy.min_replicas + policy.num_overprovision
+    return clip(state.target, policy.min_replicas, policy.max_replicas) + policy.num_overprovision

@@ -23,6 +23,7 @@ from skyserve_lite.cli.common import stderr as _stderr
 from skyserve_lite.cli.params import FiniteFloatRange
 from skyserve_lite.cli.render import (
     history_table,
+    launch_plan_renderable,
     plan_renderable,
     simulation_table,
     status_json,
@@ -118,9 +119,12 @@ def serve() -> None:
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the service is READY.")
 @click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for READY.")
+@click.option("--dry-run", is_flag=True, help="Validate, resolve resources and print what would be launched "
+              "(cloud, region, instance type, price, image, market per replica); store and launch nothing.")
+@_output_option
 @_inputs_options
-def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: float, infra: str | None,
-             envs: tuple[str, ...], env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
+def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: float, dry_run: bool, output: str,
+             infra: str | None, envs: tuple[str, ...], env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
     """Start a service from TASK_FILE."""
     del yes  # `serve up` asks nothing; accepted so that scripts can pass -y to every command
     with _errors():
@@ -129,6 +133,13 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
         api.check_service_name(name)
         check_given(task)
         controller = _controller()
+        if dry_run:
+            plan = controller.plan_create(name, task)
+            if output == "json":
+                click.echo(json.dumps(plan.to_json(), indent=2))
+            else:
+                _stdout().print(launch_plan_renderable(plan))
+            return
         service = controller.create_service(name, task)
         if not wait:
             click.echo(f"Service {name} submitted; it will answer at {service.endpoint} once a replica is "

@@ -14,6 +14,7 @@ from skyserve_lite.api import HistoryEntry, ServiceView
 from skyserve_lite.autoscalers.simulator import SimulatedDecision
 from skyserve_lite.clock import format_timestamp
 from skyserve_lite.files.capture import format_size
+from skyserve_lite.plan.placement import LaunchPlan
 from skyserve_lite.plan.update import ReplicaAction, UpdatePlan
 
 _STATUS_STYLE = {
@@ -145,6 +146,39 @@ def plan_renderable(plan: UpdatePlan) -> Group:
         parts.append(Text("Warning: the rollout did not settle in the forecast; the counts below are what the "
                           "controller does first.", style="red"))
     parts.append(Text(plan.summary(), style="bold"))
+    return Group(*parts)
+
+
+def launch_plan_renderable(plan: LaunchPlan) -> Group:
+    """`serve up --dry-run`: a row per replica with the placements it tries in order, then the images, what
+    was left out and the total price."""
+    table = _table("REPLICA", "MARKET", "TRIES, IN ORDER")
+    images: dict[str, None] = {}
+    disks: dict[str, None] = {}
+    for replica in plan.replicas:
+        tries = "\n".join(f"{number}. {placement.describe()}"
+                          + (f"\n   zones {', '.join(placement.zone_order)}" if placement.zone_order else "")
+                          for number, placement in enumerate(replica.placements, start=1))
+        table.add_row(str(replica.replica), replica.market, tries)
+        images.update((p.describe_image(), None) for p in replica.placements if p.image is not None)
+        disks.update((d, None) for p in replica.placements if (d := p.describe_disk()) is not None)
+    parts: list[Table | Text] = [Text(f"Launch {plan.service} on {plan.cloud}: {len(plan.replicas)} "
+                                      f"{'replica' if len(plan.replicas) == 1 else 'replicas'}", style="bold"), table]
+    if images:
+        parts.append(Text("Image: " + "; ".join(images)))
+    if disks:
+        parts.append(Text("Disk: " + "; ".join(disks)))
+    if plan.envs or plan.secrets:
+        parts.append(Text("Environment: " + ", ".join([*plan.envs, *(f"{n} (secret)" for n in plan.secrets)])))
+    if plan.files:
+        parts.append(Text(f"Files: {plan.files}"))
+    for reason in plan.skipped:
+        parts.append(Text(f"Left out: {reason}", style="yellow"))
+    price = plan.hourly_price
+    if plan.cloud != "local":
+        parts.append(Text(f"Total: ${price:.2f}/h on the first placements" if price is not None
+                          else "Total: unknown (a price is not in the catalog)", style="bold"))
+    parts.append(Text("Dry run: nothing was stored or launched.", style="dim"))
     return Group(*parts)
 
 

@@ -6,6 +6,11 @@ directories are recorded so empty ones come back, and other kinds (sockets, fifo
 The workdir honours its `.skyignore`, else its `.gitignore` (``ignore``). A source that is missing or
 unreadable, or a snapshot larger than the limit, is a ``SpecError`` naming the field (``workdir``,
 ``file_mounts./data``); nothing that the caller stores refers to a half-made snapshot.
+
+The `service.tls` key and certificate are captured the same way (``TaskFiles.tls``, both recorded with
+mode 0600 whatever their mode on disk), for the load balancer: a missing or unreadable one is refused
+naming ``service.tls.keyfile`` or ``service.tls.certfile``, and so is a pair that does not load as a
+certificate chain and its key (``files.tls``), on ``service.tls.certfile``.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from pathlib import Path
 from skyserve_lite.errors import SpecError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.files.ignore import IGNORE_FILES, IgnoreRules, parse_ignore_rules
-from skyserve_lite.files.manifest import EntryKind, Manifest, ManifestEntry, TaskFiles
-from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.files.manifest import TLS_CERT, TLS_KEY, EntryKind, Manifest, ManifestEntry, TaskFiles
+from skyserve_lite.files.tls import TlsPairError, load_server_context
+from skyserve_lite.spec.model import TaskSpec, TlsFiles
 
 DEFAULT_LIMIT_BYTES = 1 << 30  # 1 GiB per version
 _CHUNK = 1 << 20
@@ -31,9 +37,9 @@ def is_cloud_uri(source: str) -> bool:
 
 
 def needs_capture(spec: TaskSpec) -> bool:
-    """Whether ``spec`` has local files to capture and no snapshot of them yet."""
+    """Whether ``spec`` has local files to capture (`service.tls` included) and no snapshot of them yet."""
     local_mounts = any(not is_cloud_uri(source) for _, source in spec.file_mounts)
-    return spec.files is None and (spec.workdir is not None or local_mounts)
+    return spec.files is None and (spec.workdir is not None or local_mounts or spec.service.tls is not None)
 
 
 @dataclass
@@ -69,13 +75,41 @@ def check_task_sources(spec: TaskSpec, base: Path, source: str) -> None:
             raise SpecError(source, f"file_mounts.{destination}",
                             f"{mount_source!r} does not exist (resolved to {path})" if not path.exists()
                             else f"{mount_source!r} is neither a file nor a directory")
+    if spec.service.tls is not None:
+        _check_tls(spec.service.tls, base, source)
+
+
+def _tls_sources(tls: TlsFiles) -> tuple[tuple[str, str, str], ...]:
+    """(entry path in ``TaskFiles.tls``, field, path as written) of the key, then the certificate."""
+    return ((TLS_KEY, "service.tls.keyfile", tls.keyfile), (TLS_CERT, "service.tls.certfile", tls.certfile))
+
+
+def _check_tls(tls: TlsFiles, base: Path, source: str) -> None:
+    """Each file is there and readable, and the pair loads as a certificate chain and its key."""
+    for _name, field, written in _tls_sources(tls):
+        path = _resolve(written, base)
+        if not path.is_file():
+            raise SpecError(source, field, f"{written!r} does not exist (resolved to {path})" if not path.exists()
+                            else f"{written!r} is not a file")
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise SpecError(source, field, f"cannot read {path}: {exc.strerror or exc}") from exc
+    field = "service.tls.certfile"
+    try:
+        load_server_context(_resolve(tls.certfile, base), _resolve(tls.keyfile, base))
+    except TlsPairError as exc:
+        raise SpecError(source, field, f"{tls.certfile!r} with keyfile {tls.keyfile!r}: {exc}") from exc
+    except OSError as exc:  # replaced since the check above
+        raise SpecError(source, field, f"cannot read {exc.filename}: {exc.strerror or exc}") from exc
 
 
 def capture_task_files(spec: TaskSpec, base: Path, source: str, blobs: BlobStore | None = None,
                        limit_bytes: int = DEFAULT_LIMIT_BYTES) -> TaskFiles | None:
     """The snapshot of ``spec``'s local files; None when it has none. Relative sources resolve against
     ``base`` (the task file's folder). Without ``blobs`` the files are only hashed (a dry run)."""
-    if spec.workdir is None and all(is_cloud_uri(s) for _, s in spec.file_mounts):
+    if spec.workdir is None and spec.service.tls is None and all(is_cloud_uri(s) for _, s in spec.file_mounts):
         return None
     check_task_sources(spec, base, source)
     budget = _Budget(source, limit_bytes)
@@ -93,7 +127,13 @@ def capture_task_files(spec: TaskSpec, base: Path, source: str, blobs: BlobStore
             mounts.append((destination, _capture_dir(path, field, IgnoreRules(), blobs, budget)))
         else:
             mounts.append((destination, Manifest((_capture_file(path, "", field, blobs, budget),))))
-    return TaskFiles(workdir=workdir, mounts=tuple(sorted(mounts)))
+    tls = None
+    if spec.service.tls is not None:
+        # 0600 whatever the mode on disk: the load balancer writes its copy with the mode recorded here.
+        tls = Manifest(tuple(sorted((_capture_file(_resolve(written, base), name, field, blobs, budget, 0o600)
+                                     for name, field, written in _tls_sources(spec.service.tls)),
+                                    key=lambda e: e.path)))
+    return TaskFiles(workdir=workdir, mounts=tuple(sorted(mounts)), tls=tls)
 
 
 def find_local_paths(spec: TaskSpec, base: Path, files: TaskFiles) -> dict[str, Path]:
@@ -112,6 +152,11 @@ def find_local_paths(spec: TaskSpec, base: Path, files: TaskFiles) -> dict[str, 
         for entry in manifest.entries:
             if entry.digest is not None:
                 paths.setdefault(entry.digest, root / entry.path if entry.path else root)
+    if spec.service.tls is not None and files.tls is not None:
+        written = {name: source for name, _field, source in _tls_sources(spec.service.tls)}
+        for entry in files.tls.entries:
+            if entry.digest is not None and entry.path in written:
+                paths.setdefault(entry.digest, _resolve(written[entry.path], base))
     return paths
 
 

@@ -5,7 +5,8 @@ link's target), sorted by path. Its digest is the sha256 of its canonical JSON, 
 files, modes and links have the same digest whatever disk or time they were captured on, and a plan can
 say "contents identical". The bytes themselves live once per digest in the blob store (``blobs``).
 
-A single-file source is a manifest with one entry whose path is ``""``.
+A single-file source is a manifest with one entry whose path is ``""``; the `service.tls` pair is a
+manifest of two entries, ``TLS_CERT`` and ``TLS_KEY``.
 """
 
 from __future__ import annotations
@@ -73,15 +74,24 @@ class Manifest:
         return cls(tuple(sorted((ManifestEntry.from_json(d) for d in documents), key=lambda e: e.path)))
 
 
+# The entry paths of ``TaskFiles.tls``: the certificate chain and its private key (both mode 0600).
+TLS_CERT = "cert.pem"
+TLS_KEY = "key.pem"
+
+
 @dataclass(frozen=True)
 class TaskFiles:
-    """Everything local a task version ships: its workdir and each local file-mount source.
+    """Everything local a task version ships: its workdir, each local file-mount source, and the key and
+    certificate of `service.tls` (for the load balancer only: replicas never receive them).
 
     Cloud URIs (``s3://``, ``gs://``) are referenced by the task, not captured, so they do not appear here.
+    A snapshot without TLS has no ``tls`` key in its JSON, as those stored before it existed: their digests
+    stay what they were.
     """
 
     workdir: Manifest | None = None
     mounts: tuple[tuple[str, Manifest], ...] = ()  # (destination, manifest), sorted by destination
+    tls: Manifest | None = None  # entries TLS_CERT and TLS_KEY
 
     @cached_property
     def digest(self) -> str:
@@ -89,26 +99,33 @@ class TaskFiles:
 
     @property
     def size(self) -> int:
-        return (self.workdir.size if self.workdir else 0) + sum(m.size for _, m in self.mounts)
+        return sum(m.size for m in self._manifests())
 
     @property
     def mount(self) -> dict[str, Manifest]:
         return dict(self.mounts)
 
     def blob_digests(self) -> set[str]:
-        """Every file digest the snapshot needs (what garbage collection must keep)."""
-        manifests = ([self.workdir] if self.workdir else []) + [m for _, m in self.mounts]
-        return {e.digest for m in manifests for e in m.entries if e.digest is not None}
+        """Every file digest the snapshot needs (what garbage collection must keep), TLS files included."""
+        return {e.digest for m in self._manifests() for e in m.entries if e.digest is not None}
+
+    def _manifests(self) -> list[Manifest]:
+        return ([self.workdir] if self.workdir else []) + [m for _, m in self.mounts] + ([self.tls] if self.tls else [])
 
     def to_json(self) -> dict[str, Any]:
-        return {"workdir": None if self.workdir is None else self.workdir.to_json(),
-                "mounts": {destination: manifest.to_json() for destination, manifest in self.mounts}}
+        document: dict[str, Any] = {
+            "workdir": None if self.workdir is None else self.workdir.to_json(),
+            "mounts": {destination: manifest.to_json() for destination, manifest in self.mounts}}
+        if self.tls is not None:
+            document["tls"] = self.tls.to_json()
+        return document
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> TaskFiles:
-        workdir = document.get("workdir")
+        workdir, tls = document.get("workdir"), document.get("tls")
         return cls(workdir=None if workdir is None else Manifest.from_json(workdir),
-                   mounts=tuple(sorted((str(d), Manifest.from_json(m)) for d, m in document["mounts"].items())))
+                   mounts=tuple(sorted((str(d), Manifest.from_json(m)) for d, m in document["mounts"].items())),
+                   tls=None if tls is None else Manifest.from_json(tls))
 
 
 @dataclass(frozen=True)

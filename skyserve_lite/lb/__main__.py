@@ -9,8 +9,12 @@ deleted from the store. At start it raises its soft limit on open files to the h
 503; ``SKY_LITE_LB_MAX_CONNECTIONS`` (default: from the open-file limit, see ``lb.settings``) how many
 client connections are served at once.
 
-Exit status: 0 on a normal stop, 1 when the port cannot be bound or the store cannot be opened, 2 for an
-invalid setting.
+When the service's current version has `service.tls`, it serves HTTPS with that version's key and
+certificate, written to ``$SKY_LITE_HOME/lb/<service>/tls`` (0700, files 0600) and removed on exit; an
+update that changes them is served from the next connection on (``lb.tls``).
+
+Exit status: 0 on a normal stop, 1 when the port cannot be bound, the store cannot be opened or the
+current version's key and certificate cannot be loaded, 2 for an invalid setting.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib
 import logging
 import os
@@ -29,10 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.errors import SkyLiteError
+from skyserve_lite.files.blobs import blob_store_of
+from skyserve_lite.files.manifest import Manifest
 from skyserve_lite.lb.listener import raise_open_file_limit
 from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
 from skyserve_lite.lb.server import serve
 from skyserve_lite.lb.settings import LbSettings, compute_default_max_connections
+from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
 
 if TYPE_CHECKING:
     from skyserve_lite.state.store import Store
@@ -53,6 +61,31 @@ class StoreTargetSource:
         if not self._store.is_current():
             return None
         return self._store.get_lb_view(self._service)
+
+
+class StoreTlsSource:
+    """``TlsSource`` backed by the state store: the current version's ``TaskFiles.tls``. The version is
+    read again only when the service's current version changes (one row read otherwise)."""
+
+    def __init__(self, store: Store, service: str) -> None:
+        self._store = store
+        self._service = service
+        self._version: int | None = None
+        self._tls: Manifest | None = None
+        self._problem: str | None = None
+
+    def read(self) -> Manifest | None:
+        service = self._store.find_service(self._service)
+        if service is not None and service.current_version != self._version:
+            record = self._store.get_version(self._service, service.current_version)
+            files = record.files
+            self._version, self._tls, self._problem = service.current_version, files.tls if files else None, None
+            if self._tls is None and record.spec.service.tls is not None:
+                self._problem = (f"version {record.version} has service.tls but its snapshot holds no key and "
+                                 "certificate; submit it again with `sky-lite serve update`")
+        if self._problem is not None:
+            raise TlsError(self._problem)
+        return self._tls  # a service gone keeps the last answer: the target source stops the load balancer
 
 
 class StoreMetricsSink:
@@ -104,6 +137,7 @@ async def _run(home: Path, service: str, host: str, port: int, hold_seconds: flo
         loop.add_signal_handler(signum, stop.set)
 
     store = await asyncio.to_thread(lambda: Store.open(home, create=False))
+    tls = TlsReloader(service, StoreTlsSource(store, service), blob_store_of(home), tls_dir(home, service))
     try:
         lb = LoadBalancer(
             service,
@@ -114,14 +148,26 @@ async def _run(home: Path, service: str, host: str, port: int, hold_seconds: flo
         )
         log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
         try:
-            await serve(lb, host, port, stop, max_connections)
+            # Before listening: the first connection already gets HTTPS when the service asks for it.
+            await tls.start()
+        except TlsError as exc:
+            print(f"sky-lite load balancer for service {service}: cannot serve HTTPS: {exc}", file=sys.stderr)
+            return 1
+        reloading = asyncio.create_task(tls.run(), name=f"lb-tls-{service}")
+        try:
+            await serve(lb, host, port, stop, max_connections, ssl_context=lambda: tls.context)
         except OSError as exc:  # serve raises OSError only when the port cannot be bound
             print(
                 f"sky-lite load balancer for service {service}: cannot listen on {host}:{port}: {exc.strerror or exc}",
                 file=sys.stderr,
             )
             return 1
+        finally:
+            reloading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reloading
     finally:
+        await asyncio.to_thread(tls.discard)  # the key's copy lives only as long as the load balancer
         await asyncio.to_thread(store.close)
     log.info("load balancer for service %s stopped", service)
     return 0

@@ -14,8 +14,11 @@ accepting itself:
 * When accepting fails (EMFILE or ENFILE: no file descriptor left; ENOBUFS, ENOMEM), the listener stops
   reading its sockets until a connection closes or ``backoff_seconds`` pass, whichever comes first. New
   connections wait in the kernel's backlog meanwhile, and every open connection goes on being served.
-* Refusals and failed accepts are logged once per ``log_interval`` each, with the count since the last
-  line (``IntervalTally``), never once per connection.
+* With TLS (``ssl_context`` gives a context, read afresh for every connection, so a new certificate is
+  used from the next one on), asyncio does the handshake before the protocol sees the connection. A
+  refused connection is closed without the 503, which a TLS client could not read anyway.
+* Refusals, failed accepts and failed TLS handshakes (a plain-HTTP client, a scanner) are logged once per
+  ``log_interval`` each, with the count since the last line (``IntervalTally``), never once per connection.
 
 ``raise_open_file_limit`` raises the process's soft limit on open files to its hard limit, for the process
 entry point to call at start: many systems start processes at a soft limit of 1,024 with a hard limit of
@@ -31,6 +34,7 @@ import logging
 import math
 import resource
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Final
 
@@ -172,9 +176,10 @@ class Listener:
     """Accepts client connections for one server, as the module docstring says.
 
     ``make_protocol(release)`` builds the protocol of an accepted connection; the protocol must call
-    ``release`` when its connection is lost (more calls are ignored). ``name`` starts every log line. The
-    constructor only stores its arguments; ``start`` binds and listens, ``close`` stops. Used from one event
-    loop; not reusable after ``close``.
+    ``release`` when its connection is lost (more calls are ignored). ``name`` starts every log line.
+    ``ssl_context()`` is asked for every accepted connection: a context serves it over TLS, None in plain
+    text. The constructor only stores its arguments; ``start`` binds and listens, ``close`` stops. Used from
+    one event loop; not reusable after ``close``.
     """
 
     def __init__(
@@ -185,15 +190,19 @@ class Listener:
         max_connections: int,
         backoff_seconds: float = ACCEPT_BACKOFF_SECONDS,
         log_interval: float = LOG_INTERVAL_SECONDS,
+        ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
     ) -> None:
         self._make_protocol = make_protocol
         self._refusal = refusal
         self._name = name
         self._max_connections = max_connections
         self._backoff_seconds = backoff_seconds
+        self._ssl_context = ssl_context
         self._refused = IntervalTally(log_interval)
         self._failed = IntervalTally(log_interval)
+        self._handshakes = IntervalTally(log_interval)
         self._last_error = ""
+        self._last_handshake_error = ""
         self._sockets: list[socket.socket] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open = 0
@@ -268,7 +277,8 @@ class Listener:
         connection.setblocking(False)
         self._open += 1
         slot = _Slot(self)
-        task = loop.create_task(loop.connect_accepted_socket(lambda: self._make_protocol(slot.release), connection))
+        task = loop.create_task(loop.connect_accepted_socket(lambda: self._make_protocol(slot.release), connection,
+                                                             ssl=self._ssl_context()))
         self._admitting.add(task)
         task.add_done_callback(lambda done: self._admitted(done, connection, slot))
 
@@ -284,7 +294,11 @@ class Listener:
             # No transport came of it (e.g. the loop is closing): the connection holds nothing any more.
             connection.close()
             slot.release()
-            if error is not None:
+            if isinstance(error, (ssl.SSLError, ConnectionError, asyncio.TimeoutError)):
+                # A failed TLS handshake: the client's doing (plain HTTP, a scanner, a timeout), counted.
+                self._last_handshake_error = str(error) or type(error).__name__
+                self._count(self._handshakes)
+            elif error is not None:
                 log.warning("%s: setting up an accepted connection failed: %s", self._name, error)
 
     def _refuse(self, connection: socket.socket) -> None:
@@ -292,7 +306,8 @@ class Listener:
             connection.setblocking(False)
             with contextlib.suppress(BlockingIOError):
                 connection.recv(_REFUSAL_DRAIN)
-            connection.send(self._refusal)
+            if self._ssl_context() is None:
+                connection.send(self._refusal)
             connection.shutdown(socket.SHUT_WR)
         connection.close()
         self._count(self._refused)
@@ -332,7 +347,7 @@ class Listener:
         assert loop is not None
         if self._log_handle is not None or self._closed:
             return
-        due = [at for at in (self._refused.due_at, self._failed.due_at) if at is not None]
+        due = [at for at in (self._refused.due_at, self._failed.due_at, self._handshakes.due_at) if at is not None]
         if due:
             self._log_handle = loop.call_at(min(due), self._log_due_and_reschedule)
 
@@ -343,7 +358,7 @@ class Listener:
         self._schedule_log()
 
     def _log_due(self, now: float) -> None:
-        for tally in (self._refused, self._failed):
+        for tally in (self._refused, self._failed, self._handshakes):
             count = tally.take_due(now)
             if count:
                 self._log(tally, count)
@@ -357,6 +372,13 @@ class Listener:
                 count,
                 self._open,
                 MAX_CONNECTIONS_VARIABLE,
+            )
+        elif tally is self._handshakes:
+            log.info(
+                "%s: %d TLS handshake(s) failed since the last report (the last: %s)",
+                self._name,
+                count,
+                self._last_handshake_error,
             )
         else:
             log.warning(

@@ -38,6 +38,7 @@ import asyncio
 import collections
 import http
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Final
 
@@ -165,6 +166,7 @@ class _ClientConnection(BaseProtocol):
         self._task: asyncio.Task[None] | None = None
         self._body: aiohttp.StreamReader | None = None
         self._peer: str | None = None
+        self._scheme = "http"  # X-Forwarded-Proto: "https" on a TLS connection
         self._lost = False
         self.closing = False
         self.busy = False
@@ -178,6 +180,7 @@ class _ClientConnection(BaseProtocol):
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
+        self._scheme = "https" if transport.get_extra_info("sslcontext") is not None else "http"
         self._server.connections.add(self)
         self._task = self._loop.create_task(self._run())
 
@@ -307,7 +310,7 @@ class _ClientConnection(BaseProtocol):
                     return False  # the client went away, or sent a broken body: nobody to answer
             else:
                 body = payload
-        headers = compute_upstream_headers(message.headers, self._peer, "http")
+        headers = compute_upstream_headers(message.headers, self._peer, self._scheme)
         path = message.path
         if not path.startswith("/"):  # absolute-form target ("GET http://host/x HTTP/1.1")
             path = message.url.raw_path_qs
@@ -391,7 +394,8 @@ class HttpServer:
 
     ``start`` binds and listens; ``close`` stops listening, closes idle connections, lets requests in
     flight finish for up to ``shutdown_seconds`` and then cuts what is left. At most ``max_connections``
-    client connections are open at once; the next one gets 503 and is closed (``Listener``). Not reusable
+    client connections are open at once; the next one gets 503 and is closed (``Listener``). A connection
+    accepted while ``ssl_context()`` gives a context is served over TLS with it (``lb.tls``). Not reusable
     after ``close``.
     """
 
@@ -401,12 +405,14 @@ class HttpServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         keepalive_seconds: float = KEEPALIVE_SECONDS,
         shutdown_seconds: float = SHUTDOWN_SECONDS,
+        ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
     ) -> None:
         self.lb = lb
         self.connections: set[_ClientConnection] = set()
         self._max_connections = max_connections
         self._keepalive_seconds = keepalive_seconds
         self._shutdown_seconds = shutdown_seconds
+        self._ssl_context = ssl_context
         self._listener: Listener | None = None
         self._sweep: asyncio.TimerHandle | None = None
 
@@ -421,6 +427,7 @@ class HttpServer:
             refusal,
             f"load balancer for service {self.lb.service}",
             self._max_connections,
+            ssl_context=self._ssl_context,
         )
         addresses = listener.start(host, port)
         self._listener = listener
@@ -456,22 +463,29 @@ class HttpServer:
 
 
 async def serve(
-    lb: LoadBalancer, host: str, port: int, stop: asyncio.Event, max_connections: int = DEFAULT_MAX_CONNECTIONS
+    lb: LoadBalancer,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
 ) -> None:
-    """Run ``lb`` on ``host:port`` until ``stop`` is set or its source says the service is gone.
+    """Run ``lb`` on ``host:port`` until ``stop`` is set or its source says the service is gone; over TLS
+    for the connections accepted while ``ssl_context()`` gives a context.
 
     Raises OSError when the port cannot be bound. On return the listening sockets are closed, the requests
     in flight are answered, the counts of completed seconds are flushed and the upstream client is closed.
     """
-    server = HttpServer(lb, max_connections)
+    server = HttpServer(lb, max_connections, ssl_context=ssl_context)
     await lb.start()
     try:
         addresses = await server.start(host, port)
         bound = ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
         log.info(
-            "load balancer for service %s listening on %s (at most %d client connections)",
+            "load balancer for service %s listening on %s%s (at most %d client connections)",
             lb.service,
             bound,
+            " over HTTPS" if ssl_context() is not None else "",
             max_connections,
         )
         await _wait_until_stopped(lb, stop)

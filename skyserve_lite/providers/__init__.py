@@ -52,16 +52,11 @@ def check_task_for_cloud(task: SubmittedTask) -> None:
                         f"cloud {cloud.value!r} is not available here{hint}; available: "
                         + ", ".join(available_clouds()))
     if cloud is Cloud.AWS:
-        if not spec.resources.image_id:
-            raise SpecError(task.source, "resources.image_id", "required for cloud aws: the AMI replicas boot from")
         for destination, source in spec.file_mounts:
             if "://" in source and not source.startswith("s3://"):
                 raise SpecError(task.source, f"file_mounts.{destination}",
                                 f"{source!r}: cloud aws copies local paths and s3:// sources only")
     if cloud is Cloud.GCP:
-        if not spec.resources.region and not os.environ.get("SKY_LITE_GCP_REGION"):
-            raise SpecError(task.source, "resources.region", "required for cloud gcp unless SKY_LITE_GCP_REGION "
-                            "is set (e.g. us-central1)")
         for destination, source in spec.file_mounts:
             if "://" in source and not source.startswith("gs://"):
                 raise SpecError(task.source, f"file_mounts.{destination}",

@@ -88,6 +88,7 @@ from skyserve_lite.providers.boot_script import (
 from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError, failed_outcome
 from skyserve_lite.providers.staging import SnapshotStager
 from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.spec.placement import SSM_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -366,6 +367,7 @@ class AwsProvider:
         self._regions_by_instance: dict[str, str] = {}
         self._gone: set[str] = set()  # terminated or shutting down at the last look: nothing left to stop
         self._zones: dict[str, tuple[str, ...]] = {}
+        self._images: dict[tuple[str, str], str] = {}  # (region, ssm:PARAMETER) -> AMI id
         self._groups: dict[str, _SecurityGroup] = {}
         self._root_devices: dict[tuple[str, str], str] = {}
         self._stager = SnapshotStager(_S3Objects(self), blobs, controller_id,
@@ -471,7 +473,7 @@ class AwsProvider:
         """Start one batch: one ``RunInstances``, or one per zone tried while zones report no capacity."""
         try:
             params = self._run_parameters(group)
-            zones = (group.zone,) if group.zone else self._list_zones(group.region)
+            zones = group.placement.zone_order or self._list_zones(group.region)
         except ProviderError as exc:
             return [failed_outcome(r, exc) for r in group.requests]
 
@@ -503,9 +505,8 @@ class AwsProvider:
         first = group.first
         spec = first.spec
         resources = spec.resources
-        if not resources.image_id:
-            raise AwsPermanentError(f"resources.image_id: AWS needs an AMI id (ami-...) of {group.region}",
-                                    "MissingImage")
+        placement = group.placement
+        image_id = self._find_image(group.region, placement.image)
         port = find_service_port(spec)
         batch = BootBatch(service=first.service, version=first.version, replica_ids=group.replica_ids,
                           envs=first.envs, setup=spec.setup, run=spec.run, port=port)
@@ -522,8 +523,8 @@ class AwsProvider:
                       TAG_REPLICA_IDS: format_replica_ids(group.replica_ids), TAG_PORT: str(port)}
         tags = [{"Key": key, "Value": value} for key, value in tag_values.items()]
         params: dict[str, Any] = {
-            "ImageId": resources.image_id,
-            "InstanceType": resources.instance_type or DEFAULT_INSTANCE_TYPE,
+            "ImageId": image_id,
+            "InstanceType": placement.instance_type or DEFAULT_INSTANCE_TYPE,
             "MinCount": len(group.requests),
             "MaxCount": len(group.requests),
             "UserData": user_data,
@@ -533,17 +534,40 @@ class AwsProvider:
             # IMDSv2 only: the boot script asks for a session token first anyway.
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         }
-        if resources.disk_size:
-            params["BlockDeviceMappings"] = [{
-                "DeviceName": self._root_device(group.region, resources.image_id),
-                "Ebs": {"VolumeSize": resources.disk_size, "VolumeType": "gp3", "DeleteOnTermination": True},
-            }]
+        if placement.disk_size or placement.disk_type:
+            ebs: dict[str, Any] = {"VolumeType": placement.disk_type or "gp3", "DeleteOnTermination": True}
+            if placement.disk_size:
+                ebs["VolumeSize"] = placement.disk_size
+            if placement.disk_iops:
+                ebs["Iops"] = placement.disk_iops
+            if placement.disk_throughput and ebs["VolumeType"] == "gp3":
+                ebs["Throughput"] = placement.disk_throughput
+            params["BlockDeviceMappings"] = [{"DeviceName": self._root_device(group.region, image_id), "Ebs": ebs}]
         if group.is_spot:
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                 "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
         if self._instance_profile:
             params["IamInstanceProfile"] = {"Name": self._instance_profile}
         return params
+
+    def _find_image(self, region: str, image: str | None) -> str:
+        """The AMI id to boot: ``image`` itself, or for a default (``ssm:PARAMETER``) the AMI id that public
+        parameter names in ``region`` now (read once per region and parameter)."""
+        if not image:
+            raise AwsPermanentError(f"resources.image_id: AWS needs an AMI id (ami-...) of {region}", "MissingImage")
+        if not image.startswith(SSM_PREFIX):
+            return image
+        key = (region, image)
+        if key not in self._images:
+            name = image.removeprefix(SSM_PREFIX)
+            try:
+                value = self._call("ssm", region, "get_parameter", Name=name)["Parameter"]["Value"]
+            except AwsPermanentError as exc:
+                raise AwsPermanentError(f"resources.image_id: the default image's parameter {name} cannot be read "
+                                        f"in {region} ({exc}); name an AMI with resources.image_id",
+                                        exc.code) from exc
+            self._images[key] = str(value)
+        return self._images[key]
 
     def _list_zones(self, region: str) -> tuple[str, ...]:
         if region not in self._zones:

@@ -91,6 +91,7 @@ class LaunchOutcome:
     instance: Instance | None = None
     error: str | None = None
     permanent: bool = False
+    no_capacity: bool = False  # no zone of the placement tried had capacity: the next placement may
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,17 @@ A cloud provider (``aws``, and the next peers) is translation between this model
   instances an earlier attempt of the same launch token started are adopted (``BatchCloud.find_launched``,
   one lookup per region), and only the rest is launched, batch by batch, one batch's failure its own;
 - ``launch_across_zones`` tries a zoneless batch in the region's zones in order, moving on when a zone has
-  no capacity (``ZoneCapacityError``) and saying in each instance's ``detail`` which zones had none.
+  no capacity (``ZoneCapacityError``) and saying in each instance's ``detail`` which zones had none;
+- and across placements: a request's placements (``placements_of``: the candidates its version resolved
+  to, in order) are tried one after the other, a request moving to the next only when no zone of the one
+  before had capacity; the instance's ``detail`` says which it landed on and what had no capacity.
 
 Everything here is pure but for the calls into ``BatchCloud`` and the ``launch_in`` callback.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -23,6 +27,7 @@ from typing import Protocol
 
 from skyserve_lite.errors import ProviderError, TransientProviderError
 from skyserve_lite.providers.base import Instance, LaunchOutcome, LaunchRequest
+from skyserve_lite.spec.placement import Placement
 
 
 class ZoneCapacityError(TransientProviderError):
@@ -36,12 +41,13 @@ class ZoneCapacityError(TransientProviderError):
 
 @dataclass(frozen=True)
 class LaunchGroup:
-    """Requests that one launch call can start: same service, version, token, region, zone, market."""
+    """Requests that one launch call can start: same service, version, token, placement, market."""
 
     region: str
     zone: str | None  # None: any zone of the region
     is_spot: bool
     requests: tuple[LaunchRequest, ...]
+    placement: Placement  # the machine to launch: type, image, disk
 
     @property
     def first(self) -> LaunchRequest:
@@ -56,30 +62,49 @@ class LaunchGroup:
         return "spot" if self.is_spot else "on-demand"
 
 
+def placements_of(request: LaunchRequest, default_region: str | None) -> tuple[Placement, ...]:
+    """The placements to try for ``request``, in order: those its version resolved for its market, else (a
+    version stored before placements were) one made of the task's own fields. A placement without a region
+    takes ``default_region`` (still None when there is none)."""
+    resolution = request.spec.resolution
+    placements = resolution.for_market(request.is_spot) if resolution is not None else ()
+    if not placements:
+        res = request.spec.resources
+        placements = (Placement(cloud=request.spec.cloud.value, region=res.region, zone=res.zone,
+                                instance_type=res.instance_type, image=res.image_id, disk_size=res.disk_size,
+                                need=res.describe_need()),)
+    return tuple(dataclasses.replace(p, region=p.region or default_region, is_spot=request.is_spot)
+                 for p in placements)
+
+
 def find_region(request: LaunchRequest, default_region: str | None) -> str | None:
-    return request.spec.resources.region or default_region
+    """The region of ``request``'s first placement."""
+    return placements_of(request, default_region)[0].region
 
 
 def plan_launch_groups(requests: Sequence[LaunchRequest], default_region: str | None,
-                       fits: Callable[[Sequence[LaunchRequest]], bool] = lambda _batch: True) -> list[LaunchGroup]:
-    """Batches of ``requests`` in first-seen order, each one that ``fits`` says one call can start (a batch of
-    one always can). Requests without a region (none in the task, no default) are left out; the caller
-    reports them."""
-    keyed: dict[tuple[str, int, str, str, str | None, bool], list[LaunchRequest]] = defaultdict(list)
+                       fits: Callable[[Sequence[LaunchRequest]], bool] = lambda _batch: True,
+                       attempt: int = 0) -> list[LaunchGroup]:
+    """Batches of ``requests`` at their placement number ``attempt`` (0: the first), in first-seen order,
+    each one that ``fits`` says one call can start (a batch of one always can). Requests without a region
+    there (none in the task, no default) or without that many placements are left out; the caller reports
+    them."""
+    keyed: dict[tuple[str, int, str, Placement], list[LaunchRequest]] = defaultdict(list)
     for request in requests:
-        region = find_region(request, default_region)
-        if region is not None:
-            keyed[(request.service, request.version, request.launch_token, region, request.spec.resources.zone,
-                   request.is_spot)].append(request)
+        placements = placements_of(request, default_region)
+        if attempt < len(placements) and placements[attempt].region is not None:
+            keyed[(request.service, request.version, request.launch_token, placements[attempt])].append(request)
     groups = []
-    for (_, _, _, region, zone, is_spot), members in keyed.items():
+    for (_, _, _, placement), members in keyed.items():
+        assert placement.region is not None
         chunk: list[LaunchRequest] = []
         for request in members:
             if chunk and not fits([*chunk, request]):
-                groups.append(LaunchGroup(region, zone, is_spot, tuple(chunk)))
+                groups.append(LaunchGroup(placement.region, placement.zone, placement.is_spot, tuple(chunk),
+                                          placement))
                 chunk = []
             chunk.append(request)
-        groups.append(LaunchGroup(region, zone, is_spot, tuple(chunk)))
+        groups.append(LaunchGroup(placement.region, placement.zone, placement.is_spot, tuple(chunk), placement))
     return groups
 
 
@@ -103,27 +128,55 @@ def launch_in_batches(cloud: BatchCloud, requests: Sequence[LaunchRequest], defa
     outcomes: dict[tuple[str, int], LaunchOutcome] = {}
     by_region: dict[str, list[LaunchRequest]] = defaultdict(list)
     for request in requests:
-        region = find_region(request, default_region)
-        if region is None:
+        regions = [p.region for p in placements_of(request, default_region)]
+        if regions[0] is None:
             outcomes[_key(request)] = LaunchOutcome(request.replica_id, permanent=True, error=no_region)
-        else:
+            continue
+        for region in dict.fromkeys(r for r in regions if r is not None):
             by_region[region].append(request)
     for region, members in by_region.items():
         try:
             existing = cloud.find_launched(region, {r.launch_token for r in members})
         except ProviderError as exc:
-            outcomes.update((_key(r), failed_outcome(r, exc)) for r in members)
+            outcomes.update((_key(r), failed_outcome(r, exc)) for r in members if _key(r) not in outcomes)
             continue
-        missing = []
         for request in members:
             found = existing.get((request.service, request.replica_id, request.launch_token))
             if found is not None:
                 outcomes[_key(request)] = LaunchOutcome(request.replica_id, instance=found)
-            else:
-                missing.append(request)
-        for group in plan_launch_groups(missing, default_region, fits):
-            outcomes.update(zip(map(_key, group.requests), cloud.launch_group(group), strict=True))
+    pending = list(dict.fromkeys(r for members in by_region.values() for r in members if _key(r) not in outcomes))
+    full: dict[tuple[str, int], list[str]] = defaultdict(list)  # placements without capacity, per request
+    attempt = 0
+    while pending:
+        retry = []
+        for group in plan_launch_groups(pending, default_region, fits, attempt):
+            for request, outcome in zip(group.requests, cloud.launch_group(group), strict=True):
+                placements = placements_of(request, default_region)
+                if outcome.no_capacity and attempt + 1 < len(placements):
+                    full[_key(request)].append(f"{group.placement.describe()}: {outcome.error}")
+                    retry.append(request)
+                    continue
+                outcomes[_key(request)] = _with_fallback_note(outcome, attempt, group.placement,
+                                                              full[_key(request)])
+        for request in pending:  # a next placement without a region: the first one's error stands
+            if _key(request) not in outcomes and request not in retry:
+                outcomes[_key(request)] = LaunchOutcome(request.replica_id, permanent=True, error=no_region)
+        pending, attempt = retry, attempt + 1
     return [outcomes[_key(r)] for r in requests]
+
+
+def _with_fallback_note(outcome: LaunchOutcome, attempt: int, placement: Placement, full: Sequence[str]
+                        ) -> LaunchOutcome:
+    """``outcome`` of the placement number ``attempt``, saying which earlier placements had no capacity."""
+    if not full:
+        return outcome
+    before = "; ".join(full)
+    if outcome.instance is not None:
+        detail = (f"landed on candidate {attempt + 1}: {placement.describe()}"
+                  + (f" ({outcome.instance.detail})" if outcome.instance.detail else "")
+                  + f"; no capacity before: {before}")
+        return dataclasses.replace(outcome, instance=dataclasses.replace(outcome.instance, detail=detail))
+    return dataclasses.replace(outcome, error=f"{outcome.error} (and before it: {before})")
 
 
 def launch_across_zones(group: LaunchGroup, zones: Sequence[str], what: str,
@@ -142,7 +195,7 @@ def launch_across_zones(group: LaunchGroup, zones: Sequence[str], what: str,
         except ProviderError as exc:
             return [failed_outcome(r, exc, tried=full) for r in group.requests]
     error = f"no {group.market} capacity for {what} in {group.region}: tried {'; '.join(full)}; will retry"
-    return [LaunchOutcome(r.replica_id, error=error) for r in group.requests]
+    return [LaunchOutcome(r.replica_id, error=error, no_capacity=True) for r in group.requests]
 
 
 def failed_outcome(request: LaunchRequest, exc: ProviderError, tried: Sequence[str] = ()) -> LaunchOutcome:

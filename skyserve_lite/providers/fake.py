@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from skyserve_lite.errors import TransientProviderError
+from skyserve_lite.providers import cloud
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
 
 
@@ -39,6 +40,9 @@ class FakeProvider:
     unlisted: set[str] = field(default_factory=set)
     # Whether a lookup by id (``find_instances``) sees unlisted instances; False: it lags as well.
     found_by_id: bool = True
+    # Instance types with no capacity in any zone. While set, launches go through ``cloud.launch_in_batches``
+    # over each request's placements (the fake is then a batching cloud: every region and zone exists).
+    full_types: set[str] = field(default_factory=set)
     _next_id: int = 1
     _launch_failures: list[tuple[str, bool]] = field(default_factory=list)
     _inventory_failures: int = 0
@@ -68,30 +72,50 @@ class FakeProvider:
     # --- Provider --------------------------------------------------------------------------------
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
         self.calls.append(Call("launch", tuple((r.service, r.replica_id, r.version) for r in requests)))
-        outcomes = []
-        for request in requests:
-            existing = next((i for i in self.instances.values()
-                             if (i.service, i.replica_id) == (request.service, request.replica_id)
-                             and i.state is not InstanceState.TERMINATED), None)
-            if existing is not None:
-                outcomes.append(LaunchOutcome(request.replica_id, instance=existing))
-                continue
-            if self._launch_failures:
-                error, permanent = self._launch_failures.pop(0)
-                outcomes.append(LaunchOutcome(request.replica_id, error=error, permanent=permanent))
-                continue
-            instance_id = f"fake-{self._next_id}"
-            self._next_id += 1
-            instance = Instance(
-                instance_id=instance_id, service=request.service, replica_id=request.replica_id,
-                version=request.version, state=self.initial_state,
-                url=f"http://fake-replica.invalid/{instance_id}", is_spot=request.is_spot,
-            )
-            self.instances[instance_id] = instance
-            if self.lagging:
-                self.unlisted.add(instance_id)
-            outcomes.append(LaunchOutcome(request.replica_id, instance=instance))
-        return outcomes
+        if self.full_types:
+            return cloud.launch_in_batches(self, requests, "fake-region", fits=lambda _batch: True,
+                                           no_region="no region")
+        return [self._launch_one(request) for request in requests]
+
+    def _launch_one(self, request: LaunchRequest, region: str | None = None, zone: str | None = None,
+                    detail: str | None = None) -> LaunchOutcome:
+        existing = self._live(request.service, request.replica_id)
+        if existing is not None:
+            return LaunchOutcome(request.replica_id, instance=existing)
+        if self._launch_failures:
+            error, permanent = self._launch_failures.pop(0)
+            return LaunchOutcome(request.replica_id, error=error, permanent=permanent)
+        instance_id = f"fake-{self._next_id}"
+        self._next_id += 1
+        instance = Instance(
+            instance_id=instance_id, service=request.service, replica_id=request.replica_id,
+            version=request.version, state=self.initial_state,
+            url=f"http://fake-replica.invalid/{instance_id}", is_spot=request.is_spot, region=region, zone=zone,
+            detail=detail,
+        )
+        self.instances[instance_id] = instance
+        if self.lagging:
+            self.unlisted.add(instance_id)
+        return LaunchOutcome(request.replica_id, instance=instance)
+
+    def _live(self, service: str, replica_id: int) -> Instance | None:
+        return next((i for i in self.instances.values() if (i.service, i.replica_id) == (service, replica_id)
+                     and i.state is not InstanceState.TERMINATED), None)
+
+    # --- cloud.BatchCloud, while ``full_types`` is set ---------------------------------------------------
+    def find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:
+        return {}  # adoption is by (service, replica id) in ``_launch_one``
+
+    def launch_group(self, group: cloud.LaunchGroup) -> list[LaunchOutcome]:
+        instance_type = group.placement.instance_type or "default"
+
+        def launch_in(zone: str, detail: str | None) -> list[LaunchOutcome]:
+            if instance_type in self.full_types:
+                raise cloud.ZoneCapacityError(f"no capacity for {instance_type} in {zone}", "NoCapacity")
+            return [self._launch_one(r, group.region, zone, detail) for r in group.requests]
+
+        return cloud.launch_across_zones(group, group.placement.zone_order or (f"{group.region}-a",), instance_type,
+                                         launch_in)
 
     def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
         self.calls.append(Call("list_instances"))

@@ -376,7 +376,7 @@ class GcpProvider:
     def launch_group(self, group: LaunchGroup) -> list[LaunchOutcome]:
         try:
             properties = self._instance_properties(group)
-            zones = (group.zone,) if group.zone else self._list_zones(group.region)
+            zones = group.placement.zone_order or self._list_zones(group.region)
         except ProviderError as exc:
             return [failed_outcome(r, exc) for r in group.requests]
         except Exception as exc:  # the provider boundary (a callback of launch_in_batches)
@@ -395,7 +395,7 @@ class GcpProvider:
                 state=InstanceState.PENDING, region=group.region, zone=zone, is_spot=spot, detail=detail))
                 for name, r in names.items()]
 
-        machine_type = str(group.first.spec.resources.instance_type or DEFAULT_MACHINE_TYPE)
+        machine_type = group.placement.instance_type or DEFAULT_MACHINE_TYPE
         try:
             return cloud.launch_across_zones(group, zones, machine_type, launch_in)
         except Exception as exc:  # the provider boundary: never raise out of a batch
@@ -426,13 +426,18 @@ class GcpProvider:
         labels = {**{k.lower(): v.lower() for k, v in resources.labels},
                   LABEL_CONTROLLER: self._controller_id, LABEL_SERVICE: first.service,
                   LABEL_VERSION: str(first.version), LABEL_TOKEN: first.launch_token.lower(), LABEL_PORT: str(port)}
-        image = resources.image_id or DEFAULT_IMAGE
+        placement = group.placement
+        image = placement.image or DEFAULT_IMAGE
         disk: dict[str, Any] = {"boot": True, "auto_delete": True,
                                 "initialize_params": {"source_image": _image_url(image)}}
-        if resources.disk_size:
-            disk["initialize_params"]["disk_size_gb"] = resources.disk_size
+        if placement.disk_size:
+            disk["initialize_params"]["disk_size_gb"] = placement.disk_size
+        if placement.disk_type:
+            disk["initialize_params"]["disk_type"] = placement.disk_type
+        if placement.disk_iops:
+            disk["initialize_params"]["provisioned_iops"] = placement.disk_iops
         properties: dict[str, Any] = {
-            "machine_type": resources.instance_type or DEFAULT_MACHINE_TYPE,
+            "machine_type": placement.instance_type or DEFAULT_MACHINE_TYPE,
             "labels": labels,
             "tags": {"items": [self._network_tag]},
             "disks": [disk],
@@ -442,8 +447,17 @@ class GcpProvider:
             "service_accounts": [{"email": "default",
                                   "scopes": ["https://www.googleapis.com/auth/devstorage.read_only"]}],
         }
+        scheduling: dict[str, Any] = {}
+        if placement.accelerator_type and placement.accelerator:
+            count = int(placement.accelerator.rpartition(":")[2])
+            properties["guest_accelerators"] = [{"accelerator_type": placement.accelerator_type,
+                                                 "accelerator_count": count}]
+        if placement.accelerator:  # GPU machines cannot live-migrate
+            scheduling["on_host_maintenance"] = "TERMINATE"
         if group.is_spot:
-            properties["scheduling"] = {"provisioning_model": "SPOT", "instance_termination_action": "DELETE"}
+            scheduling |= {"provisioning_model": "SPOT", "instance_termination_action": "DELETE"}
+        if scheduling:
+            properties["scheduling"] = scheduling
         return properties
 
     @property

@@ -20,6 +20,7 @@ from skyserve_lite.clock import Clock, SystemClock
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, HostKeyError, MissingBlobsError, SpecError
 from skyserve_lite.files.capture import capture_task_files, find_local_paths, find_task_dir, needs_capture
+from skyserve_lite.plan.placement import LaunchPlan
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.remote import protocol
@@ -70,6 +71,10 @@ class RemoteController:
 
     def get_rollout_state(self, name: str) -> RolloutState:
         return cast(RolloutState, decode(RolloutState, self._call("get_rollout_state", {"name": name})))
+
+    def plan_create(self, name: str, task: SubmittedTask) -> LaunchPlan:
+        wire = self._prepare(task)  # hashed here: a plan needs no bytes
+        return cast(LaunchPlan, decode(LaunchPlan, self._call("plan_create", {"name": name, "task": encode(wire)})))
 
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                     reuse_identical_files: bool = False) -> UpdatePlan:

@@ -80,6 +80,8 @@ class RpcServer:
             "get_status": lambda p, k: self._answer(c.get_status(_get(p, "names", tuple[str, ...]))),
             "get_status_report": lambda p, k: self._answer(c.get_status_report(_get(p, "names", tuple[str, ...]))),
             "get_rollout_state": lambda p, k: self._answer(c.get_rollout_state(_get(p, "name", str))),
+            "plan_create": lambda p, k: self._answer(c.plan_create(
+                _get(p, "name", str), _get(p, "task", WireTask).to_task())),
             "plan_update": lambda p, k: self._answer(c.plan_update(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task(), _get(p, "mode", UpdateMode),
                 reuse_identical_files=_get(p, "reuse_identical_files", bool))),

@@ -19,10 +19,12 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from skyserve_lite.errors import SpecError, UsageError
 from skyserve_lite.spec.model import Cloud, Pairs, Resources, Secret, SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import check_env_name, check_env_value, parse_infra
+from skyserve_lite.spec.placement import Resolution
 
 _GIVE_ENV = "give it when submitting: --env {name}=VALUE, --env {name} (from your environment) or --env-file FILE"
 _GIVE_SECRET = "give it when submitting: --secret {name}=VALUE or --secret {name} (from your environment)"
@@ -35,18 +37,23 @@ class BoundInputs:
     infra: str | None = None
     envs: Pairs = ()
     secrets: Pairs = ()  # (name, digest)
+    resolution: Resolution | None = None  # the placements resolved at submission
 
     def to_json(self) -> str:
-        return json.dumps({"infra": self.infra, "envs": dict(self.envs), "secrets": dict(self.secrets)},
-                          sort_keys=True, separators=(",", ":"))
+        doc: dict[str, Any] = {"infra": self.infra, "envs": dict(self.envs), "secrets": dict(self.secrets)}
+        if self.resolution is not None:
+            doc["resolution"] = self.resolution.to_json()
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None) -> BoundInputs:
         if not text:
             return cls()
         doc = json.loads(text)
+        resolution = doc.get("resolution")
         return cls(infra=doc.get("infra"), envs=tuple(sorted(doc.get("envs", {}).items())),
-                   secrets=tuple(sorted(doc.get("secrets", {}).items())))
+                   secrets=tuple(sorted(doc.get("secrets", {}).items())),
+                   resolution=Resolution.from_json(resolution) if resolution is not None else None)
 
 
 def bind(spec: TaskSpec, bound: BoundInputs, source: str) -> TaskSpec:
@@ -67,7 +74,7 @@ def bind(spec: TaskSpec, bound: BoundInputs, source: str) -> TaskSpec:
             raise SpecError(source, f"secrets.{name}", "also given in envs: name a variable in one of the two")
     return dataclasses.replace(
         spec, envs=tuple(sorted(envs.items())), unset_envs=tuple(n for n in spec.unset_envs if n not in envs),
-        secrets=tuple(sorted(digests.items())))
+        secrets=tuple(sorted(digests.items())), resolution=bound.resolution or spec.resolution)
 
 
 def _place(resources: Resources, cloud: Cloud, region: str | None, zone: str | None, source: str) -> Resources:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from skyserve_lite.files.manifest import TaskFiles
+from skyserve_lite.spec.placement import Resolution
 
 Pairs = tuple[tuple[str, str], ...]
 
@@ -194,6 +195,9 @@ class TaskSpec:
     # The snapshot of `workdir` and the local `file_mounts` sources taken when the task was submitted (not
     # part of the YAML): what every replica of the version runs. None before capture, or with nothing local.
     files: TaskFiles | None = None
+    # Where each replica may run, resolved when the version was submitted (``plan.placement``); not part of
+    # the YAML, nor of the replica config (the candidates are). None before submission.
+    resolution: Resolution | None = None
 
     @property
     def cloud(self) -> Cloud:

@@ -79,11 +79,14 @@ class ServiceRecord:
     next_replica_id: int
     active_versions: tuple[int, ...] | None = None  # None: every READY replica gets traffic
     endpoint_host: str = "127.0.0.1"  # where clients reach the load balancer (the controller host's address)
+    # The current version has `service.tls`: its load balancer serves HTTPS. Not stored: set where a view
+    # of the service is built (``api``), from the current version's spec.
+    endpoint_tls: bool = False
 
     @property
     def endpoint(self) -> str:
         host = f"[{self.endpoint_host}]" if ":" in self.endpoint_host else self.endpoint_host
-        return f"http://{host}:{self.lb_port}"
+        return f"{'https' if self.endpoint_tls else 'http'}://{host}:{self.lb_port}"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from skyserve_lite.autoscalers import (
@@ -74,7 +76,12 @@ def test_carry_over_to_version_2(state: AutoscalerState | None, policy: ReplicaP
 @pytest.mark.parametrize(
     ("policy", "state", "target"),
     [(ReplicaPolicy(min_replicas=3, max_replicas=3), AutoscalerState(1, 7), 3), (AUTO, None, 2),
-     (AUTO, AutoscalerState(1, 3), 3), (AUTO, AutoscalerState(1, 9), 4)],
+     (AUTO, AutoscalerState(1, 3), 3), (AUTO, AutoscalerState(1, 9), 4),
+     # num_overprovision: spare replicas above the target, beyond max_replicas too
+     (dataclasses.replace(AUTO, num_overprovision=1), None, 3),
+     (dataclasses.replace(AUTO, num_overprovision=2), AutoscalerState(1, 3), 5),
+     (dataclasses.replace(AUTO, num_overprovision=2), AutoscalerState(1, 9), 6),
+     (ReplicaPolicy(min_replicas=2, max_replicas=2, num_overprovision=1), None, 3)],
 )
 def test_target(policy: ReplicaPolicy, state: AutoscalerState | None, target: int) -> None:
     assert compute_target_replicas(policy, state) == target

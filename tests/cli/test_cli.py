@@ -71,10 +71,12 @@ def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args:
                      "resources.cloud: cloud 'azure' is not offered by sky-lite", id="unknown-cloud"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n", [],
                      "resources.cloud: cloud 'gcp' is not available here", id="unavailable-cloud"),
-        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n", [],
-                     "resources.image_id: required for cloud aws", id="aws-without-image"),
-        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n", [],
-                     "resources.region: required for cloud gcp", id="gcp-without-region"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  accelerators: A100:1\n", [],
+                     "resources.accelerators: A100:1: the local cloud runs replicas as processes", id="local-gpu"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n  accelerators: Z9000:1\n", [],
+                     "resources.accelerators: ", id="aws-unknown-accelerator"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n  region: mars-north1\n", [],
+                     "resources.region: ", id="gcp-unknown-region"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n  region: us-central1\n"
                      "file_mounts:\n  /d: s3://b/k\n", [], "file_mounts./d: 's3://b/k': cloud gcp copies local paths "
                      "and gs:// sources only", id="gcp-foreign-mount-scheme"),

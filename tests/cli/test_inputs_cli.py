@@ -3,6 +3,7 @@ what is refused, and that a secret's value is nowhere but in the secret store.""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -199,6 +200,63 @@ def test_infra_local_runs_a_task_that_names_no_cloud_locally(cli: Cli, home: Pat
 
 def test_task_name_with_capitals_gives_a_dns_service_name(cli: Cli, home: Path, tmp_path: Path) -> None:
     text = "name: deepseek-r1-A100\nservice: {replicas: 1}\nrun: python serve.py\n"
-    code, stdout, stderr = cli("serve", "up", write(tmp_path, text), "--no-wait")
+    code, _, stderr = cli("serve", "up", write(tmp_path, text), "--no-wait")
     assert code == 0, stderr
     assert services(home) == ["deepseek-r1-a100"]
+
+
+GPU_TASK = """\
+name: llama-A100
+secrets:
+  HF_TOKEN: null
+resources:
+  accelerators: {L4: 1, A10G: 1}
+  cpus: 4+
+  disk_tier: best
+service:
+  replicas: 2
+run: vllm serve --port 8000
+"""
+
+
+def test_up_dry_run_prints_the_per_replica_plan_and_stores_nothing(cli: Cli, home: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)  # no credentials, no region: the plan needs neither
+    code, stdout, stderr = cli("serve", "up", write(tmp_path, GPU_TASK), "--dry-run", "--infra", "aws",
+                               "--secret", f"HF_TOKEN={TOKEN}")
+    assert code == 0, stderr
+    assert "Launch llama-a100 on aws: 2 replicas" in stdout
+    assert "1. L4:1, cpus 4+ -> g6.xlarge (us-east-1, $0.80/h, on-demand)" in stdout
+    assert "2. A10G:1, cpus 4+ -> g5.xlarge (us-east-1, $1.01/h, on-demand)" in stdout
+    assert "base-oss-nvidia-driver-gpu-ubuntu-22.04" in stdout and "io2, 20000 IOPS" in stdout
+    assert "HF_TOKEN (secret)" in stdout and TOKEN not in stdout + stderr
+    assert not home.exists()
+    code, stdout, _ = cli("serve", "up", write(tmp_path, GPU_TASK), "--dry-run", "-o", "json", "--infra", "aws",
+                          "--secret", f"HF_TOKEN={TOKEN}")
+    plan = json.loads(stdout)
+    assert [r["market"] for r in plan["replicas"]] == ["on-demand", "on-demand"]
+    assert [p["instance_type"] for p in plan["replicas"][0]["placements"]] == ["g6.xlarge", "g5.xlarge"]
+    assert plan["hourly_price"] == pytest.approx(2 * 0.8048)
+    assert plan["secrets"] == ["HF_TOKEN"] and TOKEN not in stdout
+    assert not home.exists()
+
+
+def test_up_dry_run_refuses_what_cannot_run_naming_the_field(cli: Cli, home: Path, tmp_path: Path) -> None:
+    code, _, stderr = cli("serve", "up", write(tmp_path, GPU_TASK), "--dry-run", "--secret", f"HF_TOKEN={TOKEN}")
+    assert code == 2
+    assert "resources.accelerators: L4:1: the local cloud runs replicas as processes" in stderr
+    assert "candidates considered: L4:1, cpus 4+, A10G:1, cpus 4+" in stderr
+    assert not home.exists()
+
+
+def test_default_infra_decides_where_a_task_naming_no_cloud_runs(cli: Cli, home: Path, tmp_path: Path) -> None:
+    assert cli("config", "set", "default_infra", "aws/us-west-2")[0] == 0
+    code, stdout, stderr = cli("serve", "up", write(tmp_path, GPU_TASK), "--dry-run", "-o", "json",
+                               "--secret", f"HF_TOKEN={TOKEN}")
+    assert code == 0, stderr
+    assert json.loads(stdout)["replicas"][0]["placements"][0]["region"] == "us-west-2"
+    code, stdout, stderr = cli("serve", "up", write(tmp_path, GPU_TASK), "--dry-run", "-o", "json", "--infra",
+                               "gcp", "--secret", f"HF_TOKEN={TOKEN}")
+    assert code == 0, stderr
+    assert json.loads(stdout)["cloud"] == "gcp"  # --infra wins over the setting

@@ -34,6 +34,7 @@ from skyserve_lite.errors import PermanentProviderError, TransientProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.files.capture import capture_task_files
 from skyserve_lite.files.manifest import EntryKind, Manifest, ManifestEntry, TaskFiles
+from skyserve_lite.plan.placement import DEFAULT_IMAGES
 from skyserve_lite.providers.aws import (
     DEFAULT_INSTANCE_TYPE,
     TAG_CONTROLLER,
@@ -64,6 +65,7 @@ from skyserve_lite.providers.boot_script import (
 )
 from skyserve_lite.providers.staging import compute_bucket_name
 from skyserve_lite.spec.model import Resources, ServiceSpec, TaskSpec
+from skyserve_lite.spec.placement import SSM_PREFIX, Placement, Resolution
 
 REGION = "us-east-1"
 CONTROLLER = "ctl1"
@@ -1130,3 +1132,62 @@ def test_a_malformed_endpoint_url_is_a_permanent_error(monkeypatch: pytest.Monke
     provider = AwsProvider(CONTROLLER, FakeClock(), blobs=NO_BLOBS, default_region=REGION, sleep=lambda _: None)
     with pytest.raises(PermanentProviderError, match="AWS_ENDPOINT_URL"):
         provider.list_instances()
+
+
+# --- placements: candidates, default images, disk tiers ---------------------------------------------------------------
+def placed(*placements: Placement, **fields: Any) -> TaskSpec:
+    """A task whose version resolved to ``placements`` (what `serve up` stores), on-demand."""
+    return dataclasses.replace(spec(image_id=None, zone=None, **fields), resolution=Resolution(ondemand=placements))
+
+
+def test_no_capacity_for_the_first_candidate_launches_the_next_on_moto(provider: AwsProvider, api: Api) -> None:
+    first = Placement(cloud="aws", candidate=0, region=REGION, zones=("us-east-1a", "us-east-1b"),
+                      instance_type="g6.xlarge", image=ami(), need="L4:1", price_per_hour=0.8048)
+    second = Placement(cloud="aws", candidate=1, region=REGION, zones=("us-east-1a",), instance_type="g5.xlarge",
+                       image=ami(), need="A10G:1", price_per_hour=1.006)
+    api.fail("RunInstances", "InsufficientInstanceCapacity", times=100,
+             when=lambda p: p["InstanceType"] == "g6.xlarge")
+    [outcome] = provider.launch([request(1, placed(first, second))])
+    assert [c.params["InstanceType"] for c in api.named("RunInstances")] == ["g6.xlarge", "g6.xlarge", "g5.xlarge"]
+    assert outcome.instance is not None
+    assert describe(outcome.instance.instance_id)["InstanceType"] == "g5.xlarge"
+    assert outcome.instance.detail is not None
+    assert outcome.instance.detail.startswith("landed on candidate 2: A10G:1 -> g5.xlarge")
+
+
+def test_a_default_image_is_read_from_its_public_parameter_once_per_region(provider: AwsProvider, api: Api) -> None:
+    import datetime
+
+    from moto.ssm.models import Parameter, ssm_backends
+
+    # AWS publishes these parameters and refuses PutParameter under /aws/: placed in moto's backend directly.
+    name = DEFAULT_IMAGES[("aws", "x86_64", False)].removeprefix(SSM_PREFIX)
+    ssm_backends[DEFAULT_ACCOUNT_ID][REGION]._parameters[name].append(Parameter(  # type: ignore[abstract]
+        account_id=DEFAULT_ACCOUNT_ID, name=name, value=ami(), parameter_type="String", description=None,
+        allowed_pattern=None, keyid=None, last_modified_date=datetime.datetime.now(datetime.timezone.utc),
+        version=1, data_type="text"))
+    placement = Placement(cloud="aws", region=REGION, zones=("us-east-1a",), instance_type="m5.large",
+                          image=SSM_PREFIX + name, image_is_default=True)
+    outcomes = provider.launch([request(1, placed(placement)), request(2, placed(placement), token="tok-2")])
+    assert all(o.instance is not None for o in outcomes)
+    assert {c.params["ImageId"] for c in api.named("RunInstances")} == {ami()}
+    assert api.count("GetParameter") == 1
+
+
+def test_a_missing_default_image_parameter_fails_naming_image_id(provider: AwsProvider, api: Api) -> None:
+    placement = Placement(cloud="aws", region=REGION, zones=("us-east-1a",), instance_type="m5.large",
+                          image=SSM_PREFIX + "/aws/service/nothing/here", image_is_default=True)
+    [outcome] = provider.launch([request(1, placed(placement))])
+    assert outcome.permanent and outcome.error is not None
+    assert outcome.error.startswith("resources.image_id: the default image's parameter /aws/service/nothing/here")
+    assert api.count("RunInstances") == 0
+
+
+def test_a_disk_tier_becomes_the_root_volume_type_iops_and_throughput(provider: AwsProvider, api: Api) -> None:
+    placement = Placement(cloud="aws", region=REGION, zones=("us-east-1a",), instance_type="m5.large", image=ami(),
+                          disk_size=100, disk_type="gp3", disk_iops=7000, disk_throughput=437)
+    [outcome] = provider.launch([request(1, placed(placement))])
+    assert outcome.instance is not None
+    [mapping] = api.named("RunInstances")[0].params["BlockDeviceMappings"]
+    assert mapping["Ebs"] == {"VolumeType": "gp3", "DeleteOnTermination": True, "VolumeSize": 100, "Iops": 7000,
+                              "Throughput": 437}

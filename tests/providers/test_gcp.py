@@ -4,6 +4,7 @@ zone fallback, error translation, and launches re-sent after a crash."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from skyserve_lite.providers.gcp import (
 )
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
+from skyserve_lite.spec.placement import Placement, Resolution
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
 from tests.providers.gce_fake import FakeCompute, serve_fake_compute
@@ -447,3 +449,46 @@ def test_a_blob_missing_from_the_state_directory_fails_the_launch_naming_the_fie
     assert outcome.permanent and outcome.error is not None
     assert outcome.error.startswith("workdir: app.py: its content") and "serve update" in outcome.error
     assert compute.calls["instances.bulkInsert"] == 0
+
+
+# --- placements: candidates, attached GPUs, disk types ---------------------------------------------------------------
+def placed_request(replica_id: int, *placements: Placement) -> LaunchRequest:
+    task = spec(zone=None)
+    resolved = dataclasses.replace(task.spec, resolution=Resolution(ondemand=placements))
+    return LaunchRequest(service="web", replica_id=replica_id, version=1, spec=resolved, launch_token="a" * 32,
+                         is_spot=False)
+
+
+def test_an_n1_with_attached_gpus_asks_for_them_and_terminates_on_maintenance(gcp: GcpProvider,
+                                                                              fake: tuple[FakeCompute, str]) -> None:
+    t4 = Placement(cloud="gcp", region="us-central1", zones=("us-central1-a",), instance_type="n1-standard-4",
+                   accelerator="T4:1", accelerator_type="nvidia-tesla-t4", image="projects/x/global/images/family/y",
+                   disk_size=100, disk_type="pd-ssd")
+    (outcome,) = gcp.launch([placed_request(1, t4)])
+    assert outcome.instance is not None
+    ((_, body),) = [r for r in fake[0].requests if r[0] == "instances.bulkInsert"]
+    properties = body["instanceProperties"]
+    assert properties["machineType"] == "n1-standard-4"
+    assert properties["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
+    assert properties["scheduling"] == {"onHostMaintenance": "TERMINATE"}
+    params = properties["disks"][0]["initializeParams"]
+    assert params["diskType"] == "pd-ssd" and params["diskSizeGb"] == "100"
+    assert params["sourceImage"] == "projects/x/global/images/family/y"
+
+
+def test_a_stocked_out_candidate_falls_back_to_the_next_in_another_zone(fake: tuple[FakeCompute, str]) -> None:
+    compute, endpoint = fake
+    compute.stockout |= {"us-central1-a", "us-central1-b"}
+    first = Placement(cloud="gcp", region="us-central1", zones=("us-central1-a", "us-central1-b"),
+                      instance_type="g2-standard-4", accelerator="L4:1", need="L4:1")
+    second = Placement(cloud="gcp", candidate=1, region="us-central1", zones=("us-central1-c",),
+                       instance_type="n1-standard-4", accelerator="T4:1", accelerator_type="nvidia-tesla-t4",
+                       need="T4:1")
+    (outcome,) = provider_for(endpoint).launch([placed_request(1, first, second)])
+    assert outcome.instance is not None and outcome.instance.zone == "us-central1-c"
+    assert outcome.instance.detail is not None
+    assert outcome.instance.detail.startswith("landed on candidate 2: T4:1 -> n1-standard-4 + T4:1")
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in outcome.instance.detail
+    machine_types = [body["instanceProperties"]["machineType"] for method, body in compute.requests
+                     if method == "instances.bulkInsert"]
+    assert machine_types == ["g2-standard-4", "g2-standard-4", "n1-standard-4"]

@@ -124,6 +124,20 @@ def test_answers_are_the_local_controllers_values(harness: Harness, home: Path, 
     assert remote.get_rollout_state("web").versions[0].spec == local.get_rollout_state("web").versions[0].spec
 
 
+def test_a_launch_plan_and_secrets_cross_the_protocol(harness: Harness, home: Path, tmp_path: Path) -> None:
+    from skyserve_lite.spec.inputs import with_inputs
+    from skyserve_lite.spec.model import Secret
+
+    text = TASK.format(replicas=2) + "secrets:\n  TOKEN: null\n"
+    task = with_inputs(load_task_file(_task_file(tmp_path / "s", text)), (), [("TOKEN", Secret("s3cr3t"))], None)
+    local, remote = LocalController(home, start_daemon=False), RemoteController(InProcessTransport(home))
+    assert remote.plan_create("web", task) == local.plan_create("web", task)
+    assert not (home / "secrets").exists()  # a plan stores nothing, not even the secret store's key
+    remote.create_service("web", task)
+    [(name, digest)] = local.get_rollout_state("web").versions[0].spec.secrets
+    assert name == "TOKEN" and (home / "secrets" / digest).read_text() == "s3cr3t"
+
+
 def test_errors_come_back_as_the_same_classes(harness: Harness, home: Path, tmp_path: Path) -> None:
     remote = RemoteController(InProcessTransport(home))
     with pytest.raises(NotFoundError, match="no service named 'nope'"):
