@@ -398,6 +398,10 @@ class _Parser:
                 raise self.fail(entries_path, "must be a non-empty list of candidate resources")
             for index, entry in enumerate(entries):
                 entry_path = f"{entries_path}[{index}]"
+                if isinstance(entry, dict) and "use_spot" in entry:
+                    raise self.fail(_join(entry_path, "use_spot"), "candidates may not differ in use_spot: for spot "
+                                    "with on-demand fallback set resources.use_spot: true and "
+                                    "service.replica_policy.dynamic_ondemand_fallback: true")
                 entry_doc = self.mapping(entry, entry_path, _CANDIDATE_KEYS)
                 merged = {**{k: v for k, v in doc.items() if k in _CANDIDATE_KEYS}, **entry_doc}
                 if "infra" in entry_doc or "cloud" in entry_doc:
