@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any
 
 from skyserve_lite.errors import SpecError, UsageError
 from skyserve_lite.spec.model import Cloud, Pairs, Resources, Secret, SubmittedTask, TaskInputs, TaskSpec
-from skyserve_lite.spec.parse import check_env_name, check_env_value, parse_infra
+from skyserve_lite.spec.parse import check_env_name, check_env_value, find_destination_problem, parse_infra
 from skyserve_lite.spec.placement import Resolution
 
 _GIVE_ENV = "give it when submitting: --env {name}=VALUE, --env {name} (from your environment) or --env-file FILE"
@@ -74,7 +75,32 @@ def bind(spec: TaskSpec, bound: BoundInputs, source: str) -> TaskSpec:
             raise SpecError(source, f"secrets.{name}", "also given in envs: name a variable in one of the two")
     return dataclasses.replace(
         spec, envs=tuple(sorted(envs.items())), unset_envs=tuple(n for n in spec.unset_envs if n not in envs),
-        secrets=tuple(sorted(digests.items())), resolution=bound.resolution or spec.resolution)
+        secrets=tuple(sorted(digests.items())), resolution=bound.resolution or spec.resolution,
+        file_mounts=fill_file_mounts(spec.file_mounts, envs, source))
+
+
+_REFERENCE_RE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+
+
+def fill_file_mounts(mounts: Pairs, envs: Mapping[str, str], source: str) -> Pairs:
+    """``file_mounts`` with ``$NAME`` and ``${NAME}`` of ``envs`` replaced in destinations and sources, as
+    SkyPilot fills them (secrets are not filled: they are for `setup` and `run` only). A reference to a name
+    ``envs`` lacks is left as written. Raises ``SpecError`` when a filled destination is refused or two
+    become one."""
+    def fill(text: str) -> str:
+        return _REFERENCE_RE.sub(lambda m: envs.get(m.group("braced") or m.group("bare"), m.group(0)), text)
+
+    filled: dict[str, str] = {}
+    for destination, mount_source in mounts:
+        target = fill(destination)
+        problem = find_destination_problem(target) if target != destination else None
+        if problem is not None:
+            raise SpecError(source, f"file_mounts.{destination}", f"{problem} (after filling in envs: {target!r})")
+        if target in filled:
+            raise SpecError(source, f"file_mounts.{destination}", f"becomes {target!r} once envs are filled in, "
+                                                                 "the destination of another mount")
+        filled[target] = fill(mount_source)
+    return tuple(sorted(filled.items()))
 
 
 def _place(resources: Resources, cloud: Cloud, region: str | None, zone: str | None, source: str) -> Resources:

@@ -260,3 +260,32 @@ def test_default_infra_decides_where_a_task_naming_no_cloud_runs(cli: Cli, home:
                                "gcp", "--secret", f"HF_TOKEN={TOKEN}")
     assert code == 0, stderr
     assert json.loads(stdout)["cloud"] == "gcp"  # --infra wins over the setting
+
+
+def test_envs_are_filled_into_file_mounts_as_skypilot_does(cli: Cli, home: Path, tmp_path: Path) -> None:
+    (tmp_path / "set1").mkdir()
+    (tmp_path / "set1" / "rows.csv").write_text("a,b\n")
+    text = ("envs:\n  DATASET: null\nfile_mounts:\n  /data/${DATASET}: ./$DATASET\n  /keep/$UNKNOWN: ./set1\n"
+            "service:\n  replicas: 1\nrun: python serve.py\n")
+    code, _, stderr = up(cli, write(tmp_path, text), "--env", "DATASET=set1")
+    assert code == 0, stderr
+    [version] = versions(home)
+    assert dict(version.spec.file_mounts) == {"/data/set1": "./set1", "/keep/$UNKNOWN": "./set1"}
+    files = version.spec.files
+    assert files is not None and set(files.mount) == {"/data/set1", "/keep/$UNKNOWN"}
+    assert [e.path for e in files.mount["/data/set1"].entries if e.digest] == ["rows.csv"]
+
+
+@pytest.mark.parametrize(("mounts", "field", "message"), [
+    pytest.param({"/d/${X}": "./a"}, "file_mounts./d/${X}", "may not contain '..'", id="filled-climbs-out"),
+    pytest.param({"${E}": "./a"}, "file_mounts.${E}", "the destination path is empty", id="filled-empty"),
+    pytest.param({"/d/${Y}": "./a", "/d/b": "./b"}, "file_mounts./d/b", "the destination of another mount",
+                 id="two-become-one"),
+])
+def test_filled_file_mounts_are_checked_again(mounts: dict[str, str], field: str, message: str) -> None:
+    from skyserve_lite.errors import SpecError
+    from skyserve_lite.spec.inputs import fill_file_mounts
+
+    with pytest.raises(SpecError) as caught:
+        fill_file_mounts(tuple(sorted(mounts.items())), {"X": "..", "Y": "b", "E": ""}, "t.yaml")
+    assert caught.value.path == field and message in caught.value.problem
