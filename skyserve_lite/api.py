@@ -109,8 +109,8 @@ class ServiceView:
                 {
                     "replica_id": r.replica_id, "version": r.version, "status": r.status.value,
                     "status_reason": r.status_reason, "cloud": r.cloud, "region": r.region, "zone": r.zone,
-                    "instance_id": r.instance_id, "url": r.url, "is_spot": r.is_spot,
-                    "launched_at": format_timestamp(r.launched_at),
+                    "instance_id": r.instance_id, "instance_type": r.instance_type, "accelerator": r.accelerator,
+                    "url": r.url, "is_spot": r.is_spot, "launched_at": format_timestamp(r.launched_at),
                 }
                 for r in self.replicas
             ],

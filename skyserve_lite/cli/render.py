@@ -90,8 +90,10 @@ def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Gr
     for view in views:
         for r in view.replicas:
             where = r.cloud + (f"/{r.region}" if r.region else "")
+            landed = " ".join(part for part in (r.instance_type, r.accelerator) if part)
+            instance = (r.instance_id or "-") + (f"\n{landed}" if landed else "")
             table.add_row(view.service.name, str(r.replica_id), str(r.version), styled_status(r.status.value),
-                          where, r.instance_id or "-", r.url or "-", format_age(r.launched_at, now),
+                          where, instance, r.url or "-", format_age(r.launched_at, now),
                           r.status_reason or "")
     return _titled("Replicas", table)
 

@@ -182,6 +182,8 @@ class Executor:
                           else row.status)
                 updated.append(dataclasses.replace(row, instance_id=instance.instance_id, status=status,
                                                    region=instance.region, zone=instance.zone,
+                                                   instance_type=instance.instance_type or row.instance_type,
+                                                   accelerator=instance.accelerator or row.accelerator,
                                                    status_reason=None))
                 if instance.detail:  # e.g. "launched in us-east-1b; no capacity in us-east-1a: ..."
                     events.append(Event(row.service, row.replica_id, "provider", instance.detail))

@@ -190,5 +190,5 @@ def plan_load_balancer(snapshot: ServiceSnapshot
         alive = snapshot.lb_alive and service.lb_pid is not None
         return (), (((service.name, service.lb_pid),) if alive and service.lb_pid else ()), ()
     start = () if snapshot.lb_alive else (service.name,)
-    wanted = snapshot.spec.service.load_balancing_policy.value
+    wanted = snapshot.spec.service.lb_policy
     return start, (), ((service.name, wanted),) if wanted != service.lb_policy else ()

@@ -13,23 +13,29 @@ Two policies, selected by name with ``make_policy``:
 ``least_load``
     The target with the fewest requests in flight; ties go round-robin, so an idle set of targets is
     used evenly instead of always the first one.
+``instance_aware_least_load[:ACCELERATOR=RATE,...]``
+    ``least_load`` with each target's load measured against its capacity: the rate of the accelerator it
+    runs on (``target_qps_per_replica: {A100: 5, L4: 2}``), so an A100 replica takes about 5 requests for
+    every 2 an L4 replica takes. A target whose accelerator has no rate counts at the smallest rate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 ROUND_ROBIN = "round_robin"
 LEAST_LOAD = "least_load"
-POLICY_NAMES: tuple[str, ...] = (ROUND_ROBIN, LEAST_LOAD)
+INSTANCE_AWARE = "instance_aware_least_load"
+POLICY_NAMES: tuple[str, ...] = (ROUND_ROBIN, LEAST_LOAD, INSTANCE_AWARE)
 
 
 class Policy(Protocol):
     """How the load balancer picks a target. Used from one event loop only."""
 
-    def set_targets(self, urls: Sequence[str]) -> None:
-        """Replace the targets. Duplicates are ignored (the first occurrence sets the order)."""
+    def set_targets(self, urls: Sequence[str], accelerators: Sequence[str | None] = ()) -> None:
+        """Replace the targets (with the accelerators each runs on, in order, where known). Duplicates are
+        ignored (the first occurrence sets the order)."""
         ...
 
     def select(self, exclude: Collection[str] = ()) -> str | None:
@@ -90,7 +96,7 @@ class _Rotation:
         self._targets: list[str] = []
         self._next = 0
 
-    def set_targets(self, urls: Sequence[str]) -> None:
+    def set_targets(self, urls: Sequence[str], accelerators: Sequence[str | None] = ()) -> None:
         self._targets = _unique(urls)
         # Keep the turn position: going from [A, B, C] with the turn at C (index 2) to [A, B] restarts at A
         # rather than raising IndexError or always favouring the first target after every change.
@@ -147,9 +153,63 @@ class LeastLoadPolicy(_Rotation):
         return targets[best_index]
 
 
+class InstanceAwareLeastLoadPolicy(LeastLoadPolicy):
+    """The eligible target with the least load for its capacity, ``(in flight + 1) / rate``; ties
+    round-robin. Counting the request to be sent (+1) makes idle targets fill by capacity: with an A100 at
+    rate 5 and an L4 at 2, both idle, the first requests go A100, A100, L4, A100, ... rather than in turn."""
+
+    def __init__(self, in_flight: InFlight, rates: Mapping[str, float]) -> None:
+        super().__init__(in_flight)
+        self._rates = {name.lower(): rate for name, rate in rates.items()}
+        self._default = min(self._rates.values(), default=1.0)
+        self._capacity: dict[str, float] = {}
+
+    def set_targets(self, urls: Sequence[str], accelerators: Sequence[str | None] = ()) -> None:
+        super().set_targets(urls)
+        named = dict(zip(urls, accelerators, strict=False))
+        self._capacity = {url: self._rate_of(named.get(url)) for url in self._targets}
+
+    def _rate_of(self, accelerator: str | None) -> float:
+        name = (accelerator or "").rpartition(":")[0] or (accelerator or "")
+        return self._rates.get(name.lower(), self._default)
+
+    def select(self, exclude: Collection[str] = ()) -> str | None:
+        targets = self._targets
+        count = len(targets)
+        load_of = self._in_flight.get
+        capacity = self._capacity
+        best_index = -1
+        best = 0.0
+        start = self._next
+        for offset in range(count):
+            index = (start + offset) % count
+            url = targets[index]
+            if url in exclude:
+                continue
+            score = (load_of(url) + 1) / capacity.get(url, self._default)
+            if best_index < 0 or score < best:
+                best_index, best = index, score
+        if best_index < 0:
+            return None
+        self._next = (best_index + 1) % count
+        return targets[best_index]
+
+
+def parse_rates(text: str) -> dict[str, float]:
+    """``a100=5,l4=2`` -> ``{"a100": 5.0, "l4": 2.0}``; ValueError for anything else."""
+    rates: dict[str, float] = {}
+    for item in filter(None, text.split(",")):
+        name, equals, rate = item.partition("=")
+        value = float(rate) if equals else 0.0
+        if not name or not equals or not value > 0:
+            raise ValueError(f"bad accelerator rate {item!r} (expected NAME=RATE with RATE > 0)")
+        rates[name] = value
+    return rates
+
+
 def make_policy(name: str, in_flight: InFlight) -> Policy:
-    """A fresh policy for ``name`` ("round_robin" or "least_load"), with no targets, reading load from
-    ``in_flight`` if it looks at load.
+    """A fresh policy for ``name`` ("round_robin", "least_load", or "instance_aware_least_load" with its
+    rates after a ':'), with no targets, reading load from ``in_flight`` if it looks at load.
 
     Raises ValueError naming the known policies for any other name.
     """
@@ -157,5 +217,8 @@ def make_policy(name: str, in_flight: InFlight) -> Policy:
         return RoundRobinPolicy()
     if name == LEAST_LOAD:
         return LeastLoadPolicy(in_flight)
+    base, _, rates = name.partition(":")
+    if base == INSTANCE_AWARE:
+        return InstanceAwareLeastLoadPolicy(in_flight, parse_rates(rates))
     known = ", ".join(POLICY_NAMES)
     raise ValueError(f"unknown load-balancing policy {name!r}; expected one of: {known}")

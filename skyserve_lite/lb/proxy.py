@@ -311,6 +311,7 @@ class LoadBalancer:
         self._waiting = 0
         self._last_report: LbReport | None = None
         self._urls: tuple[str, ...] = ()
+        self._accelerators: tuple[str | None, ...] = ()
         self._rejected_policy: str | None = None
         self._counts: dict[int, int] = {}
         self._make_upstream = upstream
@@ -436,16 +437,17 @@ class LoadBalancer:
             else:
                 # The in-flight counts belong to the load balancer, not to a policy: a switch to least_load
                 # starts from the real load, including requests the previous policy sent.
-                policy.set_targets(view.ready_urls)
+                policy.set_targets(view.ready_urls, view.accelerators)
                 self._in_flight.set_targets(view.ready_urls)
                 self._policy, self._policy_name, self._urls = policy, view.policy, view.ready_urls
+                self._accelerators = view.accelerators
                 self._rejected_policy = None
                 log.info("service %s: policy %s, targets %s", self.service, view.policy, list(self._urls))
                 return
-        if view.ready_urls != self._urls:
-            self._policy.set_targets(view.ready_urls)
+        if view.ready_urls != self._urls or view.accelerators != self._accelerators:
+            self._policy.set_targets(view.ready_urls, view.accelerators)
             self._in_flight.set_targets(view.ready_urls)
-            self._urls = view.ready_urls
+            self._urls, self._accelerators = view.ready_urls, view.accelerators
             log.info("service %s: targets %s", self.service, list(self._urls))
 
     async def _flush_counts(self) -> None:

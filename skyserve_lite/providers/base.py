@@ -78,6 +78,8 @@ class Instance:
     zone: str | None = None
     is_spot: bool = False
     detail: str | None = None  # why it is in this state: exit code, state reason
+    instance_type: str | None = None  # what it was launched as, when the launch said
+    accelerator: str | None = None  # its accelerators ("A100:8"), when the launch said
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,8 @@ def render_boot_script(cloud: BootCloud, batch: BootBatch, fetches: Sequence[Fet
         f"replica_ids={_id_list(batch.replica_ids)}",
         *cloud.find_replica_id,
         "[ -n \"$replica_id\" ] || fail \"no replica id for this instance among $replica_ids\"",
-        _write_file(f"{BOOT_ROOT}/env.sh", "\n".join(env_lines) + "\n"),
+        # The environment holds the task's secrets: readable by root only, from its first byte.
+        f"(umask 077 && {_write_file(f'{BOOT_ROOT}/env.sh', chr(10).join(env_lines) + chr(10))})",
         f"echo \"export SKY_LITE_REPLICA_ID=$replica_id\" >> {BOOT_ROOT}/env.sh",
         _write_file(f"{BOOT_ROOT}/setup.sh", batch.setup or ""),
         _write_file(f"{BOOT_ROOT}/run.sh", batch.run),

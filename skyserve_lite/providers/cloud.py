@@ -156,13 +156,22 @@ def launch_in_batches(cloud: BatchCloud, requests: Sequence[LaunchRequest], defa
                     full[_key(request)].append(f"{group.placement.describe()}: {outcome.error}")
                     retry.append(request)
                     continue
-                outcomes[_key(request)] = _with_fallback_note(outcome, attempt, group.placement,
-                                                              full[_key(request)])
+                outcomes[_key(request)] = _with_fallback_note(_landed_on(outcome, group.placement), attempt,
+                                                              group.placement, full[_key(request)])
         for request in pending:  # a next placement without a region: the first one's error stands
             if _key(request) not in outcomes and request not in retry:
                 outcomes[_key(request)] = LaunchOutcome(request.replica_id, permanent=True, error=no_region)
         pending, attempt = retry, attempt + 1
     return [outcomes[_key(r)] for r in requests]
+
+
+def _landed_on(outcome: LaunchOutcome, placement: Placement) -> LaunchOutcome:
+    """``outcome`` with its instance's type and accelerators: those of the placement it was launched with."""
+    instance = outcome.instance
+    if instance is None or instance.instance_type is not None:
+        return outcome
+    return dataclasses.replace(outcome, instance=dataclasses.replace(
+        instance, instance_type=placement.instance_type, accelerator=placement.accelerator))
 
 
 def _with_fallback_note(outcome: LaunchOutcome, attempt: int, placement: Placement, full: Sequence[str]

@@ -162,6 +162,17 @@ class ServiceSpec:
     load_balancing_policy: LoadBalancingPolicy = LoadBalancingPolicy.LEAST_LOAD
     tls: TlsFiles | None = None
 
+    @property
+    def lb_policy(self) -> str:
+        """The policy as the load balancer reads it: its name, and for ``instance_aware_least_load`` each
+        accelerator's rate (``instance_aware_least_load:a100=5,l4=2``), so a new rate reaches it as a new
+        policy does."""
+        name = self.load_balancing_policy.value
+        rates = self.replica_policy.qps_per_accelerator
+        if self.load_balancing_policy is not LoadBalancingPolicy.INSTANCE_AWARE_LEAST_LOAD or not rates:
+            return name
+        return name + ":" + ",".join(f"{accelerator.lower()}={rate:g}" for accelerator, rate in rates)
+
 
 @dataclass(frozen=True)
 class TlsFiles:

@@ -145,6 +145,9 @@ class ReplicaRecord:
     # When a provider's inventory first listed its instance. Until then a missing instance may just not be
     # listed yet (a cloud's inventory lags its launches); after it, a missing instance is gone.
     seen_at: float | None = None
+    # What it landed on: the instance type and accelerators ("A100:8") of the placement it was launched with.
+    instance_type: str | None = None
+    accelerator: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ class LbView:
 
     ready_urls: tuple[str, ...]
     policy: str
+    accelerators: tuple[str | None, ...] = ()  # of each ready url, in order ("A100:8"; None: unknown)
 
 
 @dataclass(frozen=True)

@@ -126,4 +126,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE versions ADD COLUMN inputs_json TEXT;
     """,
+    # 8: what each replica landed on (its placement's instance type and accelerators, "A100:8"): shown by
+    #    `serve status`, and the capacity `instance_aware_least_load` weighs it by.
+    """
+    ALTER TABLE replicas ADD COLUMN instance_type TEXT;
+    ALTER TABLE replicas ADD COLUMN accelerator TEXT;
+    """,
 )

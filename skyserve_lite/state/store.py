@@ -357,7 +357,7 @@ class Store:
                 "INSERT INTO services (name, current_version, status, lb_port, lb_policy, created_at)"
                 " VALUES (?, 1, ?, ?, ?, ?)",
                 (name, ServiceStatus.CONTROLLER_INIT.value, lb_port,
-                 task.spec.service.load_balancing_policy.value, now),
+                 task.spec.service.lb_policy, now),
             )
             self._insert_version(db, name, 1, task, "initial", now, inputs=inputs)
             if key is not None:
@@ -593,11 +593,12 @@ class Store:
         if row is None or row[1]:
             return None
         rows = self._db.execute(
-            "SELECT url, version FROM replicas WHERE service = ? AND status = ? AND url IS NOT NULL"
+            "SELECT url, version, accelerator FROM replicas WHERE service = ? AND status = ? AND url IS NOT NULL"
             " ORDER BY replica_id", (service, ReplicaStatus.READY.value)).fetchall()
         active = None if row[2] is None else set(json.loads(row[2]))
-        return LbView(ready_urls=tuple(url for url, version in rows if active is None or version in active),
-                      policy=row[0])
+        ready = [(url, accelerator) for url, version, accelerator in rows if active is None or version in active]
+        return LbView(ready_urls=tuple(url for url, _ in ready), policy=row[0],
+                      accelerators=tuple(accelerator for _, accelerator in ready))
 
     def record_request_counts(self, service: str, counts: Mapping[int, int],
                               keep_seconds: int = 3600) -> None:

@@ -55,6 +55,7 @@ def test_replicas_fall_back_to_the_next_candidate_and_updates_reuse_them(tmp_pat
     reconciler.reconcile_once()
     replicas = store.list_replicas("gpu")
     assert len(replicas) == 2 and all(r.instance_id for r in replicas)
+    assert {(r.instance_type, r.accelerator) for r in replicas} == {("g5.xlarge", "A10G:1")}  # what they landed on
     assert {aws.instances[r.instance_id or ""].region for r in replicas} == {"us-east-1"}
     events = [e.message for e in store.list_events("gpu")]
     landed = [m for m in events if m.startswith("landed on candidate 2: A10G:1 -> g5.xlarge")]

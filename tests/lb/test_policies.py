@@ -165,3 +165,63 @@ def test_select_returns_none_when_nothing_is_eligible(
 def test_make_policy_rejects_unknown_names(name: str) -> None:
     with pytest.raises(ValueError, match="round_robin, least_load"):
         make_policy(name, InFlight())
+
+
+# --- instance_aware_least_load ----------------------------------------------------------------------------
+def sent(policy: Policy, in_flight: InFlight, count: int) -> list[str]:
+    """The targets of ``count`` requests that all stay in flight."""
+    chosen = []
+    for _ in range(count):
+        url = policy.select()
+        assert url is not None
+        in_flight.start(url)
+        chosen.append(url)
+    return chosen
+
+
+def test_instance_aware_fills_replicas_by_the_rate_of_their_accelerator() -> None:
+    in_flight = InFlight()
+    policy = make_policy("instance_aware_least_load:a100=5,l4=2", in_flight)
+    policy.set_targets(["http://a", "http://l"], ["A100:1", "L4:1"])
+    chosen = sent(policy, in_flight, 14)
+    assert chosen.count("http://a") == 10 and chosen.count("http://l") == 4
+    assert chosen[:3] == ["http://a", "http://a", "http://l"]  # (0+1)/5 < (0+1)/2, then (1+1)/5 < (0+1)/2
+
+
+def test_instance_aware_counts_an_unknown_accelerator_at_the_smallest_rate() -> None:
+    in_flight = InFlight()
+    policy = make_policy("instance_aware_least_load:a100=6,l4=2", in_flight)
+    policy.set_targets(["http://a", "http://x", "http://l"], ["A100:1", None, "L4:1"])
+    chosen = sent(policy, in_flight, 10)
+    assert chosen.count("http://x") == chosen.count("http://l") == 2 and chosen.count("http://a") == 6
+
+
+def test_instance_aware_without_rates_is_least_load() -> None:
+    in_flight = InFlight()
+    policy = make_policy("instance_aware_least_load", in_flight)
+    policy.set_targets(["http://a", "http://b"], ["A100:1", "L4:1"])
+    in_flight.start("http://a")
+    assert policy.select() == "http://b"
+    assert policy.select(exclude=("http://b",)) == "http://a"
+
+
+@pytest.mark.parametrize("name", ["instance_aware_least_load:a100", "instance_aware_least_load:a100=0",
+                                  "instance_aware_least_load:=5", "instance_aware_least_load:a100=x"])
+def test_instance_aware_rates_that_do_not_parse_are_refused(name: str) -> None:
+    with pytest.raises(ValueError):
+        make_policy(name, InFlight())
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("least_load", "least_load"),
+    ("instance_aware_least_load", "instance_aware_least_load:a100=5,l4=2.5"),
+    ("round_robin", "round_robin"),
+])
+def test_the_policy_a_load_balancer_reads_carries_the_rates(policy: str, expected: str) -> None:
+    from skyserve_lite.spec import parse_task
+
+    spec = parse_task(f"resources:\n  accelerators: {{A100: 1, L4: 1}}\nrun: x\nservice:\n  load_balancing_policy: "
+                      f"{policy}\n  replica_policy:\n    min_replicas: 1\n    max_replicas: 3\n"
+                      "    target_qps_per_replica: {A100: 5, L4: 2.5}\n")
+    assert spec.service.lb_policy == expected
+    assert make_policy(spec.service.lb_policy, InFlight()) is not None

@@ -365,8 +365,9 @@ def test_render_user_data(fetches: tuple[Fetch, ...], files: StagedFiles | None,
         assert piece in text
     for piece in absent:
         assert piece not in text
-    env_file = next(line for line in text.splitlines() if line.endswith("> /opt/sky-lite/env.sh"))
-    env = base64.b64decode(env_file.split()[1]).decode()
+    env_file = next(line for line in text.splitlines() if line.endswith("> /opt/sky-lite/env.sh)"))
+    assert env_file.startswith("(umask 077 && echo ")  # it holds the secrets: root's alone from the first byte
+    env = base64.b64decode(env_file.split()[4]).decode()
     assert env.splitlines() == ["export GREETING='it'\"'\"'s '\"'\"'quoted'\"'\"''", "export PORT=9000",
                                 "export SKY_LITE_SERVICE=svc"]
     assert 'echo "export SKY_LITE_REPLICA_ID=$replica_id" >> /opt/sky-lite/env.sh' in text
@@ -382,10 +383,10 @@ def test_user_data_is_only_the_boot_script_so_a_6000_byte_run_fits() -> None:
     run = "echo " + "x" * 5995  # 6,000 bytes
     text = render_user_data(dataclasses.replace(BATCH, run=run))
     assert "emulation" not in text
-    # `run` is in the script once, base64-encoded (8,000 bytes): 9,604 bytes in all. With a header that repeated
+    # `run` is in the script once, base64-encoded (8,000 bytes): 9,619 bytes in all. With a header that repeated
     # envs, setup and run, the same batch made 17,821 bytes, over the 16,384 EC2 accepts.
     assert text.count(base64.b64encode(run.encode()).decode()) == 1
-    assert len(text.encode()) == 9_604 < USER_DATA_LIMIT_BYTES
+    assert len(text.encode()) == 9_619 < USER_DATA_LIMIT_BYTES
 
 
 # --- launch ---------------------------------------------------------------------------------------------------------

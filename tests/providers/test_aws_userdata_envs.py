@@ -32,7 +32,8 @@ HOSTILE = {
 
 def env_file_of(user_data: str) -> str:
     """The text of ``env.sh`` as the boot script writes it (base64 through ``base64 -d``)."""
-    match = re.search(rf"^echo (\S+) \| base64 -d > {re.escape(BOOT_ROOT)}/env\.sh$", user_data, re.MULTILINE)
+    match = re.search(rf"^\(umask 077 && echo (\S+) \| base64 -d > {re.escape(BOOT_ROOT)}/env\.sh\)$", user_data,
+                      re.MULTILINE)
     assert match is not None, user_data
     return base64.b64decode(match.group(1)).decode()
 
@@ -65,3 +66,18 @@ def test_hostile_env_values_come_through_unchanged_and_run_nothing(tmp_path: Pat
     assert ran == []  # no command in any value ran
     assert {name: seen.get(name) for name in HOSTILE} == HOSTILE
     assert seen["PORT"] == "8080" and seen["SKY_LITE_SERVICE"] == "svc"
+
+
+def test_the_environment_file_is_written_readable_by_its_owner_only(tmp_path: Path) -> None:
+    text = yaml.safe_dump({"run": "serve", "service": {"replicas": 1}, "resources": {"cloud": "aws"},
+                           "secrets": {"TOKEN": None}})
+    spec = parse_task(text)
+    batch = BootBatch(service="svc", version=1, replica_ids=(1,), envs=(("TOKEN", "v"),), setup=None,
+                      run=spec.run, port=8080)
+    line = next(line for line in render_user_data(batch).splitlines() if "/env.sh)" in line)
+    target = tmp_path / "boot"
+    target.mkdir()
+    subprocess.run(["bash", "-c", line.replace(BOOT_ROOT, str(target))], check=True, timeout=30)
+    written = target / "env.sh"
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert "export TOKEN=v" in written.read_text()

@@ -107,10 +107,11 @@ def test_lb_view_lists_ready_urls_and_hides_a_deleting_service(tmp_path: Path) -
     store.create_service("svc", task(), 30001, now=5.0)
     rows = store.add_replicas("svc", 2, template())
     store.put_replicas([rows[0].__class__(**{**rows[0].__dict__, "status": ReplicaStatus.READY,
-                                             "url": "http://127.0.0.1:1"})])
+                                             "url": "http://127.0.0.1:1", "accelerator": "L4:1"})])
     view = store.get_lb_view("svc")
     assert view is not None
     assert view.ready_urls == ("http://127.0.0.1:1",)
+    assert view.accelerators == ("L4:1",)  # what each ready replica landed on, for instance-aware balancing
     assert view.policy == "least_load"
     store.mark_deleting(["svc"])
     assert store.get_lb_view("svc") is None
