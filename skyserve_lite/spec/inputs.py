@@ -17,7 +17,7 @@ import dataclasses
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,16 +200,19 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 def _check_name(option: str, name: str, item: str) -> None:
-    try:
-        check_env_name(name, name, option)
-    except SpecError:
-        raise UsageError(f"{option} {item!r}: {name!r} is not a valid environment variable name: use letters, "
-                         "digits and _, not starting with a digit") from None
+    _as_usage_error(lambda: check_env_name(name, name, option), f"{option} {item!r}: {name!r} is not a valid "
+                    "environment variable name: use letters, digits and _, not starting with a digit")
 
 
 def _check_value(option: str, name: str, value: str) -> None:
+    _as_usage_error(lambda: check_env_value(value, name, option),
+                    f"{option} {name}: the value holds a NUL character, which no environment variable can carry")
+
+
+def _as_usage_error(check: Callable[[], None], message: str) -> None:
+    """Run the parser's own ``check`` of a value given on the command line; its ``SpecError`` becomes a
+    ``UsageError`` naming the option instead of a field."""
     try:
-        check_env_value(value, name, option)
+        check()
     except SpecError:
-        raise UsageError(f"{option} {name}: the value holds a NUL character, which no environment variable can "
-                         "carry") from None
+        raise UsageError(message) from None
