@@ -79,15 +79,21 @@ def resolve_placements(spec: TaskSpec, source: str, default_regions: Mapping[str
                 accelerator_count=resources.accelerator.count if resources.accelerator else None,
                 instance_type=resources.instance_type, use_spot=is_spot, region=resources.region,
                 zone=resources.zone)
+            region = resources.region or default_regions.get(cloud.value)
             try:
                 offer = catalog.choose(need, default_regions.get(cloud.value))
-                disk = disk_for(cloud.value, resources.disk_tier.value if resources.disk_tier else None, offer) \
-                    if resources.disk_tier is not None else None
             except CatalogError as exc:
-                first_error = first_error or exc
-                if not is_spot:
-                    skipped.append(f"{resources.describe_need()}: {exc.problem}")
-                continue
+                found = find_uncatalogued(catalog, resources, region)
+                if found is None:
+                    first_error = first_error or exc
+                    if not is_spot:
+                        skipped.append(f"{resources.describe_need()}: {exc.problem}")
+                    continue
+                offer = found
+            try:
+                disk = disk_for(cloud.value, resources.disk_tier.value, offer) if resources.disk_tier else None
+            except CatalogError as exc:
+                raise SpecError(source, exc.field, exc.problem) from None
             placements.append(Placement(
                 cloud=cloud.value, candidate=index, region=offer.region, zone=resources.zone,
                 zones=() if resources.zone else tuple(offer.zones),
@@ -109,6 +115,26 @@ def resolve_placements(spec: TaskSpec, source: str, default_regions: Mapping[str
         by_market[is_spot] = placements
     return Resolution(ondemand=tuple(by_market[False]), spot=tuple(by_market.get(True, ())),
                       skipped=tuple(skipped))
+
+
+def find_uncatalogued(catalog: Any, resources: Resources, region: str | None) -> Any:
+    """An offer for a region the catalog holds nothing of, when the candidate names its instance type (or
+    asks for nothing): the type as written, unpriced, with its shape from another region where the catalog
+    has it (so its image defaults by architecture and GPUs). None when the catalog knows the region or the
+    candidate asks by need, which only the catalog can answer."""
+    from skyserve_lite.catalog import InstanceOffer
+
+    if region is None or region in catalog.regions() or resources.cpus or resources.memory or resources.accelerator:
+        return None
+    instance_type = resources.instance_type or catalog.default_instance_type
+    if instance_type is None:
+        return None
+    known = next((offer for other in catalog.regions() if (offer := catalog.find(instance_type, other))), None)
+    return InstanceOffer(
+        cloud=catalog.cloud, instance_type=instance_type, region=region, zones=(),
+        vcpus=known.vcpus if known else 0.0, memory_gib=known.memory_gib if known else 0.0,
+        gpu=known.gpu if known else None, arch=known.arch if known else "x86_64", ondemand_price=None,
+        spot_price=None, accelerator_type=known.accelerator_type if known else None)
 
 
 def describe_resolution(resolution: Resolution) -> Sequence[str]:

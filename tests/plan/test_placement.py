@@ -158,3 +158,16 @@ def test_launch_plan_starts_the_initial_target_split_by_market(resources: dict[s
     assert all(p.is_spot == (r.market == "spot") for r in plan.replicas for p in r.placements)
     assert plan.hourly_price == pytest.approx(0.096 * len(markets))
     assert plan.to_json()["replicas"][0]["placements"][0]["instance_type"] == "m5.large"
+
+
+def test_a_region_the_catalog_lacks_takes_a_named_type_as_written_unpriced() -> None:
+    [placement] = resolve(task({"infra": "gcp/europe-west1", "instance_type": "n1-standard-4"})).ondemand
+    assert (placement.region, placement.instance_type, placement.price_per_hour) == ("europe-west1", "n1-standard-4",
+                                                                                      None)
+    assert placement.zones == ()  # the provider lists the region's zones
+    assert placement.describe() == "n1-standard-4 -> n1-standard-4 (europe-west1, price not in catalog, on-demand)"
+    [default] = resolve(task({"infra": "gcp/europe-west1"})).ondemand
+    assert default.instance_type == "e2-medium"
+    with pytest.raises(SpecError) as caught:  # a need only the catalog can answer
+        resolve(task({"infra": "gcp/europe-west1", "cpus": "4+"}))
+    assert caught.value.path == "resources.region"
