@@ -159,7 +159,7 @@ def read_assignments(option: str, items: Sequence[str], environ: Mapping[str, st
     values: dict[str, str] = {}
     for item in items:
         name, equals, value = item.partition("=")
-        _check_name(option, name, item)
+        _check_name(option, name)
         if not equals:
             if name not in environ:
                 raise UsageError(f"{option} {name}: {name} is not set in this environment; give {option} "
@@ -185,23 +185,37 @@ def read_env_file(path: Path) -> dict[str, str]:
             continue
         text = text.removeprefix("export ").strip()
         name, equals, raw = text.partition("=")
-        if not equals:
-            raise UsageError(f"{option}: line {number}: expected NAME=VALUE, got {line.strip()!r}")
-        _check_name(f"{option}: line {number}:", name, text)
-        raw = raw.strip()
-        try:
-            parts = shlex.split(raw, comments=True, posix=True) if raw else [""]
-        except ValueError as exc:
-            raise UsageError(f"{option}: line {number}: {exc}") from exc
-        value = parts[0] if len(parts) == 1 else " ".join(parts)
+        if not equals:  # the line is not shown: it may be a value
+            raise UsageError(f"{option}: line {number}: expected NAME=VALUE")
+        _check_name(f"{option}: line {number}:", name)
+        value = _read_value(raw.strip(), f"{option}: line {number}")
         _check_value(option, name, value)
         values[name] = value
     return values
 
 
-def _check_name(option: str, name: str, item: str) -> None:
-    _as_usage_error(lambda: check_env_name(name, name, option), f"{option} {item!r}: {name!r} is not a valid "
-                    "environment variable name: use letters, digits and _, not starting with a digit")
+def _read_value(raw: str, where: str) -> str:
+    """A dotenv value as a shell reads it: quotes removed, ``#`` a comment only where it starts a word
+    outside quotes (``A=abc#1`` is ``abc#1``, ``A=abc #1`` is ``abc``)."""
+    quote: str | None = None
+    for index, char in enumerate(raw):
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or raw[index - 1].isspace()):
+            raw = raw[:index]
+            break
+    try:
+        return " ".join(shlex.split(raw, posix=True))
+    except ValueError as exc:  # an unclosed quote; the value itself is not shown
+        raise UsageError(f"{where}: {exc}") from None
+
+
+def _check_name(option: str, name: str) -> None:
+    # Only the name is shown, never the item: `--secret NAME=VALUE` holds a secret.
+    _as_usage_error(lambda: check_env_name(name, name, option), f"{option} {name!r}: not a valid environment "
+                    "variable name: use letters, digits and _, not starting with a digit")
 
 
 def _check_value(option: str, name: str, value: str) -> None:

@@ -131,7 +131,7 @@ def read_task(text: str, source: str = "<string>") -> SubmittedTask:
     is what gets stored) and carried in ``inputs``, as if given with ``--secret``."""
     document = _load_yaml(text, source)
     kept_text, inline = split_secret_values(text, document, source)
-    spec = parse_document(yaml.load(kept_text, Loader=_StrictLoader) if inline else document, source)
+    spec = parse_document(_load_yaml(kept_text, source) if inline else document, source)
     inputs = TaskInputs(secrets=tuple((name, Secret(value)) for name, value in sorted(inline.items())))
     return SubmittedTask(text=kept_text, source=source, spec=spec, inputs=inputs)
 
@@ -163,7 +163,11 @@ def _load_yaml(text: str, source: str) -> object:
 def split_secret_values(text: str, document: object, source: str) -> tuple[str, dict[str, str]]:
     """``text`` with the value of every ``secrets`` entry written in it replaced by ``null``, and those
     values by name. The text is edited where the values stand (by the YAML parser's marks), so comments and
-    layout survive; a file without inline secrets comes back unchanged."""
+    layout survive; a file without inline secrets comes back unchanged.
+
+    A value is taken as written: ``PIN: 0123`` is the text ``0123``, not the number YAML 1.1 reads. A value
+    with an anchor, or an alias, is refused: cutting it out would break, or leave, the other use.
+    """
     if not isinstance(document, dict) or not isinstance(document.get("secrets"), dict):
         return text, {}
     values: dict[str, str] = {}
@@ -172,17 +176,21 @@ def split_secret_values(text: str, document: object, source: str) -> tuple[str, 
     secrets_node = next((value for key, value in root.value if key.value == "secrets"), None) if root else None
     if not isinstance(secrets_node, yaml.MappingNode):
         raise SpecError(source, "secrets", "write the secrets as a block or flow mapping of names to values")
+    uses = _count_uses(root) if root is not None else {}
     for key_node, value_node in secrets_node.value:
+        path = f"secrets.{key_node.value}"
         value = document["secrets"].get(key_node.value)
         if value is None:
             continue
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise SpecError(source, f"secrets.{key_node.value}", f"must be a string, got {_kind(value)}")
-        if value_node.start_mark.index == value_node.end_mark.index or "*" in text[
-                value_node.start_mark.index:value_node.start_mark.index + 1]:
-            raise SpecError(source, f"secrets.{key_node.value}", "write the value itself, not an alias")
-        values[str(key_node.value)] = str(value)
-        spans.append((value_node.start_mark.index, value_node.end_mark.index))
+            raise SpecError(source, path, f"must be a string, got {_kind(value)}")
+        start, end = value_node.start_mark.index, value_node.end_mark.index
+        if (start < key_node.end_mark.index or uses[id(value_node)] > 1 or text[start:start + 1] in ("&", "*")
+                or start == end):
+            raise SpecError(source, path, "write the value itself, without a YAML anchor or alias")
+        raw = text[start:end].strip()
+        values[str(key_node.value)] = value if isinstance(value, str) else raw
+        spans.append((start, end))
     if not spans:
         return text, {}
     out, last = [], 0
@@ -192,6 +200,22 @@ def split_secret_values(text: str, document: object, source: str) -> tuple[str, 
         last = end
     out.append(text[last:])
     return "".join(out), values
+
+
+def _count_uses(root: yaml.Node) -> dict[int, int]:
+    """How many places of the document each node stands in (more than one: it is anchored and aliased)."""
+    uses: dict[int, int] = {}
+    stack: list[yaml.Node] = [root]
+    while stack:
+        node = stack.pop()
+        uses[id(node)] = uses.get(id(node), 0) + 1
+        if uses[id(node)] > 1:
+            continue
+        if isinstance(node, yaml.MappingNode):
+            stack.extend(item for pair in node.value for item in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return uses
 
 
 class _Parser:

@@ -119,18 +119,33 @@ def test_a_secret_written_in_the_file_never_reaches_the_stored_text(cli: Cli, ho
 def test_env_from_the_callers_environment_and_from_an_env_file(cli: Cli, home: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    env_file = write(tmp_path, "# models\nexport MODEL='llama 3'\nSIZE=\"x y\"  # trailing comment\n", "vars.env")
+    env_file = write(tmp_path, "# models\nexport MODEL='llama 3'\nSIZE=\"x y\"  # trailing comment\nTAG=v1#rc2\n"
+                               "HASH='#not-a-comment'\n", "vars.env")
     code, _, stderr = up(cli, write(tmp_path, TASK), "--env-file", env_file, "--secret", "HF_TOKEN")
     assert code == 0, stderr
     [version] = versions(home)
-    assert dict(version.spec.envs) == {"MODEL": "llama 3", "SIZE": "x y"}
+    assert dict(version.spec.envs) == {"MODEL": "llama 3", "SIZE": "x y", "TAG": "v1#rc2",
+                                       "HASH": "#not-a-comment"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    pytest.param("TOKEN hunter2\n", "line 1: expected NAME=VALUE", id="no-equals"),
+    pytest.param("BAD-NAME=hunter2\n", "line 1: 'BAD-NAME': not a valid environment variable name", id="bad-name"),
+    pytest.param("A='hunter2\n", "line 1: No closing quotation", id="unclosed-quote"),
+])
+def test_a_bad_env_file_line_is_named_without_showing_it(cli: Cli, home: Path, tmp_path: Path, text: str,
+                                                          message: str) -> None:
+    code, _, stderr = up(cli, write(tmp_path, TASK), "--env-file", write(tmp_path, text, "bad.env"))
+    assert code == 2 and message in stderr
+    assert "hunter2" not in stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [
     pytest.param(["--env", "NOT_SET_ANYWHERE_X"], "--env NOT_SET_ANYWHERE_X: NOT_SET_ANYWHERE_X is not set in this "
                  "environment", id="env-not-in-environment"),
-    pytest.param(["--env", "1X=2"], "'1X' is not a valid environment variable name", id="env-bad-name"),
-    pytest.param(["--secret", "A B=c"], "--secret 'A B=c'", id="secret-bad-name"),
+    pytest.param(["--env", "1X=2"], "--env '1X': not a valid environment variable name", id="env-bad-name"),
+    pytest.param(["--secret", "MY-TOK=hunter2"], "--secret 'MY-TOK': not a valid environment variable name",
+                 id="secret-bad-name"),
     pytest.param(["--env-file", "/nonexistent/vars.env"], "--env-file /nonexistent/vars.env: cannot read the file",
                  id="env-file-missing"),
     pytest.param(["--infra", "oci"], "--infra: cloud 'oci' is not offered by sky-lite", id="infra-not-offered"),
@@ -145,6 +160,7 @@ def test_bad_inputs_exit_2_naming_the_option(cli: Cli, home: Path, tmp_path: Pat
     code, _, stderr = up(cli, write(tmp_path, TASK), *args)
     assert code == 2
     assert message in stderr
+    assert "hunter2" not in stderr  # a refused --secret never shows its value
     assert services(home) == []
 
 

@@ -282,6 +282,26 @@ def test_secret_value_of_a_mapping_is_refused() -> None:
     assert caught.value.path == "secrets.AUTH" and "must be a string, got a mapping" in caught.value.problem
 
 
+@pytest.mark.parametrize("text", [
+    pytest.param("envs: {X: &v tok}\nsecrets: {A: *v}\n", id="secret-is-an-alias"),
+    pytest.param("secrets: {A: &v tok}\nenvs: {X: *v}\n", id="secret-is-anchored-and-used-elsewhere"),
+    pytest.param("secrets: {A: &v tok, B: *v}\n", id="two-secrets-share-an-anchor"),
+])
+def test_a_secret_with_an_anchor_or_alias_is_refused(text: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        read_task(text + "run: echo hi\nservice: {replicas: 1}\n", "svc.yaml")
+    assert caught.value.path.startswith("secrets.") and "without a YAML anchor or alias" in caught.value.problem
+    assert "tok" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("written", "value"), [("0123", "0123"), ("0x1F", "0x1F"), ("12:30", "12:30"),
+                                                 ("1_000", "1_000"), ("'007'", "007"), ("1.50", "1.50")])
+def test_a_secret_is_the_text_as_written_not_the_number_yaml_reads(written: str, value: str) -> None:
+    task = read_task(f"secrets:\n  PIN: {written}\nrun: echo hi\nservice: {{replicas: 1}}\n", "svc.yaml")
+    assert dict(task.inputs.secrets)["PIN"].value == value
+    assert written not in task.text
+
+
 def test_a_file_without_inline_secrets_is_stored_byte_for_byte() -> None:
     text = "secrets: {HF_TOKEN: null}\nrun: echo hi   # keep\nservice: {replicas: 1}\n"
     assert read_task(text, "svc.yaml").text == text
