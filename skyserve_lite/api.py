@@ -47,7 +47,7 @@ from skyserve_lite.providers.base import ReplicaLog
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
 from skyserve_lite.spec.model import SubmittedTask, TaskInputs, TaskSpec
-from skyserve_lite.spec.parse import is_valid_service_name, to_service_name
+from skyserve_lite.spec.parse import is_valid_service_name, parse_task, to_service_name
 from skyserve_lite.spec.placement import Resolution
 from skyserve_lite.state.models import (
     AutoscalerObservation,
@@ -534,7 +534,9 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     inherited = previous.inputs if previous is not None else BoundInputs()
     spec, given = task.spec, task.inputs
     names_cloud = any(c.cloud is not None for c in spec.resource_candidates)
-    infra = given.infra or (None if names_cloud else inherited.infra or given.default_infra)
+    # Where the current version runs, whoever decided it (--infra, its file, or local by default).
+    runs_on = (inherited.infra or previous.spec.cloud.value) if previous is not None else None
+    infra = given.infra or (None if names_cloud else runs_on or given.default_infra)
     # Inherited: only what the new file declares without a value (a variable only ever given on the
     # command line must be given again).
     envs = {name: value for name, value in inherited.envs if name in spec.unset_envs}
@@ -551,7 +553,7 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     missing = find_missing(bound, task.source)
     if missing is not None:
         raise missing
-    resolution = resolve_task(bound, task.source)
+    resolution = given.resolution or resolve_task(bound, task.source)
     inputs = dataclasses.replace(inputs, resolution=resolution)
     bound = dataclasses.replace(bound, resolution=resolution)
     return dataclasses.replace(task, spec=bound, inputs=TaskInputs()), inputs
@@ -660,8 +662,11 @@ def rollback_task(state: RolloutState, to_version: int | None) -> tuple[Submitte
                                  f"see `sky-lite serve history {state.service.name}`")
     # Its spec carries its snapshot: the rollback runs exactly the files version N ran, not today's disk;
     # and its inputs: the infra, env values and secrets (by digest) it ran with.
-    inputs = TaskInputs(infra=record.inputs.infra, envs=record.inputs.envs, secret_digests=record.inputs.secrets)
-    return SubmittedTask(text=record.text, source=record.source, spec=record.spec, inputs=inputs), target
+    inputs = TaskInputs(infra=record.inputs.infra or record.spec.cloud.value, envs=record.inputs.envs,
+                        secret_digests=record.inputs.secrets, resolution=record.inputs.resolution)
+    # The text parsed again (not the bound spec): the submission binds it with these inputs, once.
+    spec = dataclasses.replace(parse_task(record.text, source=record.source), files=record.spec.files)
+    return SubmittedTask(text=record.text, source=record.source, spec=spec, inputs=inputs), target
 
 
 def describe_history(versions: Sequence[VersionRecord]) -> list[HistoryEntry]:

@@ -16,6 +16,7 @@ Pure: the catalog and the default regions come in as arguments.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,12 @@ def resolve_placements(spec: TaskSpec, source: str, default_regions: Mapping[str
                       skipped=tuple(skipped))
 
 
+# Clouds whose catalog lists every region (AWS's is built from every region's offerings); for the others a
+# region the catalog lacks may be real, and must look like one (us-central1, europe-west12).
+COMPLETE_REGION_LISTS = frozenset({"aws"})
+_GCP_REGION_RE = re.compile(r"[a-z]+-[a-z]+[0-9]{1,2}")
+
+
 def find_uncatalogued(catalog: Any, resources: Resources, region: str | None) -> Any:
     """An offer for a region the catalog holds nothing of, when the candidate names its instance type (or
     asks for nothing): the type as written, unpriced, with its shape from another region where the catalog
@@ -126,6 +133,8 @@ def find_uncatalogued(catalog: Any, resources: Resources, region: str | None) ->
 
     if region is None or region in catalog.regions() or resources.cpus or resources.memory or resources.accelerator:
         return None
+    if catalog.cloud in COMPLETE_REGION_LISTS or not _GCP_REGION_RE.fullmatch(region):
+        return None  # the catalog lists every region of this cloud: another is a typo (us-east-7)
     instance_type = resources.instance_type or catalog.default_instance_type
     if instance_type is None:
         return None

@@ -57,10 +57,11 @@ class BoundInputs:
                    resolution=Resolution.from_json(resolution) if resolution is not None else None)
 
 
-def bind(spec: TaskSpec, bound: BoundInputs, source: str) -> TaskSpec:
+def bind(spec: TaskSpec, bound: BoundInputs, source: str, *, fill_mounts: bool = True) -> TaskSpec:
     """``spec`` with ``bound`` applied: the infra on every candidate that names no cloud (and the region and
-    zone where the candidate names none), env values over the file's, secrets by digest. Raises
-    ``SpecError`` when the infra contradicts the file."""
+    zone where the candidate names none), env values over the file's, secrets by digest, envs filled into
+    ``file_mounts`` (not with ``fill_mounts`` False: a version stored before they were, whose snapshot
+    names the mounts as written). Raises ``SpecError`` when the infra contradicts the file."""
     if bound.infra:
         infra = parse_infra(bound.infra, "--infra", source)
         spec = dataclasses.replace(
@@ -76,7 +77,7 @@ def bind(spec: TaskSpec, bound: BoundInputs, source: str) -> TaskSpec:
     return dataclasses.replace(
         spec, envs=tuple(sorted(envs.items())), unset_envs=tuple(n for n in spec.unset_envs if n not in envs),
         secrets=tuple(sorted(digests.items())), resolution=bound.resolution or spec.resolution,
-        file_mounts=fill_file_mounts(spec.file_mounts, envs, source))
+        file_mounts=fill_file_mounts(spec.file_mounts, envs, source) if fill_mounts else spec.file_mounts)
 
 
 _REFERENCE_RE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")

@@ -246,6 +246,8 @@ class TaskInputs:
     secrets: tuple[tuple[str, Secret], ...] = ()
     # Secrets by the digest a stored version names (a rollback brings back the version's own values).
     secret_digests: Pairs = ()
+    # A stored version's placements (a rollback launches where that version did, whatever the catalog says now).
+    resolution: Resolution | None = None
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,8 @@ class VersionRecord:
     def spec(self) -> TaskSpec:
         # The text was validated when it was accepted; parsing it again gives the same value.
         source = f"{self.service} version {self.version}"
-        parsed = bind(parse_task(self.text, source=source), self.inputs, source)
+        parsed = bind(parse_task(self.text, source=source), self.inputs, source,
+                      fill_mounts=self.inputs_json is not None)
         return dataclasses.replace(parsed, files=self.files) if self.files is not None else parsed
 
 

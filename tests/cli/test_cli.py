@@ -75,7 +75,9 @@ def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args:
                      "resources.accelerators: A100:1: the local cloud runs replicas as processes", id="local-gpu"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n  accelerators: Z9000:1\n", [],
                      "resources.accelerators: ", id="aws-unknown-accelerator"),
-        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n  region: mars-north1\n", [],
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n  region: us-east-7\n", [],
+                     "resources.region: ", id="aws-unknown-region"),
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n  region: uscentral\n", [],
                      "resources.region: ", id="gcp-unknown-region"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n  region: us-central1\n"
                      "file_mounts:\n  /d: s3://b/k\n", [], "file_mounts./d: 's3://b/k': cloud gcp copies local paths "

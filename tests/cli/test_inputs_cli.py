@@ -305,3 +305,40 @@ def test_filled_file_mounts_are_checked_again(mounts: dict[str, str], field: str
     with pytest.raises(SpecError) as caught:
         fill_file_mounts(tuple(sorted(mounts.items())), {"X": "..", "Y": "b", "E": ""}, "t.yaml")
     assert caught.value.path == field and message in caught.value.problem
+
+
+PLAIN = "service:\n  replicas: 1\nrun: python serve.py\n"
+
+
+def clouds(home: Path) -> list[str]:
+    return [v.spec.cloud.value for v in versions(home)]
+
+
+def test_an_update_stays_where_the_current_version_runs_whoever_decided_it(cli: Cli, home: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    assert up(cli, write(tmp_path, PLAIN))[0] == 0  # local by default
+    assert cli("config", "set", "default_infra", "aws")[0] == 0
+    assert cli("serve", "update", "svc", write(tmp_path, PLAIN.replace("1\n", "2\n", 1)), "-y")[0] == 0
+    named = "resources:\n  cloud: aws\n  region: us-west-2\n" + PLAIN
+    assert cli("serve", "update", "svc", write(tmp_path, named), "--infra", "aws", "-y")[0] == 0
+    assert cli("serve", "update", "svc", write(tmp_path, PLAIN), "-y")[0] == 0  # the file drops `cloud`
+    assert clouds(home) == ["local", "local", "aws", "aws"]
+
+
+def test_a_rollback_runs_where_and_on_what_that_version_ran(cli: Cli, home: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    gpu = "resources:\n  accelerators: {L4: 1, A10G: 1}\n" + PLAIN
+    assert up(cli, write(tmp_path, gpu), "--infra", "aws")[0] == 0
+    assert cli("serve", "update", "svc", write(tmp_path, PLAIN), "--infra", "local", "-y")[0] == 0
+    monkeypatch.delenv("AWS_DEFAULT_REGION")  # today's default would be another region
+    code, _, stderr = cli("serve", "rollback", "svc", "--to", "1", "-y")
+    assert code == 0, stderr
+    first, _, third = versions(home)
+    assert clouds(home) == ["aws", "local", "aws"]
+    assert third.spec.resolution == first.spec.resolution
+    assert third.spec.resolution is not None and {p.region for p in third.spec.resolution.ondemand} == {"us-west-2"}
+    code, _, stderr = cli("serve", "rollback", "svc", "--to", "2", "-y")
+    assert code == 0, stderr
+    assert clouds(home)[-1] == "local"

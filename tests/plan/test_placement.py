@@ -171,3 +171,7 @@ def test_a_region_the_catalog_lacks_takes_a_named_type_as_written_unpriced() -> 
     with pytest.raises(SpecError) as caught:  # a need only the catalog can answer
         resolve(task({"infra": "gcp/europe-west1", "cpus": "4+"}))
     assert caught.value.path == "resources.region"
+    for cloud, region in (("aws", "us-east-7"), ("gcp", "uscentral")):  # typos, refused as before
+        with pytest.raises(SpecError) as caught:
+            resolve(task({"infra": f"{cloud}/{region}", "instance_type": "m5.large"}))
+        assert caught.value.path in ("resources.region", "resources.instance_type")
