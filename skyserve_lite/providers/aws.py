@@ -267,7 +267,9 @@ def compute_client_token(group: LaunchGroup, zone: str) -> str:
     AWS rejects a token reused with other parameters, so everything that differs between batches of one
     launch token goes into the digest. 24 + 1 + 32 = 57 characters, within AWS's 64.
     """
-    material = json.dumps([group.first.launch_token, group.region, zone, group.is_spot, group.replica_ids])
+    # The placement's machine too: two candidates tried in one zone are two launches, not a retry of one.
+    material = json.dumps([group.first.launch_token, group.region, zone, group.is_spot, group.replica_ids,
+                           group.placement.instance_type, group.placement.image])
     return f"{group.first.launch_token[:24]}-{hashlib.sha256(material.encode()).hexdigest()[:32]}"
 
 

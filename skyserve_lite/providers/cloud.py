@@ -138,12 +138,16 @@ def launch_in_batches(cloud: BatchCloud, requests: Sequence[LaunchRequest], defa
         try:
             existing = cloud.find_launched(region, {r.launch_token for r in members})
         except ProviderError as exc:
-            outcomes.update((_key(r), failed_outcome(r, exc)) for r in members if _key(r) not in outcomes)
+            # Only the first placement's region must answer: a later one is tried only once the first had no
+            # capacity, and what an unreachable fallback region holds is looked for again on a later pass.
+            outcomes.update((_key(r), failed_outcome(r, exc)) for r in members
+                            if _key(r) not in outcomes and placements_of(r, default_region)[0].region == region)
             continue
         for request in members:
             found = existing.get((request.service, request.replica_id, request.launch_token))
             if found is not None:
-                outcomes[_key(request)] = LaunchOutcome(request.replica_id, instance=found)
+                placement = next((p for p in placements_of(request, default_region) if p.region == region))
+                outcomes[_key(request)] = _landed_on(LaunchOutcome(request.replica_id, instance=found), placement)
     pending = list(dict.fromkeys(r for members in by_region.values() for r in members if _key(r) not in outcomes))
     full: dict[tuple[str, int], list[str]] = defaultdict(list)  # placements without capacity, per request
     attempt = 0

@@ -274,9 +274,10 @@ def test_client_token_is_stable_short_and_distinct_per_batch_and_zone() -> None:
     spot = plan_launch_groups([request(1, spec(), token=token, spot=True)], None)[0]
     assert compute_client_token(one, "us-east-1a") == compute_client_token(again, "us-east-1a")
     assert compute_client_token(one, "us-east-1a").startswith(token[:24])
+    other_type = dataclasses.replace(one, placement=dataclasses.replace(one.placement, instance_type="g5.xlarge"))
     tokens = {compute_client_token(one, "us-east-1a"), compute_client_token(one, "us-east-1b"),
-              compute_client_token(spot, "us-east-1a")}
-    assert len(tokens) == 3 and all(len(t) <= 64 for t in tokens)
+              compute_client_token(spot, "us-east-1a"), compute_client_token(other_type, "us-east-1a")}
+    assert len(tokens) == 4 and all(len(t) <= 64 for t in tokens)
 
 
 @pytest.mark.parametrize(("state", "reason", "expected", "detail"), [

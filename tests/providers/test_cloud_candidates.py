@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from skyserve_lite.errors import PermanentProviderError
 from skyserve_lite.providers import cloud
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
 from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError
@@ -89,7 +90,9 @@ def test_an_instance_an_earlier_attempt_started_on_a_later_candidate_is_adopted(
     adopted = Instance("i-old", "svc", 1, 1, InstanceState.RUNNING, region="us-west-2")
     fake = RecordingCloud(existing={"us-west-2": {("svc", 1, "tok"): adopted}})
     [outcome] = launch(fake, [request(1)])
-    assert outcome.instance == adopted
+    assert outcome.instance is not None and outcome.instance.instance_id == "i-old"
+    # what it landed on comes from the placement of its region, as for a fresh launch
+    assert (outcome.instance.instance_type, outcome.instance.accelerator) == ("g5.xlarge", None)
     assert sorted(fake.lookups) == ["us-east-1", "us-west-2"]  # one lookup per region of the placements
     assert fake.launched == []
 
@@ -104,3 +107,24 @@ def test_requests_without_a_resolution_use_the_task_fields_as_before() -> None:
     assert fake.launched == [("m5.large", "us-east-1", "us-east-1c", (1,))]
     [none] = cloud.launch_in_batches(RecordingCloud(), [legacy], None, fits=lambda b: True, no_region="no region")
     assert none.permanent and none.error == "no region"
+
+
+@dataclass
+class PartlyReachable(RecordingCloud):
+    """A cloud whose inventory cannot be read in ``down`` regions."""
+
+    down: set[str] = field(default_factory=set)
+
+    def find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:
+        if region in self.down:
+            raise PermanentProviderError(f"AuthFailure in {region}")
+        return super().find_launched(region, tokens)
+
+
+def test_an_unreachable_fallback_region_does_not_fail_a_launch_in_the_first() -> None:
+    fake = PartlyReachable(down={"us-west-2"})
+    [outcome] = launch(fake, [request(1)])
+    assert outcome.instance is not None and outcome.instance.region == "us-east-1"
+    [first_down] = launch(PartlyReachable(down={"us-east-1"}), [request(2)])
+    assert first_down.instance is None and first_down.permanent and "AuthFailure in us-east-1" in (
+        first_down.error or "")
