@@ -146,7 +146,7 @@ def launch_in_batches(cloud: BatchCloud, requests: Sequence[LaunchRequest], defa
         for request in members:
             found = existing.get((request.service, request.replica_id, request.launch_token))
             if found is not None:
-                placement = next((p for p in placements_of(request, default_region) if p.region == region))
+                placement = next(p for p in placements_of(request, default_region) if p.region == region)
                 outcomes[_key(request)] = _landed_on(LaunchOutcome(request.replica_id, instance=found), placement)
     pending = list(dict.fromkeys(r for members in by_region.values() for r in members if _key(r) not in outcomes))
     full: dict[tuple[str, int], list[str]] = defaultdict(list)  # placements without capacity, per request
