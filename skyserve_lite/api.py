@@ -547,7 +547,7 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
         secrets.get(digest)  # refused when this home does not hold it
         digests[name] = digest
     for name, secret in given.secrets:
-        digests[name] = secrets.put(secret) if keep_secrets else secrets.digest(secret, make_key=False)
+        digests[name] = secrets.digest(secret, make_key=keep_secrets)
     inputs = BoundInputs(infra=infra, envs=tuple(sorted(envs.items())), secrets=tuple(sorted(digests.items())))
     bound = bind(spec, inputs, task.source)
     missing = find_missing(bound, task.source)
@@ -556,6 +556,9 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     resolution = given.resolution or resolve_task(bound, task.source)
     inputs = dataclasses.replace(inputs, resolution=resolution)
     bound = dataclasses.replace(bound, resolution=resolution)
+    if keep_secrets:  # only once the task is known to be valid: a refused one leaves no value behind
+        for _, secret in given.secrets:
+            secrets.put(secret)
     return dataclasses.replace(task, spec=bound, inputs=TaskInputs()), inputs
 
 

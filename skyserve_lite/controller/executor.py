@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 5.0
 
 
+# A secret value younger than this is kept though no version names it yet (its submission is under way).
+SECRET_GRACE_SECONDS = 3600.0
+
+
 class Executor:
     def __init__(self, store: Store, providers: Mapping[str, Provider], lb_runner: LoadBalancerRunner,
                  clock: Clock, *, new_token: Callable[[], str] | None = None, blobs: BlobStore | None = None,
@@ -63,7 +67,15 @@ class Executor:
         """Delete the blobs no stored version needs any more: on the first pass (what a submission that
         failed half-way left), after a service was deleted (``force``), and when a submission expired
         snapshots. A capture under way defers it to a later pass."""
-        if self._blobs is None or not (force or not self._collected_once or self._store.gc_pending):
+        if not (force or not self._collected_once or self._store.gc_pending):
+            return
+        if self._secrets is not None:
+            dropped = self._secrets.collect(self._store.find_needed_secrets(),
+                                            older_than=self._clock.now() - SECRET_GRACE_SECONDS)
+            if dropped:
+                log.info("deleted %d secret values that no version names", dropped)
+        if self._blobs is None:
+            self._collected_once = True
             return
         deleted = self._blobs.collect_garbage(self._store.find_needed_blobs)
         self._collected_once = True

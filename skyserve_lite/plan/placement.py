@@ -100,7 +100,9 @@ def resolve_placements(spec: TaskSpec, source: str, default_regions: Mapping[str
                 zones=() if resources.zone else tuple(offer.zones),
                 instance_type=offer.instance_type,
                 accelerator=f"{offer.gpu.name}:{offer.gpu.count}" if offer.gpu is not None else None,
-                accelerator_type=offer.accelerator_type, price_per_hour=offer.price(is_spot), is_spot=is_spot,
+                accelerator_type=offer.accelerator_type, is_spot=is_spot,
+                # a spot price the catalog lacks is unknown, not the on-demand one
+                price_per_hour=offer.spot_price if is_spot else offer.ondemand_price,
                 image=resources.image_id or DEFAULT_IMAGES.get((cloud.value, offer.arch, offer.gpu is not None)),
                 image_is_default=resources.image_id is None, disk_size=resources.disk_size,
                 disk_type=disk.volume_type if disk else None, disk_iops=disk.iops if disk else None,

@@ -42,7 +42,8 @@ class Placement:
         if self.cloud == LOCAL:
             return "local process on this machine"
         where = "/".join(part for part in (self.region, self.zone) if part) or "default region"
-        price = f"${self.price_per_hour:.2f}/h" if self.price_per_hour is not None else "price not in catalog"
+        price = (f"${self.price_per_hour:.2f}/h" if self.price_per_hour is not None
+                 else "spot price not in catalog" if self.is_spot else "price not in catalog")
         market = "spot" if self.is_spot else "on-demand"
         machine = self.instance_type or "default type"
         if self.accelerator_type and self.accelerator:

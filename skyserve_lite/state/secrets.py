@@ -67,13 +67,18 @@ class SecretStore:
             raise StateConflictError(f"a secret of this version is missing from {self.directory} (digest "
                                      f"{digest[:8]}...): submit the version again with --secret") from None
 
-    def collect(self, keep: set[str]) -> int:
-        """Remove every value whose digest is not in ``keep`` (the digests some stored version names)."""
+    def collect(self, keep: set[str], older_than: float) -> int:
+        """Remove every value whose digest is not in ``keep`` (the digests stored versions name) and that was
+        put before ``older_than`` (a time): a submission puts its values moments before it stores the version
+        that names them, so a young value may be about to be named."""
         removed = 0
         for path in self.directory.glob("*") if self.directory.is_dir() else ():
-            if _DIGEST_RE.fullmatch(path.name) and path.name not in keep:
-                path.unlink(missing_ok=True)
-                removed += 1
+            if not _DIGEST_RE.fullmatch(path.name) or path.name in keep:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime < older_than:
+                    path.unlink()
+                    removed += 1
         return removed
 
 

@@ -438,6 +438,11 @@ class Store:
             rows = db.execute("SELECT manifest_json FROM snapshots").fetchall()
         return {digest for (text,) in rows for digest in TaskFiles.from_json(json.loads(text)).blob_digests()}
 
+    def find_needed_secrets(self) -> set[str]:
+        """Every secret digest a stored version names."""
+        rows = self._db.execute("SELECT inputs_json FROM versions WHERE inputs_json IS NOT NULL").fetchall()
+        return {digest for (text,) in rows for _, digest in BoundInputs.from_json(text).secrets}
+
     def set_gc_pending(self, pending: bool) -> None:
         with self._write() as db:
             if pending:

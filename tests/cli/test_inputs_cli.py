@@ -342,3 +342,32 @@ def test_a_rollback_runs_where_and_on_what_that_version_ran(cli: Cli, home: Path
     code, _, stderr = cli("serve", "rollback", "svc", "--to", "2", "-y")
     assert code == 0, stderr
     assert clouds(home)[-1] == "local"
+
+
+def test_a_refused_submission_keeps_no_secret_value(cli: Cli, home: Path, tmp_path: Path) -> None:
+    gpu = TASK.replace("service:", "resources:\n  accelerators: A100:1\nservice:")  # local has no GPUs
+    code, _, stderr = up(cli, write(tmp_path, gpu), "--env", "MODEL=m", "--secret", f"HF_TOKEN={TOKEN}")
+    assert code == 2 and "resources.accelerators" in stderr
+    assert not (home / "secrets").exists() or [p.name for p in (home / "secrets").iterdir()] in ([], [".key"])
+
+
+def test_values_no_version_names_are_collected_once_old_enough(home: Path) -> None:
+    import time
+
+    from skyserve_lite.spec.inputs import BoundInputs
+    from skyserve_lite.spec.model import Secret
+    from skyserve_lite.spec.parse import read_task
+    from skyserve_lite.state.secrets import SecretStore
+
+    secrets = SecretStore(home)
+    named, orphan, young = (secrets.put(Secret(v)) for v in ("named-value", "orphan-value", "young-value"))
+    store = Store.open(home)
+    task = read_task("secrets: {A: null}\nservice: {replicas: 1}\nrun: x\n", "t.yaml")
+    store.create_service("svc", task, 30001, 0.0, inputs=BoundInputs(secrets=(("A", named),)))
+    assert store.find_needed_secrets() == {named}
+    old = time.time() - 7200
+    for digest in (named, orphan):
+        os.utime(home / "secrets" / digest, (old, old))
+    assert secrets.collect(store.find_needed_secrets(), older_than=time.time() - 3600) == 1
+    store.close()
+    assert sorted(p.name for p in (home / "secrets").iterdir()) == sorted([".key", named, young])

@@ -27,6 +27,7 @@ ACCEPTED = {
     "tgi_ordered.yaml": (None, ["g2-standard-4", "g2-standard-4"]),
     "tls_https.yaml": (None, ["t3.medium"]),
     "per_accelerator_qps.yaml": ("aws", ["g6.xlarge"]),
+    "inline_secret.yaml": (None, ["g5.xlarge"]),
 }
 # file -> (field, what the message says)
 REFUSED = {
@@ -38,6 +39,7 @@ REFUSED = {
 }
 VALUES = {"MAX_MODEL_LEN": "8192"}
 SECRETS = {"HF_TOKEN": "hf_corpus_token", "AUTH_TOKEN": "auth-corpus-token"}
+WRITTEN = "hf_written_in_the_file_1234"  # inline_secret.yaml's own value
 
 
 def test_every_scenario_file_has_an_expectation() -> None:
@@ -50,17 +52,20 @@ def test_accepted_and_resolved(name: str, tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.delenv(variable, raising=False)
     infra, types = ACCEPTED[name]
     task = load_task_file(FOLDER / name)
+    assert WRITTEN not in task.text  # a value written in the file is cut out when it is read
     if task.spec.service.tls is not None:  # its files are checked when captured, not here
         assert task.spec.service.tls.certfile == "~/certs/cert.pem"
     envs = tuple((k, v) for k, v in VALUES.items() if k in task.spec.unset_envs)
-    secrets = [(k, Secret(v)) for k, v in SECRETS.items() if any(k == n for n, _ in task.spec.secrets)]
+    secrets = [(k, Secret(v)) for k, v in SECRETS.items() if any(k == n for n, _ in task.spec.secrets)
+               and k not in dict(task.inputs.secrets)]
     bound, inputs = bind_submission(with_inputs(task, envs, secrets, infra), None, SecretStore(tmp_path),
                                     keep_secrets=False)
     plan = plan_launch("svc", bound.spec)
     assert [r.placements[0].instance_type for r in plan.replicas] == types
     assert not (tmp_path / "secrets").exists()
-    for value in SECRETS.values():
+    for value in (*SECRETS.values(), WRITTEN):
         assert value not in bound.text and value not in inputs.to_json() and value not in repr(bound)
+    assert [digest != "" for _, digest in bound.spec.secrets] == [True] * len(bound.spec.secrets)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
