@@ -699,6 +699,25 @@ def summarize_change(previous: VersionRecord | None, record: VersionRecord) -> s
     return "no change"
 
 
+def match_service_names(patterns: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The services ``patterns`` name, in the order of ``names``: a plain name must exist (``NotFoundError``),
+    a shell-style pattern (``dev-*``) takes every match and must match one."""
+    import fnmatch
+
+    chosen: set[str] = set()
+    for pattern in patterns:
+        if any(char in pattern for char in "*?["):
+            matched = fnmatch.filter(names, pattern)
+            if not matched:
+                raise NotFoundError(f"no service matches {pattern!r}; see `sky-lite serve status`")
+            chosen.update(matched)
+        elif pattern in names:
+            chosen.add(pattern)
+        else:
+            raise NotFoundError(f"no service named {pattern!r}; see `sky-lite serve status`")
+    return [name for name in names if name in chosen]
+
+
 def check_service_name(name: str) -> None:
     if not is_valid_service_name(name):
         raise UsageError(f"invalid service name {name!r}: use lowercase letters, digits and '-', starting "

@@ -115,7 +115,8 @@ def serve() -> None:
 @serve.command("up")
 @click.argument("task_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-n", "--name", help="Service name (default: the YAML's name, else the file's stem).")
-@_yes_option
+@click.option("-y", "--yes", is_flag=True, help="Accepted for symmetry with the other commands; `serve up` asks "
+              "nothing.")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the service is READY.")
 @click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for READY.")
@@ -146,11 +147,16 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
                        f"READY (see `sky-lite serve status {name}`).")
             return
         console = _stderr()
-        with Live(console=console, transient=True, refresh_per_second=4) as live:
-            def progress(view: api.ServiceView) -> None:
-                live.update(status_renderable([view]))
+        try:
+            with Live(console=console, transient=True, refresh_per_second=4) as live:
+                def progress(view: api.ServiceView) -> None:
+                    live.update(status_renderable([view]))
 
-            view = api.wait_until_ready(controller, name, timeout, on_progress=progress)
+                view = api.wait_until_ready(controller, name, timeout, on_progress=progress)
+        except KeyboardInterrupt:
+            click.echo(f"Stopped waiting; the controller keeps starting {name} (`sky-lite serve status {name}`); "
+                       f"`sky-lite serve down {name}` cancels it.", err=True)
+            sys.exit(130)
         if view.service.status is ServiceStatus.NO_REPLICA:
             click.echo(f"Service {name} is scaled to zero at {view.service.endpoint}; the first request starts "
                        "a replica")
@@ -282,9 +288,18 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
 @serve.command("status")
 @click.argument("names", nargs=-1)
 @_output_option
-def serve_status(names: tuple[str, ...], output: str) -> None:
+@click.option("--endpoint", "endpoint_only", is_flag=True,
+              help="Print only the endpoint URL of the one service named: curl $(sky-lite serve status NAME "
+              "--endpoint).")
+def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool) -> None:
     """Show services and their replicas (all services when no NAME is given)."""
     with _errors():
+        if endpoint_only:
+            if len(names) != 1:
+                raise UsageError("--endpoint prints one service's URL: name exactly one service")
+            [view] = _controller().get_status(names)
+            click.echo(view.service.endpoint)
+            return
         report = _controller().get_status_report(names)
         views, state = list(report.services), report.controller
         unverified = state.unverified_for
@@ -304,7 +319,7 @@ def serve_status(names: tuple[str, ...], output: str) -> None:
 
 @serve.command("down")
 @click.argument("names", nargs=-1)
-@click.option("--all", "all_services", is_flag=True, help="Take down every service.")
+@click.option("-a", "--all", "all_services", is_flag=True, help="Take down every service.")
 @_yes_option
 @click.option("--timeout", type=FiniteFloatRange(min=0), default=300.0, show_default=True,
               help="Seconds to wait for everything to stop.")
@@ -317,7 +332,9 @@ def serve_status(names: tuple[str, ...], output: str) -> None:
               "region and those state.db still names are searched anyway).")
 def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: float, force: bool,
                regions: tuple[str, ...]) -> None:
-    """Stop services: every replica, the load balancer, and the controller when none is left."""
+    """Stop services: every replica, the load balancer, and the controller when none is left.
+
+    NAMES may be shell-style patterns ('dev-*', 'web-?'), matched against the services' names; quote them."""
     with _errors():
         if all_services == bool(names):
             raise click.UsageError("name the services to take down, or pass --all (not both)")
@@ -325,13 +342,14 @@ def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: f
             _force_down(all_services, yes, force, regions)
             return
         controller = _controller()
-        views = controller.get_status(names)
-        targets = [view.service.name for view in views]
+        targets = api.match_service_names(names, [v.service.name for v in controller.get_status()]) if names \
+            else [view.service.name for view in controller.get_status()]
         if not targets:
             click.echo("No service to take down.")
             return
         if not yes:
-            click.confirm(f"Take down {', '.join(targets)}? Their replicas will be terminated", abort=True)
+            whose = "Its replicas" if len(targets) == 1 else "Their replicas"
+            click.confirm(f"Take down {', '.join(targets)}? {whose} will be terminated.", abort=True)
         controller.request_down(targets)
         with _stderr().status(f"Taking down {', '.join(targets)}..."):
             controller.finish_down(targets, timeout)

@@ -204,6 +204,10 @@ def compute_service_settings(spec: TaskSpec) -> dict[str, ConfigValue]:
         "service.tls.keyfile": spec.service.tls.keyfile if spec.service.tls else None,
         "service.tls.certfile": spec.service.tls.certfile if spec.service.tls else None,
     }
+    if not policy.is_autoscaling and policy.min_replicas == policy.max_replicas:
+        # A fixed count is what `replicas: N` says: shown so (`service.replicas: 2 -> 3`), not as two bounds.
+        del flat["service.replica_policy.min_replicas"], flat["service.replica_policy.max_replicas"]
+        flat["service.replicas"] = policy.min_replicas
     if policy.qps_per_accelerator:
         del flat["service.replica_policy.target_qps_per_replica"]
         flat.update({f"service.replica_policy.target_qps_per_replica.{name}": qps

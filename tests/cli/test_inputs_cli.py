@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from skyserve_lite.api import LocalController
+from skyserve_lite.api import LocalController, ServiceView
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, VersionRecord
 from skyserve_lite.state.store import Store
@@ -371,3 +372,56 @@ def test_values_no_version_names_are_collected_once_old_enough(home: Path) -> No
     assert secrets.collect(store.find_needed_secrets(), older_than=time.time() - 3600) == 1
     store.close()
     assert sorted(p.name for p in (home / "secrets").iterdir()) == sorted([".key", named, young])
+
+
+# --- everyday verbs -----------------------------------------------------------------------------------------
+def test_status_endpoint_prints_only_the_url(cli: Cli, home: Path, tmp_path: Path) -> None:
+    assert up(cli, write(tmp_path, PLAIN))[0] == 0
+    code, stdout, _ = cli("serve", "status", "svc", "--endpoint")
+    assert code == 0 and stdout.strip().startswith("http://127.0.0.1:") and len(stdout.splitlines()) == 1
+    code, _, stderr = cli("serve", "status", "--endpoint")
+    assert code == 2 and "name exactly one service" in stderr
+    code, _, stderr = cli("serve", "status", "nope", "--endpoint")
+    assert code == 1 and "no service named 'nope'" in stderr
+
+
+def test_down_takes_patterns_and_says_its_for_one(cli: Cli, home: Path, tmp_path: Path) -> None:
+    for name in ("dev-a", "dev-b", "prod"):
+        assert cli("serve", "up", write(tmp_path, PLAIN), "-n", name, "--no-wait")[0] == 0
+    code, stdout, stderr = cli("serve", "down", "dev-*", input="n\n")
+    assert code == 1 and "Take down dev-a, dev-b? Their replicas will be terminated." in stdout + stderr
+    code, stdout, stderr = cli("serve", "down", "prod", input="n\n")
+    assert "Take down prod? Its replicas will be terminated." in stdout + stderr
+    code, _, stderr = cli("serve", "down", "staging-*", "-y")
+    assert code == 1 and "no service matches 'staging-*'" in stderr
+    code, _, stderr = cli("serve", "down", "-a", "dev-a")
+    assert code == 2 and "not both" in stderr
+    assert services(home) == ["dev-a", "dev-b", "prod"]  # nothing was taken down
+
+
+def test_match_service_names_keeps_the_services_order_and_names_what_is_missing() -> None:
+    from skyserve_lite.api import match_service_names
+    from skyserve_lite.errors import NotFoundError
+
+    names = ["api", "dev-a", "dev-b", "web-1"]
+    assert match_service_names(["web-?", "dev-*"], names) == ["dev-a", "dev-b", "web-1"]
+    assert match_service_names(["api", "api", "d*-a"], names) == ["api", "dev-a"]
+    with pytest.raises(NotFoundError, match="no service named 'nope'"):
+        match_service_names(["nope"], names)
+
+
+def test_up_help_says_yes_is_accepted_for_symmetry(cli: Cli) -> None:
+    code, stdout, _ = cli("serve", "up", "--help")
+    assert code == 0 and "Accepted for symmetry" in stdout and "Do not ask for confirmation" not in stdout
+
+
+def test_ctrl_c_while_up_waits_says_what_goes_on_and_exits_130(home: Path, tmp_path: Path) -> None:
+    class Interrupted(LocalController):
+        def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
+            raise KeyboardInterrupt  # what Ctrl-C raises in the wait loop
+
+    cli = Cli(Interrupted(home, FakeClock(), start_daemon=False))
+    code, _, stderr = cli("serve", "up", write(tmp_path, PLAIN), "-n", "svc")
+    assert code == 130
+    assert "Stopped waiting; the controller keeps starting svc" in stderr and "serve down svc` cancels" in stderr
+    assert services(home) == ["svc"]  # the service was submitted and stays

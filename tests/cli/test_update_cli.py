@@ -125,8 +125,7 @@ def test_history_summarizes_each_version(cli: Cli, home: Path, tmp_path: Path) -
     assert history["current_version"] == 3
     assert [(v["version"], v["mode"], v["summary"]) for v in history["versions"]] == [
         (1, "initial", "initial version"),
-        (2, "rolling", "reuses replicas: service.replica_policy.max_replicas: 2 -> 3; "
-                       "service.replica_policy.min_replicas: 2 -> 3"),
+        (2, "rolling", "reuses replicas: service.replicas: 2 -> 3"),  # as the file says it
         (3, "blue_green", "replaces replicas: resources.image_id: img-1 -> img-2"),
     ]
     assert "replaces replicas" in cli("serve", "history", "svc")[1]
