@@ -130,23 +130,26 @@ class LeastLoadPolicy(_Rotation):
         super().__init__()
         self._in_flight = in_flight
 
+    def _score(self, url: str) -> float:
+        """What the policy minimizes: the requests in flight."""
+        return self._in_flight.get(url)
+
     def select(self, exclude: Collection[str] = ()) -> str | None:
         targets = self._targets
         count = len(targets)
-        load_of = self._in_flight.get
+        score_of = self._score
         best_index = -1
-        best_load = 0
+        best = 0.0
         start = self._next
         for offset in range(count):
             index = (start + offset) % count
             url = targets[index]
             if url in exclude:
                 continue
-            load = load_of(url)
-            # Strictly less: among equal loads the first one from the turn position wins.
-            if best_index < 0 or load < best_load:
-                best_index = index
-                best_load = load
+            score = score_of(url)
+            # Strictly less: among equal scores the first one from the turn position wins.
+            if best_index < 0 or score < best:
+                best_index, best = index, score
         if best_index < 0:
             return None
         self._next = (best_index + 1) % count
@@ -173,26 +176,8 @@ class InstanceAwareLeastLoadPolicy(LeastLoadPolicy):
         name = (accelerator or "").rpartition(":")[0] or (accelerator or "")
         return self._rates.get(name.lower(), self._default)
 
-    def select(self, exclude: Collection[str] = ()) -> str | None:
-        targets = self._targets
-        count = len(targets)
-        load_of = self._in_flight.get
-        capacity = self._capacity
-        best_index = -1
-        best = 0.0
-        start = self._next
-        for offset in range(count):
-            index = (start + offset) % count
-            url = targets[index]
-            if url in exclude:
-                continue
-            score = (load_of(url) + 1) / capacity.get(url, self._default)
-            if best_index < 0 or score < best:
-                best_index, best = index, score
-        if best_index < 0:
-            return None
-        self._next = (best_index + 1) % count
-        return targets[best_index]
+    def _score(self, url: str) -> float:
+        return (self._in_flight.get(url) + 1) / self._capacity.get(url, self._default)
 
 
 def parse_rates(text: str) -> dict[str, float]:
