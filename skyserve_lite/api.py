@@ -380,13 +380,15 @@ class LocalController:
             finally:
                 store.close()
         task, _ = bind_submission(task, None, SecretStore(self.home), keep_secrets=False)
-        settings = check_submission(task)
+        notes: list[str] = []
+        settings = check_submission(task, notes)
         if needs_capture(task.spec):
             check_task_sources(task.spec, find_task_dir(task.source), task.source)
         task = _with_files(task, settings, blobs=None)  # hashed only
         files = task.spec.files
-        return plan_launch(name, task.spec, None if files is None else
+        plan = plan_launch(name, task.spec, None if files is None else
                            f"sha256 {files.digest[:12]} ({format_size(files.size)})")
+        return dataclasses.replace(plan, notes=tuple(notes))
 
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                     reuse_identical_files: bool = False) -> UpdatePlan:
@@ -575,15 +577,18 @@ def resolve_task(spec: TaskSpec, source: str, environ: Mapping[str, str] | None 
     return resolve_placements(spec, source, regions, load_catalog)
 
 
-def check_submission(task: SubmittedTask) -> ControllerSettings:
+def check_submission(task: SubmittedTask, notes: list[str] | None = None) -> ControllerSettings:
     """Everything checked before a task is stored: the cloud can run it, and every SKY_LITE_* setting the
     controller and load balancers will read is valid (so a typo fails here, not in a background process).
-    Returns the controller settings."""
+    Returns the controller settings. With ``notes`` (a plan) a cloud library missing here is a note
+    appended to it, not an error."""
     from skyserve_lite.lb.settings import LbSettings
     from skyserve_lite.providers import check_task_for_cloud
     from skyserve_lite.providers.local import PASSTHROUGH_SETTING, parse_env_passthrough
 
-    check_task_for_cloud(task)
+    note = check_task_for_cloud(task, require_available=notes is None)
+    if note is not None and notes is not None:
+        notes.append(f"{note}: `serve up` without --dry-run needs it")
     settings = ControllerSettings.from_env()
     LbSettings.from_env(os.environ)
     parse_env_passthrough(os.environ.get(PASSTHROUGH_SETTING, ""))

@@ -176,6 +176,8 @@ def launch_plan_renderable(plan: LaunchPlan) -> Group:
         parts.append(Text(f"Files: {plan.files}"))
     for reason in plan.skipped:
         parts.append(Text(f"Left out: {reason}", style="yellow"))
+    for note in plan.notes:
+        parts.append(Text(f"Note: {note}", style="yellow"))
     price = plan.hourly_price
     if plan.cloud != "local":
         parts.append(Text(f"Total: ${price:.2f}/h on the first placements" if price is not None

@@ -185,6 +185,7 @@ class LaunchPlan:
     envs: tuple[str, ...] = ()  # names only
     secrets: tuple[str, ...] = ()  # names only: values are never in a plan
     files: str | None = None  # "sha256 9f2c1a0b4e7d (12.0 KiB)": the snapshot the version would hold
+    notes: tuple[str, ...] = ()  # what the plan could not check here (a cloud library not installed)
 
     @property
     def hourly_price(self) -> float | None:
@@ -198,7 +199,7 @@ class LaunchPlan:
                 "replicas": [{"replica": r.replica, "market": r.market,
                               "placements": [p.to_json() for p in r.placements]} for r in self.replicas],
                 "left_out": list(self.skipped), "envs": list(self.envs), "secrets": list(self.secrets),
-                "files": self.files}
+                "files": self.files, "notes": list(self.notes)}
 
 
 def plan_launch(name: str, spec: TaskSpec, files: str | None = None) -> LaunchPlan:

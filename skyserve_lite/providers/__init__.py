@@ -38,19 +38,22 @@ def _has_module(name: str) -> bool:
         return False
 
 
-def check_task_for_cloud(task: SubmittedTask) -> None:
-    """Cloud-specific rules a task must meet before it is stored. Raises ``SpecError`` naming the field."""
+def check_task_for_cloud(task: SubmittedTask, *, require_available: bool = True) -> str | None:
+    """Cloud-specific rules a task must meet before it is stored. Raises ``SpecError`` naming the field.
+    Without ``require_available`` (a plan, which needs no cloud library) a cloud not installed here is not
+    an error: the note that says so is returned instead."""
     spec = task.spec
     cloud = spec.cloud
+    note = None
     if cloud.value not in available_clouds():
         hint = ""
         if cloud is Cloud.AWS:
             hint = " (install boto3: `pip install '.[aws]'` from a checkout, or `pip install boto3`)"
         if cloud is Cloud.GCP:
             hint = " (install google-cloud-compute: `pip install '.[gcp]'` from a checkout)"
-        raise SpecError(task.source, "resources.cloud",
-                        f"cloud {cloud.value!r} is not available here{hint}; available: "
-                        + ", ".join(available_clouds()))
+        note = f"cloud {cloud.value!r} is not available here{hint}; available: " + ", ".join(available_clouds())
+        if require_available:
+            raise SpecError(task.source, "resources.cloud", note)
     if cloud is Cloud.AWS:
         for destination, source in spec.file_mounts:
             if "://" in source and not source.startswith("s3://"):
@@ -61,6 +64,7 @@ def check_task_for_cloud(task: SubmittedTask) -> None:
             if "://" in source and not source.startswith("gs://"):
                 raise SpecError(task.source, f"file_mounts.{destination}",
                                 f"{source!r}: cloud gcp copies local paths and gs:// sources only")
+    return note
 
 
 def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mapping[str, str] | None = None, *,

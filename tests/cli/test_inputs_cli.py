@@ -425,3 +425,14 @@ def test_ctrl_c_while_up_waits_says_what_goes_on_and_exits_130(home: Path, tmp_p
     assert code == 130
     assert "Stopped waiting; the controller keeps starting svc" in stderr and "serve down svc` cancels" in stderr
     assert services(home) == ["svc"]  # the service was submitted and stays
+
+
+def test_up_dry_run_plans_a_cloud_whose_library_is_not_installed_and_says_so(
+        cli: Cli, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("skyserve_lite.providers.available_clouds", lambda: ("local",))
+    code, stdout, stderr = cli("serve", "up", write(tmp_path, PLAIN), "--dry-run", "--infra", "aws/us-east-1")
+    assert code == 0, stderr
+    assert "m5.large (us-east-1, $0.10/h, on-demand)" in stdout
+    assert "Note: cloud 'aws' is not available here" in stdout and "without --dry-run needs it" in stdout
+    code, _, stderr = up(cli, write(tmp_path, PLAIN), "--infra", "aws/us-east-1")  # for real: refused
+    assert code == 2 and "resources.cloud: cloud 'aws' is not available here" in stderr
