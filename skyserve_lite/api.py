@@ -190,8 +190,9 @@ class StatusReport:
 class Controller(Protocol):
     """The CLI's one door to a controller. Every method is safe to retry."""
 
-    def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
-        """Store ``task`` as version 1 of a new service and make sure a controller acts on it."""
+    def create_service(self, name: str, task: SubmittedTask, *, endpoint_port: int | None = None) -> ServiceRecord:
+        """Store ``task`` as version 1 of a new service and make sure a controller acts on it; with
+        ``endpoint_port`` its load balancer listens there and nowhere else (refused when taken)."""
         ...
 
     def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
@@ -308,17 +309,24 @@ class LocalController:
         finally:
             store.close()
 
-    def create_service(self, name: str, task: SubmittedTask, *, key: str | None = None) -> ServiceRecord:
+    def create_service(self, name: str, task: SubmittedTask, *, endpoint_port: int | None = None,
+                       key: str | None = None) -> ServiceRecord:
         """See ``Controller``; ``key`` is a submission's idempotency key (a retry returns the service the
         first attempt created)."""
         check_service_name(name)
+        if endpoint_port is not None and not 1 <= endpoint_port <= 65535:
+            raise UsageError(f"--endpoint-port: {endpoint_port} is not a port (1-65535)")
         with self._submitting(task, None) as (task, inputs, store, _settings):
             tls = task.spec.service.tls is not None
             if key is not None and (done := store.find_submission(key)) is not None and done[0] == name:
                 return self._shown(store.get_service(name), tls=tls)
-            port = _pick_lb_port(store.used_lb_ports())
+            used = store.used_lb_ports()
+            if endpoint_port is not None and (endpoint_port in used or not procs.is_port_free(endpoint_port)):
+                whose = "the endpoint of another service" if endpoint_port in used else "taken on this host"
+                raise StateConflictError(f"--endpoint-port {endpoint_port}: the port is {whose}; choose another")
+            port = endpoint_port if endpoint_port is not None else _pick_lb_port(used)
             service = self._shown(store.create_service(name, task, port, self._clock.now(), key=key,
-                                                       inputs=inputs), tls=tls)
+                                                       inputs=inputs, pinned=endpoint_port is not None), tls=tls)
             store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
                                f"{task.source}" + _describe_files(task))])
         if self._start_daemon:

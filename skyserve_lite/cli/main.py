@@ -120,12 +120,16 @@ def serve() -> None:
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until the service is READY.")
 @click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
               help="Seconds to wait for READY.")
+@click.option("--endpoint-port", type=click.IntRange(1, 65535), default=None,
+              help="Pin the load balancer's port: refused at once if taken, never moved later (default: the first "
+              "free port from 30001).")
 @click.option("--dry-run", is_flag=True, help="Validate, resolve resources and print what would be launched "
               "(cloud, region, instance type, price, image, market per replica); store and launch nothing.")
 @_output_option
 @_inputs_options
-def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: float, dry_run: bool, output: str,
-             infra: str | None, envs: tuple[str, ...], env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
+def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: float, endpoint_port: int | None,
+             dry_run: bool, output: str, infra: str | None, envs: tuple[str, ...], env_files: tuple[Path, ...],
+             secrets: tuple[str, ...]) -> None:
     """Start a service from TASK_FILE."""
     del yes  # `serve up` asks nothing; accepted so that scripts can pass -y to every command
     with _errors():
@@ -141,7 +145,7 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
             else:
                 _stdout().print(launch_plan_renderable(plan))
             return
-        service = controller.create_service(name, task)
+        service = controller.create_service(name, task, endpoint_port=endpoint_port)
         if not wait:
             click.echo(f"Service {name} submitted; it will answer at {service.endpoint} once a replica is "
                        f"READY (see `sky-lite serve status {name}`).")

@@ -54,6 +54,7 @@ class Executor:
         self._new_token = new_token or (lambda: uuid.uuid4().hex)
         self._blobs = blobs
         self._collected_once = False
+        self._port_conflicts: set[str] = set()  # services whose pinned port another process holds
         self._heartbeat_at = float("-inf")
 
     def record_pass(self) -> None:
@@ -214,7 +215,15 @@ class Executor:
         load balancer that cannot bind would otherwise be restarted on every pass, and the service would
         never answer. The move is recorded as an event (status shows the new endpoint)."""
         if self._lb_runner.is_port_free(port):
+            self._port_conflicts.discard(name)
             return port
+        service = self._store.find_service(name)
+        if service is not None and service.lb_port_pinned:
+            if name not in self._port_conflicts:  # said once, while the conflict lasts
+                self._port_conflicts.add(name)
+                events.append(Event(name, None, "load_balancer", f"port {port} is taken by another process; the "
+                                    "endpoint is pinned (--endpoint-port), so the load balancer waits for it"))
+            return None
         moved = find_lb_port(self._store.used_lb_ports(), self._lb_runner.is_port_free)
         if moved is None:
             events.append(Event(name, None, "load_balancer", f"port {port} is taken and no other port is free"))

@@ -58,11 +58,11 @@ class RemoteController:
         self._retry_pause = retry_pause_seconds
 
     # --- the api.Controller methods --------------------------------------------------------------
-    def create_service(self, name: str, task: SubmittedTask) -> ServiceRecord:
+    def create_service(self, name: str, task: SubmittedTask, *, endpoint_port: int | None = None) -> ServiceRecord:
         wire = self._prepare(task)
         key = uuid.uuid4().hex
         return cast(ServiceRecord, self._submit(wire, lambda w: decode(ServiceRecord, self._call(
-            "create_service", {"name": name, "task": encode(w)}, key=key))))
+            "create_service", {"name": name, "task": encode(w), "endpoint_port": endpoint_port}, key=key))))
 
     def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
         return cast(list[ServiceView], decode(list[ServiceView], self._call("get_status", {"names": list(names)})))

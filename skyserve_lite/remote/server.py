@@ -76,7 +76,8 @@ class RpcServer:
         return {
             "describe": lambda p, k: self._answer(self._describe()),
             "create_service": lambda p, k: self._answer(c.create_service(
-                _get(p, "name", str), _get(p, "task", WireTask).to_task(), key=_key(k))),
+                _get(p, "name", str), _get(p, "task", WireTask).to_task(),
+                endpoint_port=_get(p, "endpoint_port", int | None), key=_key(k))),
             "get_status": lambda p, k: self._answer(c.get_status(_get(p, "names", tuple[str, ...]))),
             "get_status_report": lambda p, k: self._answer(c.get_status_report(_get(p, "names", tuple[str, ...]))),
             "get_rollout_state": lambda p, k: self._answer(c.get_rollout_state(_get(p, "name", str))),

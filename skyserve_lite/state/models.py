@@ -82,6 +82,7 @@ class ServiceRecord:
     # The current version has `service.tls`: its load balancer serves HTTPS. Not stored: set where a view
     # of the service is built (``api``), from the current version's spec.
     endpoint_tls: bool = False
+    lb_port_pinned: bool = False  # `serve up --endpoint-port`: the port never moves
 
     @property
     def endpoint(self) -> str:

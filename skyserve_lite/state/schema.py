@@ -132,4 +132,9 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE replicas ADD COLUMN instance_type TEXT;
     ALTER TABLE replicas ADD COLUMN accelerator TEXT;
     """,
+    # 9: an endpoint port the user pinned (`serve up --endpoint-port`): never moved when another process
+    #    takes it; the service says so instead.
+    """
+    ALTER TABLE services ADD COLUMN lb_port_pinned INTEGER NOT NULL DEFAULT 0;
+    """,
 )

@@ -341,7 +341,8 @@ class Store:
 
     # --- services and versions ------------------------------------------------------------------
     def create_service(self, name: str, task: SubmittedTask, lb_port: int, now: float, *,
-                       key: str | None = None, inputs: BoundInputs | None = None) -> ServiceRecord:
+                       key: str | None = None, inputs: BoundInputs | None = None,
+                       pinned: bool = False) -> ServiceRecord:
         """Store a new service with ``task`` as version 1. Raises ``StateConflictError`` if it exists, unless
         it was created by the submission ``key`` (a retry), which returns it."""
         with self._write() as db:
@@ -354,10 +355,10 @@ class Store:
             if db.execute("SELECT 1 FROM services WHERE lb_port = ?", (lb_port,)).fetchone():
                 raise StateConflictError(f"port {lb_port} is already the endpoint of another service")
             db.execute(
-                "INSERT INTO services (name, current_version, status, lb_port, lb_policy, created_at)"
-                " VALUES (?, 1, ?, ?, ?, ?)",
+                "INSERT INTO services (name, current_version, status, lb_port, lb_policy, created_at, lb_port_pinned)"
+                " VALUES (?, 1, ?, ?, ?, ?, ?)",
                 (name, ServiceStatus.CONTROLLER_INIT.value, lb_port,
-                 task.spec.service.lb_policy, now),
+                 task.spec.service.lb_policy, now, int(pinned)),
             )
             self._insert_version(db, name, 1, task, "initial", now, inputs=inputs)
             if key is not None:
@@ -660,7 +661,7 @@ class Store:
 
 _SERVICE_SELECT = (
     "name, current_version, status, status_reason, lb_port, lb_pid, lb_policy, deleting, created_at,"
-    " next_replica_id, active_versions"
+    " next_replica_id, active_versions, lb_port_pinned"
 )
 _VERSION_SELECT = (
     "v.service, v.version, v.text, v.source, v.created_at, v.mode, v.note, s.manifest_json, v.files_expired,"
@@ -688,11 +689,12 @@ def _version(row: tuple[Any, ...]) -> VersionRecord:
 
 
 def _service(row: tuple[Any, ...]) -> ServiceRecord:
-    (name, version, status, reason, port, pid, policy, deleting, created_at, next_id, active) = row
+    (name, version, status, reason, port, pid, policy, deleting, created_at, next_id, active, pinned) = row
     return ServiceRecord(
         name=name, current_version=version, status=ServiceStatus(status), status_reason=reason,
         lb_port=port, lb_pid=pid, lb_policy=policy, deleting=bool(deleting), created_at=created_at,
         next_replica_id=next_id, active_versions=None if active is None else tuple(json.loads(active)),
+        lb_port_pinned=bool(pinned),
     )
 
 

@@ -436,3 +436,32 @@ def test_up_dry_run_plans_a_cloud_whose_library_is_not_installed_and_says_so(
     assert "Note: cloud 'aws' is not available here" in stdout and "without --dry-run needs it" in stdout
     code, _, stderr = up(cli, write(tmp_path, PLAIN), "--infra", "aws/us-east-1")  # for real: refused
     assert code == 2 and "resources.cloud: cloud 'aws' is not available here" in stderr
+
+
+def test_endpoint_port_pins_the_port_or_is_refused_at_once(cli: Cli, home: Path, tmp_path: Path) -> None:
+    import socket
+
+    from skyserve_lite.procs import find_free_port
+
+    port = find_free_port()
+    code, stdout, stderr = cli("serve", "up", write(tmp_path, PLAIN), "-n", "svc", "--no-wait",
+                               "--endpoint-port", str(port))
+    assert code == 0, stderr
+    assert f"http://127.0.0.1:{port}" in stdout
+    store = Store.open(home)
+    service = store.get_service("svc")
+    store.close()
+    assert service.lb_port == port and service.lb_port_pinned
+    code, _, stderr = cli("serve", "up", write(tmp_path, PLAIN), "-n", "other", "--no-wait", "--endpoint-port",
+                          str(port))
+    assert code == 1 and f"--endpoint-port {port}: the port is the endpoint of another service" in stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        code, _, stderr = cli("serve", "up", write(tmp_path, PLAIN), "-n", "other", "--no-wait",
+                              "--endpoint-port", str(busy))
+    assert code == 1 and f"--endpoint-port {busy}: the port is taken on this host; choose another" in stderr
+    code, _, stderr = cli("serve", "up", write(tmp_path, PLAIN), "-n", "other", "--endpoint-port", "70000")
+    assert code == 2 and "--endpoint-port" in stderr
+    assert services(home) == ["svc"]

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
 from skyserve_lite.providers.fake import Call
+from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 
-from .conftest import Harness
+from .conftest import TASK, Harness
 
 BAD = ProbeResult(ok=False, detail="HTTP 503")
 
@@ -261,3 +263,20 @@ def test_a_service_with_a_free_port_keeps_it(harness: Harness) -> None:
     harness.tick()
     assert harness.lbs.started == [("svc", 30001)]
     assert "load balancer started on port 30001 (pid 50001)" in [e.message for e in harness.store.list_events("svc")]
+
+
+def test_a_pinned_port_taken_later_is_waited_for_and_said_once_not_moved(harness: Harness) -> None:
+    text = TASK.format(replicas=1)
+    harness.store.create_service("svc", SubmittedTask(text=text, source="/t/svc.yaml", spec=parse_task(text)),
+                                 30001, harness.clock.now(), pinned=True)
+    harness.lbs.taken_ports.add(30001)
+    harness.tick()
+    harness.tick()
+    assert harness.lbs.started == [] and harness.service().lb_port == 30001
+    messages = [e.message for e in harness.store.list_events("svc")]
+    said = "port 30001 is taken by another process; the endpoint is pinned (--endpoint-port), so the load " \
+           "balancer waits for it"
+    assert messages.count(said) == 1
+    harness.lbs.taken_ports.discard(30001)
+    harness.tick()
+    assert harness.lbs.started == [("svc", 30001)]
