@@ -187,6 +187,10 @@ class StatusReport:
     controller: ControllerStatus
 
 
+# Events a status view carries unless asked for more (`serve status NAME --events N`).
+DEFAULT_EVENTS = 10
+
+
 class Controller(Protocol):
     """The CLI's one door to a controller. Every method is safe to retry."""
 
@@ -195,11 +199,12 @@ class Controller(Protocol):
         ``endpoint_port`` its load balancer listens there and nowhere else (refused when taken)."""
         ...
 
-    def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
-        """Views of the named services (all when empty). Raises ``NotFoundError`` for an unknown name."""
+    def get_status(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> list[ServiceView]:
+        """Views of the named services (all when empty), each with its newest ``events``. Raises
+        ``NotFoundError`` for an unknown name."""
         ...
 
-    def get_status_report(self, names: Sequence[str] = ()) -> StatusReport:
+    def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
         """``get_status`` and ``controller_status`` in one call (one round trip to a remote controller)."""
         ...
 
@@ -333,7 +338,7 @@ class LocalController:
             ensure_controller(self.home)
         return service
 
-    def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
+    def get_status(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> list[ServiceView]:
         store = self._open()
         try:
             services = [store.get_service(n) for n in names] if names else store.list_services()
@@ -346,15 +351,16 @@ class LocalController:
                     policy=spec.service.replica_policy.describe(),
                     load_balancing_policy=spec.service.load_balancing_policy.value,
                     replicas=tuple(store.list_replicas(service.name)),
-                    events=tuple(store.list_events(service.name, limit=10)),
+                    events=tuple(store.list_events(service.name, limit=events)) if events > 0 else (),
                     autoscaler=store.get_autoscaler_state(service.name),
                 ))
         finally:
             store.close()
         return views
 
-    def get_status_report(self, names: Sequence[str] = ()) -> StatusReport:
-        return StatusReport(services=tuple(self.get_status(names)), controller=self.controller_status())
+    def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
+        return StatusReport(services=tuple(self.get_status(names, events=events)),
+                            controller=self.controller_status())
 
     def controller_status(self) -> ControllerStatus:
         pid = read_controller_pid(self.home)

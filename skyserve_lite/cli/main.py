@@ -295,7 +295,9 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
 @click.option("--endpoint", "endpoint_only", is_flag=True,
               help="Print only the endpoint URL of the one service named: curl $(sky-lite serve status NAME "
               "--endpoint).")
-def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool) -> None:
+@click.option("--events", "events", type=click.IntRange(min=0), default=api.DEFAULT_EVENTS, show_default=True,
+              help="How many of the newest events to show per service named (and in the JSON).")
+def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, events: int) -> None:
     """Show services and their replicas (all services when no NAME is given)."""
     with _errors():
         if endpoint_only:
@@ -304,7 +306,7 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool) -> No
             [view] = _controller().get_status(names)
             click.echo(view.service.endpoint)
             return
-        report = _controller().get_status_report(names)
+        report = _controller().get_status_report(names, events=events)
         views, state = list(report.services), report.controller
         unverified = state.unverified_for
         if output == "json":

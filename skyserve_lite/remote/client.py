@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from skyserve_lite.api import ControllerStatus, RolloutState, ServiceView, StatusReport
+from skyserve_lite.api import DEFAULT_EVENTS, ControllerStatus, RolloutState, ServiceView, StatusReport
 from skyserve_lite.clock import Clock, SystemClock
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, HostKeyError, MissingBlobsError, SpecError
@@ -64,11 +64,13 @@ class RemoteController:
         return cast(ServiceRecord, self._submit(wire, lambda w: decode(ServiceRecord, self._call(
             "create_service", {"name": name, "task": encode(w), "endpoint_port": endpoint_port}, key=key))))
 
-    def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
-        return cast(list[ServiceView], decode(list[ServiceView], self._call("get_status", {"names": list(names)})))
+    def get_status(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> list[ServiceView]:
+        return cast(list[ServiceView], decode(list[ServiceView], self._call(
+            "get_status", {"names": list(names), "events": events})))
 
-    def get_status_report(self, names: Sequence[str] = ()) -> StatusReport:
-        return cast(StatusReport, decode(StatusReport, self._call("get_status_report", {"names": list(names)})))
+    def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
+        return cast(StatusReport, decode(StatusReport, self._call(
+            "get_status_report", {"names": list(names), "events": events})))
 
     def get_rollout_state(self, name: str) -> RolloutState:
         return cast(RolloutState, decode(RolloutState, self._call("get_rollout_state", {"name": name})))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from skyserve_lite import __version__
-from skyserve_lite.api import LocalController
+from skyserve_lite.api import DEFAULT_EVENTS, LocalController
 from skyserve_lite.errors import ControllerVersionError, SkyLiteError, UsageError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.plan.rollout import UpdateMode
@@ -78,8 +78,10 @@ class RpcServer:
             "create_service": lambda p, k: self._answer(c.create_service(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task(),
                 endpoint_port=_get(p, "endpoint_port", int | None), key=_key(k))),
-            "get_status": lambda p, k: self._answer(c.get_status(_get(p, "names", tuple[str, ...]))),
-            "get_status_report": lambda p, k: self._answer(c.get_status_report(_get(p, "names", tuple[str, ...]))),
+            "get_status": lambda p, k: self._answer(c.get_status(
+                _get(p, "names", tuple[str, ...]), events=_get_or(p, "events", int, DEFAULT_EVENTS))),
+            "get_status_report": lambda p, k: self._answer(c.get_status_report(
+                _get(p, "names", tuple[str, ...]), events=_get_or(p, "events", int, DEFAULT_EVENTS))),
             "get_rollout_state": lambda p, k: self._answer(c.get_rollout_state(_get(p, "name", str))),
             "plan_create": lambda p, k: self._answer(c.plan_create(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task())),
@@ -207,6 +209,11 @@ def _get(params: dict[str, Any], name: str, tp: Any) -> Any:
     if name not in params:
         raise protocol.ProtocolError(f"the request has no parameter {name!r}")
     return decode(tp, params[name], f"params.{name}")
+
+
+def _get_or(params: dict[str, Any], name: str, tp: Any, default: Any) -> Any:
+    """An optional parameter: ``default`` when the request leaves it out."""
+    return decode(tp, params[name], f"params.{name}") if name in params else default
 
 
 def _key(key: object) -> str | None:

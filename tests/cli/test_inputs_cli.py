@@ -417,7 +417,7 @@ def test_up_help_says_yes_is_accepted_for_symmetry(cli: Cli) -> None:
 
 def test_ctrl_c_while_up_waits_says_what_goes_on_and_exits_130(home: Path, tmp_path: Path) -> None:
     class Interrupted(LocalController):
-        def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
+        def get_status(self, names: Sequence[str] = (), *, events: int = 10) -> list[ServiceView]:
             raise KeyboardInterrupt  # what Ctrl-C raises in the wait loop
 
     cli = Cli(Interrupted(home, FakeClock(), start_daemon=False))
@@ -465,3 +465,18 @@ def test_endpoint_port_pins_the_port_or_is_refused_at_once(cli: Cli, home: Path,
     code, _, stderr = cli("serve", "up", write(tmp_path, PLAIN), "-n", "other", "--endpoint-port", "70000")
     assert code == 2 and "--endpoint-port" in stderr
     assert services(home) == ["svc"]
+
+
+def test_status_events_shows_as_many_events_as_asked(cli: Cli, home: Path, tmp_path: Path) -> None:
+    assert up(cli, write(tmp_path, PLAIN))[0] == 0
+    store = Store.open(home)
+    store.add_events([(float(i), "svc", None, "service", f"event number {i}") for i in range(1, 31)])
+    store.close()
+    code, stdout, _ = cli("serve", "status", "svc", "-o", "json", "--events", "25")
+    assert code == 0
+    messages = [e["message"] for e in json.loads(stdout)["services"][0]["events"]]
+    assert len(messages) == 25 and messages[-1] == "event number 30"
+    assert len(json.loads(cli("serve", "status", "svc", "-o", "json")[1])["services"][0]["events"]) == 10
+    assert json.loads(cli("serve", "status", "svc", "-o", "json", "--events", "0")[1])["services"][0]["events"] == []
+    code, stdout, _ = cli("serve", "status", "svc", "--events", "3")
+    assert "event number 30" in stdout and "event number 27" not in stdout

@@ -117,6 +117,8 @@ def test_answers_are_the_local_controllers_values(harness: Harness, home: Path, 
         harness.tick()
     local, remote = LocalController(home, start_daemon=False), RemoteController(InProcessTransport(home))
     assert remote.get_status() == local.get_status()
+    assert remote.get_status(["web"], events=2) == local.get_status(["web"], events=2)
+    assert len(remote.get_status_report(["web"], events=1).services[0].events) == 1
     assert remote.get_status_report(["web"]).services == tuple(local.get_status(["web"]))
     assert remote.get_rollout_state("web") == local.get_rollout_state("web")
     task = load_task_file(_task_file(tmp_path / "tasks", TASK.format(replicas=3)))
