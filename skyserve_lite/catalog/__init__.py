@@ -19,7 +19,7 @@ from skyserve_lite.catalog.accelerators import is_same_accelerator
 from skyserve_lite.catalog.catalog import Catalog, load_catalog
 from skyserve_lite.catalog.choose import DEFAULT_INSTANCE_TYPES
 from skyserve_lite.catalog.disks import DiskChoice, disk_for
-from skyserve_lite.catalog.model import CLOUDS, CatalogError, Gpu, InstanceOffer, Need, format_offer
+from skyserve_lite.catalog.model import CLOUDS, CatalogError, Gpu, InstanceOffer, Need
 
 __all__ = [
     "CLOUDS",
@@ -31,7 +31,6 @@ __all__ = [
     "InstanceOffer",
     "Need",
     "disk_for",
-    "format_offer",
     "is_same_accelerator",
     "load_catalog",
 ]

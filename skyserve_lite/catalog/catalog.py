@@ -13,7 +13,6 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from skyserve_lite.catalog.accelerators import is_same_accelerator
 from skyserve_lite.catalog.choose import DEFAULT_INSTANCE_TYPES, find_candidates
 from skyserve_lite.catalog.model import CLOUDS, CatalogError, InstanceOffer, Need
 from skyserve_lite.catalog.table import find_region_runs, parse_offers, split_rows
@@ -87,18 +86,6 @@ class Catalog:
             names = {o.gpu.name for o in self.offers() if o.gpu is not None}
             self._accelerators = tuple(sorted(names, key=str.casefold))
         return self._accelerators
-
-    def canonical_accelerator(self, name: str) -> str | None:
-        """The catalog's spelling of an accelerator named in any case (``a100-80gb`` -> ``A100-80GB``), None
-        for one the catalog does not have."""
-        return next((known for known in self.known_accelerators() if is_same_accelerator(name, known)), None)
-
-    def accelerator_memory_gib(self, name: str) -> float | None:
-        """The memory of one ``name`` accelerator (any case), the largest where types differ (AWS reports an
-        L4 with 22.35 GiB, or a fraction of one for g6f); None for one the catalog does not have."""
-        sizes = [o.gpu.memory_gib for o in self.offers() if o.gpu is not None and o.gpu.count > 0
-                 and is_same_accelerator(name, o.gpu.name)]
-        return max(sizes) if sizes else None
 
     @property
     def default_instance_type(self) -> str | None:

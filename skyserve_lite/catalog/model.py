@@ -116,19 +116,3 @@ class Need:
         if self.memory_gib is not None:
             parts.append(f"{self.memory_gib:g}{'+' if self.memory_at_least else ''} GiB memory")
         return ", ".join(parts) or "the default instance type"
-
-
-def format_offer(offer: InstanceOffer, spot: bool) -> str:
-    """One offer for a plan: ``p4d.24xlarge (us-east-1, $32.77/h)``; ``(us-east-1, spot $9.83/h)`` for a
-    known spot price; ``(us-east-1, $32.77/h on-demand, no spot price in catalog)`` when spot is asked but
-    only the on-demand price is known; ``(us-east-1, price not in catalog)`` when neither is."""
-    what = offer.instance_type
-    if offer.accelerator_type is not None and offer.gpu is not None:
-        what = f"{what} + {offer.gpu.count}x {offer.gpu.name}"
-    if spot and offer.spot_price is not None:
-        price = f"spot ${offer.spot_price:.2f}/h"
-    elif offer.ondemand_price is not None:
-        price = f"${offer.ondemand_price:.2f}/h" + (" on-demand, no spot price in catalog" if spot else "")
-    else:
-        price = "price not in catalog"
-    return f"{what} ({offer.region}, {price})"

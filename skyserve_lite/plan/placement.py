@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,19 +146,6 @@ def find_uncatalogued(catalog: Any, resources: Resources, region: str | None) ->
         vcpus=known.vcpus if known else 0.0, memory_gib=known.memory_gib if known else 0.0,
         gpu=known.gpu if known else None, arch=known.arch if known else "x86_64", ondemand_price=None,
         spot_price=None, accelerator_type=known.accelerator_type if known else None)
-
-
-def describe_resolution(resolution: Resolution) -> Sequence[str]:
-    """The plan's lines: one per placement, in the order tried, then what was left out."""
-    lines = [f"{i}. {p.describe()}; image {p.describe_image()}" for i, p in
-             enumerate((*resolution.ondemand, *resolution.spot), start=1)]
-    lines += [f"left out: {reason}" for reason in resolution.skipped]
-    return lines
-
-
-def resources_of(spec: TaskSpec, placement: Placement) -> Resources:
-    """The candidate ``placement`` was resolved from."""
-    return spec.resource_candidates[placement.candidate]
 
 
 @dataclass(frozen=True)

@@ -77,11 +77,6 @@ def placements_of(request: LaunchRequest, default_region: str | None) -> tuple[P
                  for p in placements)
 
 
-def find_region(request: LaunchRequest, default_region: str | None) -> str | None:
-    """The region of ``request``'s first placement."""
-    return placements_of(request, default_region)[0].region
-
-
 def plan_launch_groups(requests: Sequence[LaunchRequest], default_region: str | None,
                        fits: Callable[[Sequence[LaunchRequest]], bool] = lambda _batch: True,
                        attempt: int = 0) -> list[LaunchGroup]:

@@ -167,16 +167,3 @@ def test_known_accelerators() -> None:
     aws = load_catalog("aws").known_accelerators()
     assert {"A100", "A100-80GB", "A10G", "H100", "L4", "L40S", "T4", "T4g", "V100-32GB", "Inferentia"} <= set(aws)
     assert aws == tuple(sorted(aws, key=str.casefold))
-
-
-@pytest.mark.parametrize(("cloud", "asked", "canonical", "memory"), [
-    ("aws", "a10g", "A10G", 22.352),
-    ("aws", "A100-80gb", "A100-80GB", 80),
-    ("aws", "l4", "L4", 22.352),  # the g6f eighths of an L4 do not count
-    ("gcp", "l4", "L4", 24),
-    ("gcp", "K80", None, None),
-])
-def test_accelerator_names_and_memory(cloud: str, asked: str, canonical: str | None, memory: float | None) -> None:
-    catalog = load_catalog(cloud)
-    assert catalog.canonical_accelerator(asked) == canonical
-    assert catalog.accelerator_memory_gib(asked) == memory

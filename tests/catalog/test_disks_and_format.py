@@ -6,7 +6,7 @@ from enum import Enum
 
 import pytest
 
-from skyserve_lite.catalog import CatalogError, DiskChoice, Gpu, InstanceOffer, disk_for, format_offer
+from skyserve_lite.catalog import CatalogError, DiskChoice, InstanceOffer, disk_for
 
 
 def machine(cloud: str, instance_type: str, vcpus: float = 8) -> InstanceOffer:
@@ -60,21 +60,3 @@ def test_disk_for_errors(cloud: str, tier: str, field: str) -> None:
     with pytest.raises(CatalogError) as caught:
         disk_for(cloud, tier, machine("aws", "m5.large"))
     assert caught.value.field == field
-
-
-P4D = InstanceOffer("aws", "p4d.24xlarge", "us-east-1", ("us-east-1a",), 96, 1152, Gpu("A100", 8, 40), "x86_64",
-                    32.7726, None)
-
-
-@pytest.mark.parametrize(("offer", "spot", "expected"), [
-    (P4D, False, "p4d.24xlarge (us-east-1, $32.77/h)"),
-    (P4D, True, "p4d.24xlarge (us-east-1, $32.77/h on-demand, no spot price in catalog)"),
-    (InstanceOffer("aws", "g5.xlarge", "us-west-2", (), 4, 16, None, "x86_64", 1.006, 0.4123), True,
-     "g5.xlarge (us-west-2, spot $0.41/h)"),
-    (InstanceOffer("aws", "m7i.large", "us-east-1", (), 2, 8, None, "x86_64", None, None), False,
-     "m7i.large (us-east-1, price not in catalog)"),
-    (InstanceOffer("gcp", "n1-standard-8", "us-central1", (), 8, 30, Gpu("T4", 1, 16), "x86_64", 0.729998, None,
-                   "nvidia-tesla-t4"), False, "n1-standard-8 + 1x T4 (us-central1, $0.73/h)"),
-])
-def test_format_offer(offer: InstanceOffer, spot: bool, expected: str) -> None:
-    assert format_offer(offer, spot) == expected

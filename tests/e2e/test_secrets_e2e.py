@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SkyLite, http_get, wait_until
+from .conftest import SkyLite, answering_run, http_get, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -28,22 +28,8 @@ service:
     initial_delay_seconds: 30
     timeout_seconds: 2
   replicas: 1
-run: |
-  exec python3 -u -c '
-  import hashlib, http.server, os
-  class Handler(http.server.BaseHTTPRequestHandler):
-      def do_GET(self):
-          digest = hashlib.sha256(os.environ["API_TOKEN"].encode()).hexdigest()
-          body = (os.environ["GREETING"] + " " + digest + "\\n").encode()
-          self.send_response(200)
-          self.send_header("Content-Length", str(len(body)))
-          self.end_headers()
-          self.wfile.write(body)
-      def log_message(self, *args):
-          pass
-  http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
-  '
-"""
+""" + answering_run('os.environ["GREETING"] + " " + hashlib.sha256(os.environ["API_TOKEN"].encode()).hexdigest()'
+                    ' + "\\n"')
 
 
 def files_holding(home: Path, needle: str) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.files.certs import make_pair
 
-from .conftest import SkyLite, wait_until
+from .conftest import SkyLite, answering_run, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -30,20 +30,7 @@ service:
   tls:
     keyfile: {key}
     certfile: {cert}
-run: |
-  exec python3 -u -c '
-  import http.server, os
-  class Handler(http.server.BaseHTTPRequestHandler):
-      def do_GET(self):
-          proto = self.headers.get("X-Forwarded-Proto")
-          body = ("secure hello over " + str(proto) + "\\n").encode()
-          self.send_response(200)
-          self.send_header("Content-Length", str(len(body)))
-          self.end_headers()
-          self.wfile.write(body)
-  http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
-  '
-"""
+""" + answering_run('"secure hello over " + str(self.headers.get("X-Forwarded-Proto")) + "\\n"')
 
 
 def https_get(url: str, cafile: Path) -> tuple[int, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SkyLite, http_get, wait_until
+from .conftest import SkyLite, answering_run, http_get, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -20,21 +20,7 @@ service:
   replicas: {replicas}
 envs:
   GREETING: {greeting}
-run: |
-  exec python3 -u -c '
-  import http.server, os
-  class H(http.server.BaseHTTPRequestHandler):
-      def do_GET(self):
-          body = (os.environ["GREETING"] + " " + os.environ["SKY_LITE_REPLICA_ID"]).encode()
-          self.send_response(200)
-          self.send_header("Content-Length", str(len(body)))
-          self.end_headers()
-          self.wfile.write(body)
-      def log_message(self, *args):
-          pass
-  http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
-  '
-"""
+""" + answering_run('os.environ["GREETING"] + " " + os.environ["SKY_LITE_REPLICA_ID"]')
 
 
 def replicas(sky: SkyLite) -> dict[int, tuple[int, str, str]]:
