@@ -137,4 +137,15 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE services ADD COLUMN lb_port_pinned INTEGER NOT NULL DEFAULT 0;
     """,
+    # 10: replicas an operator asked to terminate (`serve down NAME --replica-id N`). A table of its own, not a
+    #    column of `replicas`: the executor writes whole replica rows from what its pass read, and would
+    #    overwrite a flag set meanwhile; a request row stays until the executor has acted on it.
+    """
+    CREATE TABLE replica_terminations (
+        service TEXT NOT NULL REFERENCES services(name) ON DELETE CASCADE,
+        replica_id INTEGER NOT NULL,
+        requested_at REAL NOT NULL,
+        PRIMARY KEY (service, replica_id)
+    );
+    """,
 )

@@ -508,6 +508,22 @@ class Store:
         with self._write() as db:
             db.executemany("UPDATE services SET deleting = 1 WHERE name = ?", [(name,) for name in names])
 
+    def request_replica_termination(self, service: str, replica_id: int, now: float) -> None:
+        """Ask the controller to terminate one replica (idempotent: the first request's time stays)."""
+        with self._write() as db:
+            db.execute("INSERT OR IGNORE INTO replica_terminations (service, replica_id, requested_at) "
+                       "VALUES (?, ?, ?)", (service, replica_id, now))
+
+    def list_replica_terminations(self) -> dict[tuple[str, int], float]:
+        """Every pending request: (service, replica id) -> when it was asked for."""
+        rows = self._db.execute("SELECT service, replica_id, requested_at FROM replica_terminations")
+        return {(str(row[0]), int(row[1])): float(row[2]) for row in rows.fetchall()}
+
+    def delete_replica_terminations(self, keys: Sequence[tuple[str, int]]) -> None:
+        """Forget requests the executor has acted on (or whose replica is gone)."""
+        with self._write() as db:
+            db.executemany("DELETE FROM replica_terminations WHERE service = ? AND replica_id = ?", keys)
+
     def set_service_status(self, name: str, status: ServiceStatus, reason: str | None) -> None:
         with self._write() as db:
             db.execute("UPDATE services SET status = ?, status_reason = ? WHERE name = ?",
@@ -532,6 +548,7 @@ class Store:
             db.execute("DELETE FROM lb_reports WHERE service = ?", (name,))
             db.execute("DELETE FROM events WHERE service = ?", (name,))
             db.execute("DELETE FROM submissions WHERE service = ?", (name,))
+            db.execute("DELETE FROM replica_terminations WHERE service = ?", (name,))
             db.execute("DELETE FROM services WHERE name = ?", (name,))
 
     # --- replicas --------------------------------------------------------------------------------
