@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from skyserve_lite.api import HistoryEntry, ServiceView
 from skyserve_lite.autoscalers.simulator import SimulatedDecision
+from skyserve_lite.cli.fit import Column, FitTable, Narrow
 from skyserve_lite.clock import format_timestamp
 from skyserve_lite.files.capture import format_size
 from skyserve_lite.plan.placement import LaunchPlan
@@ -24,14 +24,16 @@ _STATUS_STYLE = {
 }
 
 
-def _table(*columns: str) -> Table:
-    table = Table(box=None, header_style="bold")
-    for column in columns:
-        table.add_column(column)
-    return table
+# Priorities below: among the columns that may give way in a narrow console, the lowest goes first (see
+# ``cli.fit``). Columns without one (names, ids, URLs, statuses) are KEEP: always shown, never cut.
+_DROP = Narrow.DROP
+_UNDER = Narrow.UNDER
+# A free-text column wraps down to this many cells before anything gives way: a block of 30 reads as text,
+# where rich's own squeezing left a column of one word per line.
+_FOLD = 30
 
 
-def _titled(title: str, table: Table) -> Group:
+def _titled(title: str, table: FitTable) -> Group:
     """A title on its own line: a table's own title wraps to the table's width."""
     return Group(Text(title, style="bold"), table)
 
@@ -54,18 +56,28 @@ def format_age(since: float, now: float) -> str:
     return f"{seconds}s"
 
 
+# Few services, so what gives way moves under the row rather than being dropped. With a 24-character name,
+# in 120 columns: LB POLICY (11) and AUTOSCALER (49) go under, and NAME 24 + STATUS 6 + VERSION 7 +
+# ENDPOINT 23 + POLICY 40 + REPLICAS 9 + 5 gaps of 2 = 119 fit; in 80 VERSION and POLICY go under too (68).
+SERVICE_COLUMNS = (
+    Column("NAME"), Column("STATUS"), Column("VERSION", _UNDER, priority=3), Column("ENDPOINT"),
+    Column("POLICY", _UNDER, priority=4), Column("LB POLICY", _UNDER, priority=1),
+    Column("REPLICAS", _UNDER, priority=5), Column("AUTOSCALER", _UNDER, priority=2),
+    Column("REASON", _UNDER, priority=0, label=""),
+)
+
+
 def services_table(views: Sequence[ServiceView], unverified_for: float | None = None) -> Group:
-    table = _table("NAME", "STATUS", "VERSION", "ENDPOINT", "POLICY", "LB POLICY", "REPLICAS", "AUTOSCALER")
+    table = FitTable(SERVICE_COLUMNS)
     for view in views:
         ready = sum(1 for r in view.replicas if r.status.value == "READY")
         live = sum(1 for r in view.replicas if r.status.is_live)
         status = styled_status(view.service.status.value)
         if unverified_for is not None:
             status.append(f" (unverified for {unverified_for:.0f}s)", style="red")
-        if view.service.status_reason:
-            status.append(f" ({view.service.status_reason})", style="dim")
         table.add_row(view.service.name, status, str(view.service.current_version), view.service.endpoint,
-                      view.policy, view.load_balancing_policy, f"{ready}/{live} ready", describe_autoscaler(view))
+                      view.policy, view.load_balancing_policy, f"{ready}/{live} ready", describe_autoscaler(view),
+                      view.service.status_reason or "")
     return _titled("Services", table)
 
 
@@ -84,9 +96,21 @@ def describe_autoscaler(view: ServiceView) -> str:
     return f"{inputs} -> raw {observed.raw_target}, target {state.target}{held}"
 
 
+def replica_columns(views: Sequence[ServiceView]) -> tuple[Column, ...]:
+    """Many replicas, so what gives way is dropped (``-o json`` has it all), except the reason, which moves
+    under its row. VERSION goes early when every replica runs its service's current version (the services
+    table says which); during a rollout it is what tells old from new, and stays longest."""
+    one_version = all(r.version == view.service.current_version for view in views for r in view.replicas)
+    return (
+        Column("SERVICE"), Column("ID"), Column("VERSION", _DROP, priority=2 if one_version else 5),
+        Column("STATUS"), Column("CLOUD/REGION", _DROP, priority=3), Column("INSTANCE", _DROP, priority=1),
+        Column("URL"), Column("AGE", _DROP, priority=4), Column("REASON", _UNDER, priority=0, label=""),
+    )
+
+
 def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Group:
     now = time.time() if now is None else now
-    table = _table("SERVICE", "ID", "VERSION", "STATUS", "CLOUD/REGION", "INSTANCE", "URL", "AGE", "REASON")
+    table = FitTable(replica_columns(views))
     for view in views:
         for r in view.replicas:
             where = r.cloud + (f"/{r.region}" if r.region else "")
@@ -99,7 +123,7 @@ def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Gr
 
 
 def events_table(view: ServiceView) -> Group:
-    table = _table("TIME", "REPLICA", "EVENT")
+    table = FitTable((Column("TIME"), Column("REPLICA"), Column("EVENT", _UNDER, fold_to=_FOLD, label="")))
     for event in view.events:
         table.add_row(format_timestamp(event.time) or "", "-" if event.replica_id is None else str(event.replica_id),
                       event.message)
@@ -110,7 +134,8 @@ def status_renderable(views: Sequence[ServiceView], now: float | None = None, *,
                       unverified_for: float | None = None) -> Group:
     """Services and replicas; with ``events`` (one service asked for by name) its recent events too. With
     ``unverified_for`` (the controller has not completed a pass for that long) every service status says
-    so: a READY that nobody could check is not claimed as READY."""
+    so: a READY that nobody could check is not claimed as READY. The columns are chosen when the value is
+    printed, from the console's width (``cli.fit``): one value serves a pipe, a terminal and a live view."""
     if not views:
         return Group(Text("No service is running. Start one with `sky-lite serve up TASK.yaml`."))
     parts: list[Group | Text] = [services_table(views, unverified_for), Text(""), replicas_table(views, now)]
@@ -127,7 +152,8 @@ def plan_renderable(plan: UpdatePlan) -> Group:
     controller takes, then the summary line."""
     title = (f"Update {plan.service}: version {plan.from_version} -> {plan.to_version} ({plan.mode.value}), "
              f"target {plan.target_replicas} replicas")
-    table = _table("REPLICA", "VERSION", "ACTION", "REASONS")
+    table = FitTable((Column("REPLICA"), Column("VERSION"), Column("ACTION"),
+                      Column("REASONS", _UNDER, fold_to=_FOLD, label="")))
     for decision in plan.replicas:
         reasons = "\n".join(change.describe() for change in decision.reasons) or (
             "same replica config" if decision.action is ReplicaAction.REUSE else "")
@@ -140,7 +166,7 @@ def plan_renderable(plan: UpdatePlan) -> Group:
         table.add_row(str(launch.replica_id), str(plan.to_version), Text("launch", style="cyan"), what)
     if not plan.replicas and not plan.launches:
         table.add_row("-", "-", "-", "no live replica")
-    parts: list[Table | Text] = [Text(title, style="bold"), table]
+    parts: list[FitTable | Text] = [Text(title, style="bold"), table]
     if plan.steps:
         lines = [f" {number}. {step.describe()}" for number, step in enumerate(plan.steps, start=1)]
         parts.append(Text("Steps (each once the replicas launched before it are READY):\n" + "\n".join(lines)))
@@ -151,21 +177,29 @@ def plan_renderable(plan: UpdatePlan) -> Group:
     return Group(*parts)
 
 
+# MARKET gives way first: every try says its market too. In 80 columns REPLICA 7 + TRIES 62 + ZONES 58 does
+# not fit, so the zones go under their try and MARKET is dropped (7 + 2 + 62 = 71); in 120 the zones fold.
+LAUNCH_COLUMNS = (Column("REPLICA"), Column("MARKET", _DROP, priority=1), Column("TRIES, IN ORDER"),
+                  Column("ZONES", _UNDER, priority=0, fold_to=_FOLD))
+
+
 def launch_plan_renderable(plan: LaunchPlan) -> Group:
-    """`serve up --dry-run`: a row per replica with the placements it tries in order, then the images, what
-    was left out and the total price."""
-    table = _table("REPLICA", "MARKET", "TRIES, IN ORDER")
+    """`serve up --dry-run`: a row per placement each replica tries, in order, then the images, what was
+    left out and the total price."""
+    table = FitTable(LAUNCH_COLUMNS)
     images: dict[str, None] = {}
     disks: dict[str, None] = {}
     for replica in plan.replicas:
-        tries = "\n".join(f"{number}. {placement.describe()}"
-                          + (f"\n   zones {', '.join(placement.zone_order)}" if placement.zone_order else "")
-                          for number, placement in enumerate(replica.placements, start=1))
-        table.add_row(str(replica.replica), replica.market, tries)
+        first = (str(replica.replica), replica.market)
+        for number, placement in enumerate(replica.placements, start=1):
+            table.add_row(*(first if number == 1 else ("", "")), f"{number}. {placement.describe()}",
+                          ", ".join(placement.zone_order))
+        if not replica.placements:
+            table.add_row(*first, "-", "")
         images.update((p.describe_image(), None) for p in replica.placements if p.image is not None)
         disks.update((d, None) for p in replica.placements if (d := p.describe_disk()) is not None)
-    parts: list[Table | Text] = [Text(f"Launch {plan.service} on {plan.cloud}: {len(plan.replicas)} "
-                                      f"{'replica' if len(plan.replicas) == 1 else 'replicas'}", style="bold"), table]
+    replicas = f"{len(plan.replicas)} {'replica' if len(plan.replicas) == 1 else 'replicas'}"
+    parts: list[FitTable | Text] = [Text(f"Launch {plan.service} on {plan.cloud}: {replicas}", style="bold"), table]
     if images:
         parts.append(Text("Image: " + "; ".join(images)))
     if disks:
@@ -196,7 +230,11 @@ def describe_files(entry: HistoryEntry) -> str:
 
 
 def history_table(name: str, entries: Sequence[HistoryEntry]) -> Group:
-    table = _table("VERSION", "CREATED", "MODE", "FILES", "CHANGES")
+    # In 80 columns VERSION 7 + CREATED 20 + MODE 10 + FILES 26 + CHANGES 30 + 4 gaps = 101: FILES goes under
+    # the row and CHANGES gets 80 - 43 = 37.
+    table = FitTable((Column("VERSION"), Column("CREATED", _DROP, priority=2), Column("MODE", _DROP, priority=3),
+                      Column("FILES", _UNDER, priority=1), Column("CHANGES", _UNDER, priority=9, fold_to=_FOLD,
+                                                                 label="")))
     for entry in entries:
         changes = entry.summary + (f" ({entry.note})" if entry.note else "")
         table.add_row(str(entry.version), format_timestamp(entry.created_at) or "", entry.mode,
@@ -205,7 +243,8 @@ def history_table(name: str, entries: Sequence[HistoryEntry]) -> Group:
 
 
 def simulation_table(policy: str, decisions: Sequence[SimulatedDecision]) -> Group:
-    table = _table("TIME (s)", "QPS", "RAW TARGET", "TARGET", "HELD BACK BY")
+    table = FitTable((Column("TIME (s)"), Column("QPS"), Column("RAW TARGET"), Column("TARGET"),
+                      Column("HELD BACK BY", _UNDER, fold_to=20, label="")))
     for d in decisions:
         table.add_row(f"{d.time_s:g}", f"{d.qps:.2f}", str(d.raw_target), str(d.target_replicas), d.held_back or "")
     return _titled(f"Simulated: {policy}", table)

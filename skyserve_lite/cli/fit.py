@@ -1,0 +1,202 @@
+"""A table that fits the console it is printed on: columns give way by priority instead of being cut.
+
+Rich squeezes a table that is too wide by wrapping and cutting its cells, so in 80 columns `serve status` used
+to show `http://…` and `autoscal…` and a reason one word per line. ``FitTable`` decides its columns when it is
+rendered, from the width it is given (a terminal's, the 200 of a pipe, a live view's), with the pure
+``plan_layout``:
+
+1. Every column at its natural width (its widest cell or header, on one line) when that fits.
+2. Otherwise the column with the lowest ``priority`` gives way: a ``DROP`` column is left out, an ``UNDER``
+   column moves to an indented line under its row (``  └ label: value``, or the bare text for a reason).
+   ``KEEP`` columns (names, ids, URLs, statuses) never give way.
+3. Before a column gives way, free-text columns (``fold_to``) may wrap, down to that many cells, so that a
+   message folds into a readable block instead of one word per line.
+4. When even the ``KEEP`` columns do not fit (a 40-column terminal), cells fold onto more lines; nothing is
+   ever cut or replaced by an ellipsis.
+
+Worked numbers, the replicas of `serve status` in 80 columns: SERVICE 24 + ID 2 + VERSION 7 + STATUS 16 +
+CLOUD/REGION 12 + INSTANCE 19 + URL 22 + AGE 3 = 105, plus 7 gaps of 2 = 119; the reasons (priority 0) go
+under their rows first, then INSTANCE (119 - 21 = 98), VERSION when every replica runs its service's version
+(89), CLOUD/REGION (75 <= 80): SERVICE, ID, STATUS, URL and AGE stay, in full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+GAP = 2  # cells between two columns: each cell's padding of 1 on either side
+NOTE_PREFIX = "  └ "
+
+Cell = str | Text
+
+
+class Narrow(str, Enum):
+    """What a column does when the table does not fit."""
+
+    KEEP = "keep"  # always shown, never cut: names, ids, URLs, statuses
+    DROP = "drop"  # left out (the JSON output still has it)
+    UNDER = "under"  # moved to a line under its row
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    narrow: Narrow = Narrow.KEEP
+    priority: int = 0  # among DROP and UNDER columns the lowest gives way first; ties: the rightmost
+    fold_to: int | None = None  # free text: may wrap down to this width; None: one line or give way
+    # Under the row: ``label: value``; None labels it with the header in lower case, "" shows the bare text
+    # on a line of its own (a reason reads as a sentence, not as a field).
+    label: str | None = None
+
+    @property
+    def note_label(self) -> str:
+        return self.header.lower() if self.label is None else self.label
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each column goes: ``widths[i]`` is its width in the table, or None when it is not in it;
+    ``under`` lists the columns shown under their row, in column order."""
+
+    widths: tuple[int | None, ...]
+    under: tuple[int, ...] = ()
+
+    @property
+    def inline(self) -> tuple[int, ...]:
+        return tuple(i for i, width in enumerate(self.widths) if width is not None)
+
+
+def _total(widths: Iterable[int]) -> int:
+    values = list(widths)
+    return sum(values) + GAP * max(0, len(values) - 1)
+
+
+def _shrink_widest(widths: dict[int, int], floors: dict[int, int], excess: int) -> None:
+    """Take ``excess`` cells off the widest of ``widths`` first, none below its floor: two free-text
+    columns of 60 and 20 that must lose 30 become 30 and 20, not 42 and 8."""
+    while excess > 0:
+        candidates = [i for i in widths if widths[i] > floors[i]]
+        if not candidates:
+            return
+        widest = max(candidates, key=lambda i: (widths[i], i))
+        widths[widest] -= 1
+        excess -= 1
+
+
+def plan_layout(columns: Sequence[Column], natural: Sequence[int], max_width: int) -> Layout:
+    """The layout of a table whose columns are ``natural`` cells wide (widest cell or header) in
+    ``max_width`` cells. Pure; see the module docstring for the order in which columns give way."""
+    minimum = [natural[i] if c.fold_to is None else min(natural[i], max(c.fold_to, cell_len(c.header)))
+               for i, c in enumerate(columns)]
+    inline = list(range(len(columns)))
+    giving_way = sorted((i for i, c in enumerate(columns) if c.narrow is not Narrow.KEEP),
+                        key=lambda i: (columns[i].priority, -i))
+    while True:
+        if _total(natural[i] for i in inline) <= max_width:
+            widths = {i: natural[i] for i in inline}
+            break
+        if _total(minimum[i] for i in inline) <= max_width or not giving_way:
+            widths = {i: natural[i] for i in inline}
+            _shrink_widest(widths, {i: minimum[i] for i in inline}, _total(widths.values()) - max_width)
+            # Still too wide: only KEEP columns are left and they fold (never cut) onto more lines.
+            _shrink_widest(widths, {i: 1 for i in inline}, _total(widths.values()) - max_width)
+            break
+        inline.remove(giving_way.pop(0))
+    under = tuple(i for i, c in enumerate(columns) if c.narrow is Narrow.UNDER and i not in widths)
+    return Layout(tuple(widths.get(i) for i in range(len(columns))), under)
+
+
+def _width(cell: Text) -> int:
+    return max(cell_len(line) for line in cell.plain.split("\n"))
+
+
+def _is_empty(cell: Text) -> bool:
+    return cell.plain.strip() in ("", "-")
+
+
+class FitTable:
+    """Rows under a header row; the columns are chosen when it is rendered (``plan_layout``), so the same
+    value prints right in an 80-column terminal, a 200-column pipe and a live view."""
+
+    def __init__(self, columns: Sequence[Column], *, note_style: str = "dim") -> None:
+        self.columns = tuple(columns)
+        self.rows: list[tuple[Text, ...]] = []
+        self.note_style = note_style
+
+    def add_row(self, *cells: Cell) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"a row of {len(self.columns)} columns got {len(cells)} cells")
+        # As Text, not str: rich would read a str cell as markup, and a reason like "[errno 111] refused" or
+        # a bracketed IPv6 host would lose its brackets.
+        self.rows.append(tuple(Text(cell) if isinstance(cell, str) else cell for cell in cells))
+
+    def natural_widths(self) -> list[int]:
+        return [max([cell_len(column.header), *(_width(row[i]) for row in self.rows)])
+                for i, column in enumerate(self.columns)]
+
+    def layout(self, max_width: int) -> Layout:
+        return plan_layout(self.columns, self.natural_widths(), max_width)
+
+    def notes(self, row: Sequence[Text], layout: Layout) -> list[Text]:
+        """The lines under ``row``: one of ``label: value`` pairs for the labelled columns, then each line
+        of an unlabelled one (a reason) on its own."""
+        fields: list[Text] = []
+        bare: list[Text] = []
+        for i in layout.under:
+            cell = row[i]
+            if _is_empty(cell):
+                continue
+            label = self.columns[i].note_label
+            if label:
+                fields.append(Text(f"{label}: ") + Text(" ").join(cell.split("\n")))
+            else:
+                bare.extend(cell.split("\n"))
+        return ([Text("; ").join(fields)] if fields else []) + bare
+
+    def _chunk(self, layout: Layout, header: bool) -> Table:
+        table = Table(box=None, padding=(0, 1), pad_edge=False, show_header=header, header_style="bold")
+        for i in layout.inline:
+            # Never no_wrap: rich cuts a no_wrap cell that is too wide. The widths make every KEEP cell fit
+            # on one line; only when even those do not fit does a cell fold onto a second line.
+            table.add_column(self.columns[i].header, width=layout.widths[i], overflow="fold")
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        layout = self.layout(options.max_width)
+        # Rows go in runs, one rich table each with the same fixed widths (so the columns line up); a row
+        # with notes ends its run, and the notes print under it at the full width.
+        table = self._chunk(layout, header=True)
+        unprinted = True  # the header, or rows added since the last notes
+        for row in self.rows:
+            table.add_row(*(row[i] for i in layout.inline))
+            unprinted = True
+            notes = self.notes(row, layout)
+            if notes:
+                yield table
+                yield from (_note(note, self.note_style) for note in notes)
+                table = self._chunk(layout, header=False)
+                unprinted = False
+        if unprinted:
+            yield table
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        natural = self.natural_widths()
+        keep = [natural[i] for i, c in enumerate(self.columns) if c.narrow is Narrow.KEEP]
+        return Measurement(min(_total(keep), options.max_width), min(_total(natural), options.max_width))
+
+
+def _note(text: Text, style: str) -> Table:
+    """``  └ text``, its continuation lines indented under the text (a hanging indent)."""
+    grid = Table.grid()
+    grid.add_column(width=cell_len(NOTE_PREFIX), no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row(Text(NOTE_PREFIX, style=style), Text.assemble(text, style=style))
+    return grid
