@@ -17,6 +17,7 @@ from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.remote.codec import decode, encode
 from skyserve_lite.remote.wire import WireTask
 from skyserve_lite.spec.config import FieldChange
+from skyserve_lite.state.history import ServiceHistory
 from skyserve_lite.state.models import (
     AutoscalerObservation,
     EventRecord,
@@ -44,7 +45,9 @@ VALUES: list[tuple[Any, Any]] = [
                               load_balancing_policy="round_robin", replicas=(REPLICA,),
                               events=(EventRecord(7, 3.0, "web", None, "service", "version 2 submitted"),),
                               autoscaler=(AutoscalerState(2, 3, 1, 0, 9.0),
-                                          AutoscalerObservation("request_rate", 3, qps=4.5)))),
+                                          AutoscalerObservation("request_rate", 3, qps=4.5)),
+                              history=ServiceHistory(start_minute=29_453_700, requests=(60, 0, 7),
+                                                     ready=(None, 1, 2), target=(None, 2, 2)))),
     (StatusReport, StatusReport(services=(), controller=ControllerStatus(True, 77, 1, 100.0, 101.0, 30.0))),
     (UpdatePlan, UpdatePlan(service="web", from_version=1, to_version=2, mode=UpdateMode.BLUE_GREEN,
                             target_replicas=2,
