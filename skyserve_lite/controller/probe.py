@@ -1,4 +1,8 @@
-"""Readiness probes: GET the path (POST ``post_data`` as JSON when given); only HTTP 200 is ready."""
+"""Readiness probes: GET the path (POST ``post_data`` as JSON when given); only HTTP 200 is ready.
+
+Every probe says who it is, ``User-Agent: sky-lite-probe/VERSION`` (unless the task's probe ``headers`` set
+one), so a workload can leave probes, one every pass (2 s) per replica, out of its access log.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,12 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from skyserve_lite import __version__
 from skyserve_lite.controller.plan import ProbeTarget, ReplicaKey
 from skyserve_lite.controller.replica_rules import ProbeResult
+from skyserve_lite.spec.model import ReadinessProbe
+
+PROBE_USER_AGENT = f"sky-lite-probe/{__version__}"
 
 
 class Prober(Protocol):
@@ -38,14 +46,12 @@ class HttpProber:
         assert isinstance(session, aiohttp.ClientSession)
         probe = target.probe
         url = target.url.rstrip("/") + probe.path
-        headers = dict(probe.headers)
+        headers = compute_probe_headers(probe)
         timeout = aiohttp.ClientTimeout(total=probe.timeout_seconds)
         method = "GET"
         data: bytes | None = None
         if probe.post_data is not None:
             method, data = "POST", probe.post_data.encode()
-            if not any(key.lower() == "content-type" for key in headers):
-                headers["Content-Type"] = "application/json"
         try:
             async with session.request(method, url, data=data, headers=headers, timeout=timeout,
                                        allow_redirects=False) as response:
@@ -57,6 +63,18 @@ class HttpProber:
             return ProbeResult(ok=False, detail=f"cannot connect: {exc.os_error.strerror or exc}")
         except aiohttp.ClientError as exc:
             return ProbeResult(ok=False, detail=f"{type(exc).__name__}: {exc}")
+
+
+def compute_probe_headers(probe: ReadinessProbe) -> dict[str, str]:
+    """The headers of a probe request: the task's, plus ``User-Agent`` and (with ``post_data``)
+    ``Content-Type: application/json`` where the task sets none of that name, whatever its case."""
+    headers = dict(probe.headers)
+    given = {key.lower() for key in headers}
+    if "user-agent" not in given:
+        headers["User-Agent"] = PROBE_USER_AGENT
+    if probe.post_data is not None and "content-type" not in given:
+        headers["Content-Type"] = "application/json"
+    return headers
 
 
 class FakeProber:

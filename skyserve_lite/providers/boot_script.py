@@ -15,7 +15,12 @@ The script, run once as root on first boot (EC2's user data through cloud-init, 
    stopped instead of waiting for a readiness probe that cannot succeed;
 5. installs ``run`` as the systemd unit ``sky-lite-replica`` that restarts it whenever it exits.
 
-Its output goes to the console (and on EC2 to ``/var/log/cloud-init-output.log``). The script holds what the
+Its output goes to the console (and on EC2 to ``/var/log/cloud-init-output.log``); ``run``'s goes to the
+journal, which keeps each line's time (``journalctl -u sky-lite-replica -o short-iso``). Lines are not
+prefixed with their time as a local replica's are: `serve logs` shows the console as the cloud captured it,
+where kernel, cloud-init and journal lines mix with times of their own, and a prefixing loop would cost
+user data bytes and a `date` process per line on images whose bash has no ``EPOCHREALTIME`` (Amazon Linux
+2's 4.2). `serve logs --since` shows such a log whole. The script holds what the
 instance needs and nothing else: every byte counts against EC2's 16 KB of user data. The file list is an
 object in the bucket, not part of the script, so a workdir of 10 files and one of 10,000 make a script of the
 same size.

@@ -10,17 +10,20 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
+from skyserve_lite import __version__
 from skyserve_lite.controller.plan import ProbeTarget
-from skyserve_lite.controller.probe import HttpProber
+from skyserve_lite.controller.probe import HttpProber, compute_probe_headers
 from skyserve_lite.procs import find_free_port
 from skyserve_lite.spec.model import ReadinessProbe
 
 SEEN: list[tuple[str, str, str, str]] = []
+seen_agents: list[str] = []  # the User-Agent of each request, in order
 
 
 async def handler(request: web.Request) -> web.Response:
     body = await request.text()
     SEEN.append((request.method, request.path, body, request.headers.get("Authorization", "")))
+    seen_agents.append(request.headers.get("User-Agent", ""))
     if request.path == "/slow":
         await asyncio.sleep(2)
     if request.path == "/post-only":
@@ -89,3 +92,35 @@ def test_many_targets_are_probed_in_one_call(server: str) -> None:
                for i in range(1, 21)]
     results = HttpProber().probe(targets)
     assert [results[("svc", i)].ok for i in range(1, 21)] == [bool(i % 2) for i in range(1, 21)]
+
+
+@pytest.mark.parametrize(
+    ("fields", "agent"),
+    [
+        pytest.param({"path": "/ok"}, f"sky-lite-probe/{__version__}", id="the-probe-says-who-it-is"),
+        pytest.param({"path": "/ok", "post_data": "{}"}, f"sky-lite-probe/{__version__}", id="a-post-too"),
+        pytest.param({"path": "/ok", "headers": (("user-agent", "my-checker/2"),)}, "my-checker/2",
+                     id="the-tasks-own-kept-whatever-its-case"),
+    ],
+)
+def test_probes_carry_a_user_agent_workloads_can_leave_out_of_their_logs(server: str, fields: dict[str, object],
+                                                                         agent: str) -> None:
+    seen_agents.clear()
+    assert probe(server, **fields) == (True, "HTTP 200")
+    assert seen_agents == [agent]
+
+
+@pytest.mark.parametrize(
+    ("fields", "headers"),
+    [
+        pytest.param({}, {"User-Agent": f"sky-lite-probe/{__version__}"}, id="get"),
+        pytest.param({"post_data": "{}"}, {"User-Agent": f"sky-lite-probe/{__version__}",
+                                           "Content-Type": "application/json"}, id="post"),
+        pytest.param({"post_data": "{}", "headers": (("CONTENT-TYPE", "text/x"), ("User-Agent", "u"))},
+                     {"CONTENT-TYPE": "text/x", "User-Agent": "u"}, id="the-tasks-own-win"),
+        pytest.param({"headers": (("X-Token", "t"),)}, {"X-Token": "t", "User-Agent": f"sky-lite-probe/{__version__}"},
+                     id="others-added-to"),
+    ],
+)
+def test_compute_probe_headers(fields: dict[str, object], headers: dict[str, str]) -> None:
+    assert compute_probe_headers(ReadinessProbe(**fields)) == headers  # type: ignore[arg-type]

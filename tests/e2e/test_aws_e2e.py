@@ -95,7 +95,7 @@ def test_up_update_scale_preempt_down_against_moto(moto: str, sky: SkyLite, tmp_
     assert all(r["instance_id"].startswith("i-") and r["url"].startswith("http://127.0.0.1:") for r in first.values())
     assert {i["ImageId"] for i in instances("running").values()} == {images[0]}
     # The replica's output (here: the emulated instance's process) through `serve logs`.
-    assert '"GET / HTTP/1.1" 200' in sky.run("serve", "logs", "web", str(min(first))).stdout
+    assert '"GET / HTTP/1.1" 200' in sky.run("serve", "logs", "web", str(min(first)), "--no-follow").stdout
 
     # image_id changes: every replica is replaced by instances of the new AMI; the old ones are drained after.
     task.write_text(TASK.format(image=images[1], replicas=2))

@@ -59,7 +59,8 @@ def test_a_secret_reaches_the_replica_and_nothing_else(sky: SkyLite, tmp_path: P
 
     for command in (("serve", "status", "tokened"), ("serve", "status", "-o", "json"),
                     ("serve", "history", "tokened"), ("serve", "history", "tokened", "-o", "json"),
-                    ("serve", "logs", "tokened", "--controller"), ("serve", "logs", "tokened", "1")):
+                    ("serve", "logs", "tokened", "--controller", "--no-follow"),
+                    ("serve", "logs", "tokened", "1", "--no-follow")):
         result = sky.run(*command, check=False)
         outputs.append(result.stdout + result.stderr)
     for value in (FIRST, SECOND):

@@ -84,7 +84,7 @@ def test_the_load_balancer_serves_https_with_the_tasks_certificate(sky: SkyLite,
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE((folder / "key.pem").stat().st_mode) == 0o600
     assert (folder / "key.pem").read_bytes() == (project / "tls" / "v1.key").read_bytes()
-    log = sky.run("serve", "logs", "secure", "--load-balancer").stdout
+    log = sky.run("serve", "logs", "secure", "--load-balancer", "--no-follow").stdout
     assert f"listening on 127.0.0.1:{port} over HTTPS" in log
     key_lines = (project / "tls" / "v1.key").read_text().splitlines()[1:-1]
     assert not any(line in log for line in key_lines), "no key material in the load balancer's log"

@@ -329,6 +329,33 @@ def test_logs_stream_and_a_follow_stops_when_the_client_leaves(harness: Harness,
         list(remote.stream_log("web", 9))
 
 
+def test_tail_and_since_cross_the_protocol_and_a_request_without_them_gets_everything(
+        harness: Harness, home: Path) -> None:
+    from skyserve_lite.supervisor import format_line_time
+
+    harness.create("web")
+    log = home / "logs" / "controller.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    now = time.time()  # the host's clock judges what is recent: the in-process host runs on this one
+    old, recent, newest = (format_line_time(now - age) + text for age, text in
+                           ((3600, b"an hour ago\n"), (60, b"a minute ago\n"), (1, b"just now\n")))
+    log.write_bytes(old + recent + newest)
+    remote = RemoteController(InProcessTransport(home))
+    assert b"".join(remote.stream_log("web", None, controller=True, since_seconds=600)) == recent + newest
+    assert b"".join(remote.stream_log("web", None, controller=True, tail=1)) == newest
+    assert b"".join(remote.stream_log("web", None, controller=True, tail=1, since_seconds=600)) == newest
+
+    # A client from before tail and since sends neither: the whole log, as it always got.
+    request = protocol.make_request("stream_log", {"name": "web", "replica_id": None, "controller": True,
+                                                   "load_balancer": False, "follow": False})
+    out = io.BytesIO()
+    RpcServer(home, io.BytesIO(json.dumps(request).encode() + b"\n"), out,
+              LocalController(home, start_daemon=False)).serve()
+    header, _, streamed = out.getvalue().partition(b"\n")
+    assert json.loads(header)["stream"] is True
+    assert streamed == old + recent + newest
+
+
 def test_a_source_missing_here_is_named_before_anything_is_sent(home: Path, tmp_path: Path) -> None:
     transport = Recording(home)
     path = _task_file(tmp_path / "p", WORKDIR_TASK)

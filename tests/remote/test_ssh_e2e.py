@@ -185,9 +185,10 @@ def test_serve_lifecycle_through_the_host(host: Host) -> None:
     history = json.loads(sky.run("serve", "history", "web", "-o", "json").stdout)
     assert [v["version"] for v in history["versions"]] == [1, 2, 3, 4]
     assert history["versions"][3]["note"] == "rollback to version 2"
-    assert "controller" in sky.run("serve", "logs", "web", "--controller").stdout
+    assert "controller" in sky.run("serve", "logs", "web", "--controller", "--no-follow").stdout
     replica = min(_ready_ids(sky))
-    assert "served" in sky.run("serve", "logs", "web", str(replica)).stdout
+    assert "served" in sky.run("serve", "logs", "web", str(replica), "--no-follow").stdout
+    assert sky.run("serve", "logs", "web", str(replica), "--no-follow", "--tail", "1").stdout.count("\n") == 1
     follower = subprocess.Popen([sys.executable, "-m", "skyserve_lite", "serve", "logs", "web", str(replica),
                                  "--follow"], env=sky.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
