@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from skyserve_lite import procs
 from skyserve_lite.autoscalers.base import AutoscalerState
@@ -23,6 +22,7 @@ from skyserve_lite.controller.daemon import controller_log_path, ensure_controll
 from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START, find_lb_port, lb_log_path
 from skyserve_lite.controller.pidfile import read_controller_pid
+from skyserve_lite.controller.replica_rules import describe_starting
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import (
     ControllerError,
@@ -41,6 +41,7 @@ from skyserve_lite.files.capture import (
     format_size,
     needs_capture,
 )
+from skyserve_lite.logview import select_lines
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.providers.base import ReplicaLog
@@ -49,12 +50,13 @@ from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
 from skyserve_lite.spec.model import SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import is_valid_service_name, parse_task, to_service_name
 from skyserve_lite.spec.placement import Resolution
+from skyserve_lite.state.history import ServiceHistory, compute_service_history, history_start_minute
 from skyserve_lite.state.models import (
     AutoscalerObservation,
     EventRecord,
     ReplicaRecord,
+    ReplicaStatus,
     ServiceRecord,
-    ServiceStatus,
     VersionRecord,
 )
 from skyserve_lite.state.secrets import SecretStore
@@ -78,6 +80,7 @@ class ServiceView:
     replicas: tuple[ReplicaRecord, ...]
     events: tuple[EventRecord, ...]
     autoscaler: tuple[AutoscalerState, AutoscalerObservation] | None = None
+    history: ServiceHistory | None = None  # the last hour, of a service whose policy autoscales
 
     def autoscaler_json(self) -> dict[str, Any] | None:
         if self.autoscaler is None:
@@ -118,6 +121,7 @@ class ServiceView:
                 {"time": format_timestamp(e.time), "replica_id": e.replica_id, "kind": e.kind, "message": e.message}
                 for e in self.events
             ],
+            "history": None if self.history is None else self.history.to_json(),
         }
 
 
@@ -200,8 +204,8 @@ class Controller(Protocol):
         ...
 
     def get_status(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> list[ServiceView]:
-        """Views of the named services (all when empty), each with its newest ``events``. Raises
-        ``NotFoundError`` for an unknown name."""
+        """Views of the named services (all when empty), each with its newest ``events`` and, when its policy
+        autoscales, its last hour (``history``). Raises ``NotFoundError`` for an unknown name."""
         ...
 
     def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
@@ -248,12 +252,23 @@ class Controller(Protocol):
         """Wait until the services are gone; stop the background controller when none is left."""
         ...
 
+    def request_replica_termination(self, name: str, replica_ids: Sequence[int]) -> None:
+        """Ask for these replicas of service NAME to be drained and terminated; returns at once (the controller
+        launches replacements when the policy wants them). Idempotent. Raises ``NotFoundError`` for an
+        unknown service or replica id and ``StateConflictError`` for a replica that is not live (FAILED,
+        PREEMPTED: nothing left to terminate) or a service going down, before anything changes."""
+        ...
+
     def stream_log(self, name: str, replica_id: int | None, *, controller: bool = False,
-                   load_balancer: bool = False, follow: bool = False) -> Iterator[bytes]:
+                   load_balancer: bool = False, follow: bool = False, tail: int | None = None,
+                   since_seconds: float | None = None) -> Iterator[bytes]:
         """The bytes of a replica's log (from its provider), the service's load balancer's, or the
         controller's, in chunks; with ``follow``, new bytes as they are written, and an empty chunk each time
-        the log was polled with nothing new (so a consumer may stop), until the log goes away. Raises
-        ``NotFoundError`` (before the first chunk) for an unknown service or a replica without a log."""
+        the log was polled with nothing new (so a consumer may stop), until the log goes away. Of what the
+        log holds when asked, only the lines at most ``since_seconds`` old (by their time prefix and the
+        controller's clock) and of those the last ``tail`` (``logview.select_lines``); what follows comes
+        whole. A snapshot log (a cloud console) is one chunk, followed or not. Raises ``NotFoundError``
+        (before the first chunk) for an unknown service or a replica without a log."""
         ...
 
     def force_down(self, regions: Sequence[str] = ()) -> ForceDownReport:
@@ -350,13 +365,37 @@ class LocalController:
                     service=self._shown(service, host, tls=spec.service.tls is not None),
                     policy=spec.service.replica_policy.describe(),
                     load_balancing_policy=spec.service.load_balancing_policy.value,
-                    replicas=tuple(store.list_replicas(service.name)),
+                    replicas=self._shown_replicas(store, service, spec),
                     events=tuple(store.list_events(service.name, limit=events)) if events > 0 else (),
                     autoscaler=store.get_autoscaler_state(service.name),
+                    history=self._history(store, service.name) if spec.service.replica_policy.is_autoscaling
+                    else None,
                 ))
         finally:
             store.close()
         return views
+
+    def _history(self, store: Store, name: str) -> ServiceHistory:
+        now = self._clock.now()
+        since = history_start_minute(now)
+        return compute_service_history(now, store.count_requests_by_minute(name, since),
+                                       store.list_replica_samples(name, since))
+
+    def _shown_replicas(self, store: Store, service: ServiceRecord, current: TaskSpec) -> tuple[ReplicaRecord, ...]:
+        """The service's replicas, a STARTING one's reason with how long it has waited (of its version's
+        initial delay): stored without the seconds, so that waiting writes nothing."""
+        now = self._clock.now()
+        delays = {service.current_version: current.service.readiness_probe.initial_delay_seconds}
+        shown = []
+        for replica in store.list_replicas(service.name):
+            if replica.status is ReplicaStatus.STARTING and replica.status_reason:
+                if replica.version not in delays:
+                    spec = store.get_version(service.name, replica.version).spec
+                    delays[replica.version] = spec.service.readiness_probe.initial_delay_seconds
+                reason = describe_starting(replica.status_reason, now - replica.status_since, delays[replica.version])
+                replica = dataclasses.replace(replica, status_reason=reason)
+            shown.append(replica)
+        return tuple(shown)
 
     def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
         return StatusReport(services=tuple(self.get_status(names, events=events)),
@@ -467,6 +506,20 @@ class LocalController:
         if self._start_daemon and names:
             ensure_controller(self.home)
 
+    def request_replica_termination(self, name: str, replica_ids: Sequence[int]) -> None:
+        store = self._open()
+        try:
+            replicas = {r.replica_id: r for r in store.list_replicas(name)}
+            check_replica_termination(store.get_service(name), list(replicas.values()), replica_ids)
+            now = self._clock.now()
+            for replica_id in replica_ids:
+                if replicas[replica_id].status is not ReplicaStatus.SHUTTING_DOWN:
+                    store.request_replica_termination(name, replica_id, now)
+        finally:
+            store.close()
+        if self._start_daemon:
+            ensure_controller(self.home)
+
     def finish_down(self, names: Sequence[str], timeout_seconds: float, poll_seconds: float = 0.2) -> None:
         deadline = self._clock.now() + timeout_seconds
         while True:
@@ -487,11 +540,18 @@ class LocalController:
             stop_controller(self.home)
 
     def stream_log(self, name: str, replica_id: int | None, *, controller: bool = False,
-                   load_balancer: bool = False, follow: bool = False) -> Iterator[bytes]:
+                   load_balancer: bool = False, follow: bool = False, tail: int | None = None,
+                   since_seconds: float | None = None) -> Iterator[bytes]:
+        if (tail is not None and tail < 0) or (since_seconds is not None and not since_seconds >= 0):
+            raise UsageError(f"a log's tail ({tail}) and age ({since_seconds}) cannot be negative")
         log = self.find_log(name, replica_id, controller=controller, load_balancer=load_balancer)
+        since = None if since_seconds is None else self._clock.now() - since_seconds
         if log.path is None:
-            return iter([(log.text or "").encode()])
-        return read_file_chunks(log.path, follow, self._clock)
+            text = (log.text or "").encode()
+            if since is not None or tail is not None:
+                text = b"".join(select_lines(text.splitlines(keepends=True), since=since, tail=tail))
+            return iter([text])
+        return read_file_chunks(log.path, follow, self._clock, since=since, tail=tail)
 
     def find_log(self, name: str, replica_id: int | None, *, controller: bool = False,
                  load_balancer: bool = False) -> ReplicaLog:
@@ -632,10 +692,12 @@ def _check_blobs(task: SubmittedTask, blobs: BlobStore) -> None:
         raise MissingBlobsError(missing)
 
 
-def read_file_chunks(path: Path, follow: bool, clock: Clock, poll_seconds: float = 0.3) -> Iterator[bytes]:
+def read_file_chunks(path: Path, follow: bool, clock: Clock, poll_seconds: float = 0.3, *,
+                     since: float | None = None, tail: int | None = None) -> Iterator[bytes]:
     """The bytes of the file at ``path`` in chunks; with ``follow``, then what is appended, polling every
-    ``poll_seconds`` (an empty chunk each poll that found nothing) until the file is removed. Raises
-    ``NotFoundError`` when there is no file yet."""
+    ``poll_seconds`` (an empty chunk each poll that found nothing) until the file is removed. With
+    ``since`` (seconds since the epoch) or ``tail``, of what the file holds at the start only the lines
+    ``logview.select_lines`` keeps. Raises ``NotFoundError`` when there is no file yet."""
     try:
         stream = open(path, "rb")  # noqa: SIM115 (the generator closes it)
     except FileNotFoundError:
@@ -643,6 +705,9 @@ def read_file_chunks(path: Path, follow: bool, clock: Clock, poll_seconds: float
 
     def chunks() -> Iterator[bytes]:
         with stream:
+            if since is not None or tail is not None:
+                present = _read_lines(stream, os.fstat(stream.fileno()).st_size)
+                yield from _join_in_chunks(select_lines(present, since=since, tail=tail))
             while True:
                 chunk = stream.read(65536)
                 if chunk:
@@ -653,6 +718,34 @@ def read_file_chunks(path: Path, follow: bool, clock: Clock, poll_seconds: float
                 yield b""
                 clock.sleep(poll_seconds)
     return chunks()
+
+
+# Lines are read at most this long (a longer one is read in pieces, each going with the one before it for
+# `--since`), and the selected ones sent in chunks of about this size.
+_LOG_CHUNK_BYTES = 65536
+
+
+def _read_lines(stream: BinaryIO, end: int) -> Iterator[bytes]:
+    """The lines of ``stream`` up to offset ``end`` (what the file held when asked; the one under way at
+    ``end`` whole)."""
+    while stream.tell() < end:
+        line = stream.readline(_LOG_CHUNK_BYTES)
+        if not line:
+            return
+        yield line
+
+
+def _join_in_chunks(lines: Iterable[bytes]) -> Iterator[bytes]:
+    batch: list[bytes] = []
+    held = 0
+    for line in lines:
+        batch.append(line)
+        held += len(line)
+        if held >= _LOG_CHUNK_BYTES:
+            yield b"".join(batch)
+            batch, held = [], 0
+    if batch:
+        yield b"".join(batch)
 
 
 def _with_files(task: SubmittedTask, settings: ControllerSettings, blobs: BlobStore | None) -> SubmittedTask:
@@ -737,6 +830,24 @@ def match_service_names(patterns: Sequence[str], names: Sequence[str]) -> list[s
     return [name for name in names if name in chosen]
 
 
+def check_replica_termination(service: ServiceRecord, replicas: Sequence[ReplicaRecord],
+                              replica_ids: Sequence[int]) -> None:
+    """Refuse to terminate what is not there (``NotFoundError``) or not running (``StateConflictError``)."""
+    name = service.name
+    if service.deleting:
+        raise StateConflictError(f"service {name!r} is shutting down already; its replicas go with it")
+    by_id = {r.replica_id: r for r in replicas}
+    for replica_id in replica_ids:
+        replica = by_id.get(replica_id)
+        if replica is None:
+            known = ", ".join(str(i) for i in sorted(by_id)) or "none"
+            raise NotFoundError(f"service {name!r} has no replica {replica_id} (its replicas: {known})")
+        if replica.status.is_terminal:
+            raise StateConflictError(
+                f"replica {replica_id} of {name!r} is {replica.status.value} already: nothing to terminate "
+                "(its row stays as a record; `sky-lite serve status` shows it)")
+
+
 def check_service_name(name: str) -> None:
     if not is_valid_service_name(name):
         raise UsageError(f"invalid service name {name!r}: use lowercase letters, digits and '-', starting "
@@ -754,67 +865,3 @@ def _pick_lb_port(used: set[int]) -> int:
     if port is None:
         raise ControllerError(f"no free port for a load balancer between {LB_PORT_START} and {LB_PORT_END}")
     return port
-
-
-def is_endpoint_listening(endpoint: str) -> bool:
-    """Whether something accepts TCP connections at ``http://HOST:PORT`` (or ``https://``: a TLS load
-    balancer accepts first and shakes hands after, so a TCP connect tells the same)."""
-    host, _, port = endpoint.partition("://")[2].rstrip("/").rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")  # an IPv6 endpoint host: [::1]
-    try:
-        with socket.create_connection((host, int(port)), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-class StatusReader(Protocol):
-    """The part of ``Controller`` that waiting needs."""
-
-    def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
-        ...
-
-
-def wait_until_ready(controller: StatusReader, name: str, timeout_seconds: float,
-                     on_progress: Callable[[ServiceView], None] = lambda _view: None,
-                     poll_seconds: float = 0.5,
-                     is_listening: Callable[[str], bool] = is_endpoint_listening,
-                     clock: Clock | None = None) -> ServiceView:
-    """Poll until the service can answer: READY, or scaled to zero (NO_REPLICA: the first request starts a
-    replica), with its load balancer listening. Raises ``WaitTimeoutError`` (with what is stuck and why)
-    on timeout, and ``WaitTimeoutError`` too when the service became FAILED (waiting cannot help)."""
-    clock = clock or SystemClock()
-    deadline = clock.now() + timeout_seconds
-    while True:
-        (view,) = controller.get_status([name])
-        on_progress(view)
-        # READY in the store, and the load balancer is listening: only then does the endpoint answer.
-        answering = view.service.status in (ServiceStatus.READY, ServiceStatus.NO_REPLICA)
-        if answering and is_listening(view.service.endpoint):
-            return view
-        if view.service.status is ServiceStatus.FAILED:
-            raise WaitTimeoutError(f"service {name} FAILED: {view.service.status_reason}. "
-                                   f"See `sky-lite serve logs {name} REPLICA_ID`.")
-        if clock.now() >= deadline:
-            raise WaitTimeoutError(f"service {name} is not READY after {timeout_seconds:g}s: "
-                                   + describe_stuck(view))
-        clock.sleep(poll_seconds)
-
-
-def describe_stuck(view: ServiceView) -> str:
-    """Which replica holds the service back, and why, in one sentence."""
-    name = view.service.name
-    live = [r for r in view.replicas if r.status.is_live]
-    if not live:
-        failed = [r for r in view.replicas if r.status.is_terminal]
-        if failed:
-            last = failed[-1]
-            return (f"replica {last.replica_id} is {last.status.value} ({last.status_reason}); "
-                    f"see `sky-lite serve logs {name} {last.replica_id}`")
-        return (f"no replica launched yet (service status {view.service.status.value}); "
-                f"see `sky-lite serve logs {name} --controller`")
-    parts = []
-    for r in live:
-        reason = f": {r.status_reason}" if r.status_reason else ""
-        parts.append(f"replica {r.replica_id} is {r.status.value}{reason}")
-    return "; ".join(parts) + f" (see `sky-lite serve logs {name} {live[0].replica_id}`)"

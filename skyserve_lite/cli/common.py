@@ -17,11 +17,12 @@ from skyserve_lite.paths import home_dir
 __all__ = ["errors", "get_controller", "home_dir", "stderr"]
 
 
-def get_controller() -> api.Controller:
+def get_controller(ctx: click.Context | None = None) -> api.Controller:
     """The controller the command talks to: the context object tests pass as ``obj``, else this machine's
     or the recorded host's (``remote.config``), opened on first use so that commands that run the
-    controller itself never depend on how to reach it."""
-    root = click.get_current_context().find_root()
+    controller itself never depend on how to reach it. ``ctx``: the context, where click passes one
+    (completion); by default the current one."""
+    root = (ctx or click.get_current_context()).find_root()
     if root.obj is None:
         from skyserve_lite.remote.connect import open_controller
 

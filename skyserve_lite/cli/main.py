@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 
-from skyserve_lite import __version__, api
+from skyserve_lite import __version__, api, waits
 from skyserve_lite.cli import host_commands
 from skyserve_lite.cli.common import errors as _errors
 from skyserve_lite.cli.common import get_controller as _controller
 from skyserve_lite.cli.common import home_dir
 from skyserve_lite.cli.common import stderr as _stderr
+from skyserve_lite.cli.completion import complete_replica_ids, complete_service_names
 from skyserve_lite.cli.params import FiniteFloatRange
 from skyserve_lite.cli.render import (
     history_table,
@@ -95,6 +96,15 @@ def _with_inputs(task: SubmittedTask, infra: str | None, envs: tuple[str, ...], 
                        [(name, Secret(value)) for name, value in sorted(secret_values.items())], infra, default_infra)
 
 
+def _rollout_wait_options(func: F) -> F:
+    """``--wait/--no-wait`` and ``--timeout`` of the commands that start a rollout."""
+    func = click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
+                        help="Seconds to wait for the rollout.")(func)
+    return click.option("--wait/--no-wait", default=True, show_default=True,
+                        help="Wait until the new version is rolled out (a live view on stderr); exit 1 when it "
+                        "fails or the timeout passes.")(func)
+
+
 def _output_option(func: F) -> F:
     return click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
                         show_default=True, help="Output format; json prints only JSON on stdout.")(func)
@@ -156,7 +166,7 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
                 def progress(view: api.ServiceView) -> None:
                     live.update(status_renderable([view]))
 
-                view = api.wait_until_ready(controller, name, timeout, on_progress=progress)
+                view = waits.wait_until_ready(controller, name, timeout, on_progress=progress)
         except KeyboardInterrupt:
             click.echo(f"Stopped waiting; the controller keeps starting {name} (`sky-lite serve status {name}`); "
                        f"`sky-lite serve down {name}` cancels it.", err=True)
@@ -169,7 +179,7 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 
 
 @serve.command("update")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_service_names)
 @click.argument("task_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--mode", type=click.Choice([m.value for m in UpdateMode]), default=UpdateMode.ROLLING.value,
               show_default=True, help="rolling: replace as new replicas become READY; blue_green: switch all "
@@ -180,22 +190,25 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @_reuse_files_option
 @_yes_option
 @_output_option
+@_rollout_wait_options
 @_inputs_options
 def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_version: int | None,
-                 reuse_identical_files: bool, yes: bool, output: str, infra: str | None, envs: tuple[str, ...],
-                 env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
+                 reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float, infra: str | None,
+                 envs: tuple[str, ...], env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
     """Update service NAME to TASK_FILE, reusing replicas whose config is unchanged.
 
     Values of envs and secrets the file declares without a value are kept from the current version unless
     given again."""
     with _errors():
         task = _with_inputs(load_task_file(task_file.resolve()), infra, envs, env_files, secrets)
-        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None,
-                reuse_identical_files=reuse_identical_files)
+        version = _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None,
+                          reuse_identical_files=reuse_identical_files)
+        if version is not None and wait:
+            _wait_for_rollout(name, version, timeout)
 
 
 @serve.command("rollback")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_service_names)
 @click.option("--to", "to_version", type=click.IntRange(min=1), default=None,
               help="The version to go back to (default: the one before the current).")
 @click.option("--mode", type=click.Choice([m.value for m in UpdateMode]), default=UpdateMode.ROLLING.value,
@@ -205,14 +218,55 @@ def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_ve
 @_reuse_files_option
 @_yes_option
 @_output_option
+@_rollout_wait_options
 def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, expect_version: int | None,
-                   reuse_identical_files: bool, yes: bool, output: str) -> None:
+                   reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float) -> None:
     """Update service NAME to an earlier version's stored task and files, with the same reuse rules."""
     with _errors():
         state = _controller().get_rollout_state(name)
         task, target = api.rollback_task(state, to_version)
-        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
-                note=f"rollback to version {target}", reuse_identical_files=reuse_identical_files)
+        version = _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
+                          note=f"rollback to version {target}", reuse_identical_files=reuse_identical_files)
+        if version is not None and wait:
+            _wait_for_rollout(name, version, timeout)
+
+
+@serve.command("wait")
+@click.argument("name", shell_complete=complete_service_names)
+@click.option("--version", "version", type=click.IntRange(min=1), default=None,
+              help="The version to wait for (default: the service's current one).")
+@click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds to wait.")
+def serve_wait(name: str, version: int | None, timeout: float) -> None:
+    """Wait until service NAME's rollout (of its current version, or --version N) is done, as
+    `update --wait` does: a live view on stderr, exit 1 naming what is stuck when it fails or times out."""
+    with _errors():
+        _wait_for_rollout(name, version, timeout)
+
+
+def _wait_for_rollout(name: str, version: int | None, timeout: float) -> None:
+    """Follow a rollout on stderr until it is done (one line on stdout), or raise ``WaitTimeoutError``;
+    Ctrl-C stops only the waiting (exit 130)."""
+    from skyserve_lite.cli.rollout_view import rollout_renderable
+
+    controller = _controller()
+    started = time.monotonic()
+    following = version
+    try:
+        with Live(console=_stderr(), transient=True, refresh_per_second=4) as live:
+            def progress(state: waits.RolloutProgress, view: api.ServiceView) -> None:
+                nonlocal following
+                following = state.version
+                live.update(Group(rollout_renderable(state, time.monotonic() - started), status_renderable([view])))
+
+            done = waits.wait_for_rollout(controller, name, version, timeout, on_progress=progress)
+    except KeyboardInterrupt:
+        which = f"version {following}" if following is not None else "the current version"
+        click.echo(f"Stopped waiting; the controller keeps rolling out {which} of {name} "
+                   f"(`sky-lite serve wait {name}` follows it again); `sky-lite serve down {name}` cancels it.",
+                   err=True)
+        sys.exit(130)
+    click.echo(done.summary(time.monotonic() - started))
 
 
 # A concurrent update between our plan and our submit makes us plan again; three in a row is a fight.
@@ -220,7 +274,8 @@ _REPLAN_ATTEMPTS = 3
 
 
 def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
-            yes: bool, output: str, note: str | None, *, reuse_identical_files: bool = False) -> None:
+            yes: bool, output: str, note: str | None, *, reuse_identical_files: bool = False) -> int | None:
+    """Plan, show, confirm and submit; the version stored (None for a dry run)."""
     api.check_submission(task)  # before the plan and the question, so a "yes" is never answered with an error
     controller = _controller()
     for attempt in range(_REPLAN_ATTEMPTS):
@@ -233,7 +288,7 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
         else:
             _stdout().print(plan_renderable(plan))
         if dry_run:
-            return
+            return None
         if not yes:
             click.confirm("Apply this update?", abort=True, err=True)
         try:
@@ -246,12 +301,13 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
             click.echo(f"Service {name} was updated by someone else meanwhile; planning again.", err=True)
             continue
         click.echo(f"Service {name} is rolling out version {version.version} ({mode.value}); follow it with "
-                   f"`sky-lite serve status {name}`.", err=output == "json")
-        return
+                   f"`sky-lite serve wait {name}`.", err=output == "json")
+        return version.version
+    raise AssertionError("unreachable: the last attempt raises")
 
 
 @serve.command("history")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_service_names)
 @_output_option
 def serve_history(name: str, output: str) -> None:
     """List every version of service NAME and what each changed."""
@@ -272,25 +328,43 @@ def serve_history(name: str, output: str) -> None:
 @click.option("--period", type=FiniteFloatRange(min=0.1), default=None,
               help="Decision period in seconds (default: the policy's own, 20 s for request rate).")
 @_output_option
-def serve_simulate(task_file: Path, trace_file: Path, period: float | None, output: str) -> None:
+@click.option("--plot", is_flag=True, help="Also draw qps and the replica target over time as a text chart on "
+              "stderr, marking where the upscale and downscale delays held a change back.")
+@click.option("--plot-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw that chart into this PNG file (needs matplotlib: the `plot` extra).")
+@click.option("--plot-size", default=None, metavar="WxH",
+              help="Pixel size of the --plot-file image (default 1200x600).")
+def serve_simulate(task_file: Path, trace_file: Path, period: float | None, output: str, plot: bool,
+                   plot_file: Path | None, plot_size: str | None) -> None:
     """Run TASK_FILE's autoscaling policy against a load trace offline and print the target over time."""
     from skyserve_lite.autoscalers.simulator import parse_trace, simulate
+    from skyserve_lite.cli.chart import DEFAULT_HEIGHT, MIN_CHART_WIDTH, render_chart
+    from skyserve_lite.cli.plot_file import DEFAULT_SIZE, parse_plot_size, write_plot_png
 
     with _errors():
+        if plot_size is not None and plot_file is None:
+            raise UsageError("--plot-size goes with --plot-file")
+        size = DEFAULT_SIZE if plot_size is None else parse_plot_size(plot_size)
         task = load_task_file(task_file.resolve())
         try:
             text = trace_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"--trace: cannot read {trace_file}: {exc}") from exc
         decisions = simulate(task.spec.service.replica_policy, parse_trace(text, str(trace_file)), period)
+        policy = task.spec.service.replica_policy.describe()
+        if plot_file is not None:  # first: a missing matplotlib fails before anything is printed
+            write_plot_png(decisions, plot_file, size, title=f"Simulated: {policy}")
         if output == "json":
             click.echo(json.dumps({"decisions": [d.to_json() for d in decisions]}, indent=2))
         else:
-            _stdout().print(simulation_table(task.spec.service.replica_policy.describe(), decisions))
+            _stdout().print(simulation_table(policy, decisions))
+        if plot:
+            width = max(MIN_CHART_WIDTH, _stderr().width)
+            click.echo("\n".join(render_chart(decisions, width, DEFAULT_HEIGHT)), err=True)
 
 
 @serve.command("status")
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_service_names)
 @_output_option
 @click.option("--endpoint", "endpoint_only", is_flag=True,
               help="Print only the endpoint URL of the one service named: curl $(sky-lite serve status NAME "
@@ -313,6 +387,11 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
             click.echo(json.dumps(status_json(views) | {"controller": state.to_json()}, indent=2))
         else:
             _stdout().print(status_renderable(views, events=bool(names), unverified_for=unverified))
+            if names:
+                from skyserve_lite.cli.sparkline import history_lines
+
+                for line in history_lines(views):
+                    click.echo(line)
         if views and not state.running:
             click.echo("Warning: no controller is running, so nothing above is being kept up to date or acted "
                        "on. Start it with `sky-lite controller start`.", err=True)
@@ -324,7 +403,7 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
 
 
 @serve.command("down")
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_service_names)
 @click.option("-a", "--all", "all_services", is_flag=True, help="Take down every service.")
 @_yes_option
 @click.option("--timeout", type=FiniteFloatRange(min=0), default=300.0, show_default=True,
@@ -336,12 +415,19 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
 @click.option("--region", "regions", multiple=True,
               help="With --force: also search this cloud region for instances (repeatable; the default "
               "region and those state.db still names are searched anyway).")
+@click.option("--replica-id", "replica_ids", type=click.IntRange(min=1), multiple=True, metavar="ID",
+              shell_complete=complete_replica_ids,
+              help="Terminate only this replica of the one service named (repeatable); the controller "
+              "launches a replacement when the policy still wants it.")
 def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: float, force: bool,
-               regions: tuple[str, ...]) -> None:
+               regions: tuple[str, ...], replica_ids: tuple[int, ...]) -> None:
     """Stop services: every replica, the load balancer, and the controller when none is left.
 
     NAMES may be shell-style patterns ('dev-*', 'web-?'), matched against the services' names; quote them."""
     with _errors():
+        if replica_ids:
+            _down_replicas(names, all_services, force, yes, timeout, replica_ids)
+            return
         if all_services == bool(names):
             raise click.UsageError("name the services to take down, or pass --all (not both)")
         if force or regions:
@@ -361,6 +447,27 @@ def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: f
             controller.finish_down(targets, timeout)
         for target in targets:
             click.echo(f"Service {target} is down.")
+
+
+def _down_replicas(names: tuple[str, ...], all_services: bool, force: bool, yes: bool, timeout: float,
+                   replica_ids: tuple[int, ...]) -> None:
+    """`serve down NAME --replica-id N`: drain and terminate those replicas, and wait until they are gone."""
+    if all_services or force or len(names) != 1 or any(c in names[0] for c in "*?["):
+        raise click.UsageError("--replica-id terminates replicas of one service: name exactly one service "
+                               "(no pattern, --all or --force)")
+    (name,) = names
+    ids = sorted(set(replica_ids))
+    which = f"replica {ids[0]}" if len(ids) == 1 else "replicas " + ", ".join(map(str, ids))
+    controller = _controller()
+    (view,) = controller.get_status([name], events=0)
+    api.check_replica_termination(view.service, view.replicas, ids)  # before the question, as the request does
+    if not yes:
+        click.confirm(f"Terminate {which} of {name}? The controller launches a replacement when the policy "
+                      "still wants one.", abort=True)
+    controller.request_replica_termination(name, ids)
+    with _stderr().status(f"Terminating {which} of {name}..."):
+        waits.wait_until_replicas_gone(controller, name, ids, timeout)
+    click.echo(f"{which[0].upper()}{which[1:]} of {name} terminated.")
 
 
 def _force_down(all_services: bool, yes: bool, force: bool, regions: tuple[str, ...]) -> None:
@@ -383,26 +490,36 @@ def _force_down(all_services: bool, yes: bool, force: bool, regions: tuple[str, 
 
 
 @serve.command("logs")
-@click.argument("name")
-@click.argument("replica_id", type=int, required=False)
+@click.argument("name", shell_complete=complete_service_names)
+@click.argument("replica_id", type=int, required=False, shell_complete=complete_replica_ids)
 @click.option("--controller", "controller_log", is_flag=True, help="Show the controller's log.")
 @click.option("--load-balancer", "lb_log", is_flag=True, help="Show the service's load balancer log.")
-@click.option("--follow/--no-follow", default=False, show_default=True, help="Keep printing new output.")
-def serve_logs(name: str, replica_id: int | None, controller_log: bool, lb_log: bool, follow: bool) -> None:
-    """Print the output of replica REPLICA_ID of service NAME (or the controller's, or the load balancer's)."""
+@click.option("--follow/--no-follow", default=True, show_default=True,
+              help="Keep printing new output until Ctrl-C; --no-follow prints what there is and exits.")
+@click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Start with only the last N lines.")
+@click.option("--since", default=None, metavar="DURATION",
+              help="Start with only the lines at most DURATION old (30s, 5m, 2h, 1d), by their time prefix.")
+def serve_logs(name: str, replica_id: int | None, controller_log: bool, lb_log: bool, follow: bool,
+               tail: int | None, since: str | None) -> None:
+    """Print the output of replica REPLICA_ID of service NAME (or the controller's, or the load balancer's),
+    then follow it. Ctrl-C stops following and exits 0."""
+    from skyserve_lite.logview import parse_duration
+
     with _errors():
         if controller_log and lb_log:
             raise click.UsageError("pass at most one of --controller and --load-balancer")
+        since_seconds = None if since is None else parse_duration(since, "--since")
         chunks = _controller().stream_log(name, replica_id, controller=controller_log, load_balancer=lb_log,
-                                          follow=follow)
+                                          follow=follow, tail=tail, since_seconds=since_seconds)
         out = sys.stdout.buffer
         try:
             for chunk in chunks:
                 out.write(chunk)
-                if not chunk:  # the log was polled and had nothing new: show what came so far
+                if follow:  # show each chunk as it comes: a remote follow has no idle (empty) chunks to flush on
                     out.flush()
         except KeyboardInterrupt:
-            pass
+            pass  # Ctrl-C is how a follow ends: quietly, exit 0, as `sky serve logs` does
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
@@ -532,8 +649,8 @@ def controller_ensure() -> None:
         home = home_dir()
         pid = ensure_supervised(home)
         if pid is not None:  # one line for the controller's log, where cron appends it
-            click.echo(f"{time.strftime('%Y-%m-%d %H:%M:%S')} controller ensure: started the controller "
-                       f"(pid {pid}) for {home}")
+            now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+            click.echo(f"{now}.000Z controller ensure: started the controller (pid {pid}) for {home}")
 
 
 @controller.group("cron")
@@ -575,4 +692,10 @@ for _command in host_commands.COMMANDS:
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """The controller's log lines start with their UTC time as replica log lines do
+    (``2026-12-01T17:30:05.123Z INFO ...``), so `serve logs --since` reads both the same way."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%dT%H:%M:%S")
+    for handler in logging.getLogger().handlers:
+        if handler.formatter is not None:
+            handler.formatter.converter = time.gmtime

@@ -9,7 +9,9 @@ Order matters for crash safety:
 4. load balancers, service statuses, deletions and events follow.
 
 Provider errors never escape: they become replica status reasons and events, and the next pass (which
-sees the same level) tries again.
+sees the same level) tries again. Every event the executor stores is also a line of the controller's log
+(``log_event``: INFO, WARNING for a failure), so the log says what `serve status` says: each launch, reuse,
+drain and termination, and each failure with its reason.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import dataclasses
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner, find_lb_port
@@ -27,6 +29,7 @@ from skyserve_lite.errors import ProviderError, StateConflictError, TransientPro
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider
 from skyserve_lite.spec.model import Secret, TaskSpec
+from skyserve_lite.state.history import HISTORY_MINUTES, ReplicaSample
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
@@ -40,6 +43,12 @@ HEARTBEAT_SECONDS = 5.0
 
 # A secret value younger than this is kept though no version names it yet (its submission is under way).
 SECRET_GRACE_SECONDS = 3600.0
+
+
+def log_event(event: Event) -> None:
+    """The controller log's line of an event: ``service web replica 3: launching version 2 on local``."""
+    who = f"service {event.service}" + (f" replica {event.replica_id}" if event.replica_id is not None else "")
+    log.log(logging.WARNING if event.warning else logging.INFO, "%s: %s", who, event.message)
 
 
 class Executor:
@@ -56,6 +65,18 @@ class Executor:
         self._collected_once = False
         self._port_conflicts: set[str] = set()  # services whose pinned port another process holds
         self._heartbeat_at = float("-inf")
+        self._history_minute: int | None = None  # the minute whose replica samples were written last
+
+    def record_replica_history(self, samples: Sequence[ReplicaSample]) -> None:
+        """Write the replica samples of a minute (``controller.history``) once: the first pass of the minute
+        writes them and drops those older than ``HISTORY_MINUTES`` in the same transaction; the other passes
+        of the minute (29 of 30 at a 2 s interval) write nothing. With no sample nothing is written, not even
+        the pruning: nothing grows then either."""
+        if not samples or samples[0].minute == self._history_minute:
+            return
+        minute = samples[0].minute
+        self._store.record_replica_samples(samples, keep_from_minute=minute - HISTORY_MINUTES)
+        self._history_minute = minute
 
     def record_pass(self) -> None:
         """Record that a pass completed, at most every ``HEARTBEAT_SECONDS``."""
@@ -91,6 +112,8 @@ class Executor:
     def apply(self, plan: PassPlan) -> None:
         events: list[Event] = list(plan.events)
         self._store.put_replicas(plan.replica_updates, dict(plan.active_version_changes))
+        if plan.requests_done:  # after the drains they asked for are stored: a crash between repeats them
+            self._store.delete_replica_terminations(plan.requests_done)
         self._terminate(plan)
         self._store.delete_replicas(plan.removals)
         for batch in plan.launches:
@@ -103,6 +126,8 @@ class Executor:
             self._delete_service(name)
         now = self._clock.now()
         self._store.add_events([(now, e.service, e.replica_id, e.kind, e.message) for e in events])
+        for event in events:
+            log_event(event)
 
     def abandon(self) -> None:
         """The state directory was deleted under the controller: ask every provider to stop what only it
@@ -164,13 +189,16 @@ class Executor:
             )
             added = self._store.add_replicas(batch.service, batch.count, template)
             rows.extend(added)
-            events.extend(Event(batch.service, r.replica_id, "replica", f"launching on {batch.cloud}")
-                          for r in added)
+            events.extend(Event(batch.service, r.replica_id, "replica",
+                                f"launching version {batch.version} on {batch.cloud}") for r in added)
         provider = self._providers.get(batch.cloud)
         if provider is None:
+            reason = f"no provider for cloud {batch.cloud!r}"
             failed = [dataclasses.replace(r, status=ReplicaStatus.FAILED_PROVISION, status_since=now,
-                                          status_reason=f"no provider for cloud {batch.cloud!r}") for r in rows]
+                                          status_reason=reason) for r in rows]
             self._store.put_replicas(failed)
+            events.extend(Event(r.service, r.replica_id, "replica", f"FAILED_PROVISION: {reason}", warning=True)
+                          for r in rows)
             return
         version = self._store.get_version(batch.service, batch.version)
         specs = {r.version: self._store.get_version(r.service, r.version).spec
@@ -204,10 +232,11 @@ class Executor:
                 updated.append(dataclasses.replace(row, status=ReplicaStatus.FAILED_PROVISION,
                                                    status_since=now, status_reason=outcome.error))
                 events.append(Event(row.service, row.replica_id, "replica",
-                                    f"FAILED_PROVISION: {outcome.error}"))
+                                    f"FAILED_PROVISION: {outcome.error}", warning=True))
             else:
                 updated.append(dataclasses.replace(row, status_reason=f"launch will be retried: {outcome.error}"))
-                events.append(Event(row.service, row.replica_id, "provider", f"launch failed: {outcome.error}"))
+                events.append(Event(row.service, row.replica_id, "provider", f"launch failed: {outcome.error}",
+                                    warning=True))
         self._store.put_replicas(updated)
 
     def _lb_port(self, name: str, port: int, events: list[Event]) -> int | None:
@@ -222,15 +251,18 @@ class Executor:
             if name not in self._port_conflicts:  # said once, while the conflict lasts
                 self._port_conflicts.add(name)
                 events.append(Event(name, None, "load_balancer", f"port {port} is taken by another process; the "
-                                    "endpoint is pinned (--endpoint-port), so the load balancer waits for it"))
+                                    "endpoint is pinned (--endpoint-port), so the load balancer waits for it",
+                                    warning=True))
             return None
         moved = find_lb_port(self._store.used_lb_ports(), self._lb_runner.is_port_free)
         if moved is None:
-            events.append(Event(name, None, "load_balancer", f"port {port} is taken and no other port is free"))
+            events.append(Event(name, None, "load_balancer", f"port {port} is taken and no other port is free",
+                                warning=True))
             return None
         self._store.set_lb_port(name, moved)
         events.append(Event(name, None, "load_balancer",
-                            f"port {port} is taken by another process; the endpoint moved to port {moved}"))
+                            f"port {port} is taken by another process; the endpoint moved to port {moved}",
+                            warning=True))
         return moved
 
     def _apply_load_balancers(self, plan: PassPlan, events: list[Event]) -> None:
@@ -250,7 +282,8 @@ class Executor:
             try:
                 pid = self._lb_runner.start(name, port)
             except OSError as exc:  # e.g. no such interpreter; the next pass tries again
-                events.append(Event(name, None, "load_balancer", f"load balancer could not start: {exc}"))
+                events.append(Event(name, None, "load_balancer", f"load balancer could not start: {exc}",
+                                    warning=True))
                 continue
             self._store.set_load_balancer(name, pid, policies.pop(name, service.lb_policy))
             events.append(Event(name, None, "load_balancer", f"load balancer started on port {port} (pid {pid})"))

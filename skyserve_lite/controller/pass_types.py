@@ -35,6 +35,8 @@ class ServiceSnapshot:
     metrics: Metrics | None = None  # what the load balancer reported; None: nothing yet
     # The current version's update reuses replicas whose files are identical (`--reuse-identical-files`).
     reuse_identical_files: bool = False
+    # Replicas an operator asked to terminate (`serve down NAME --replica-id N`) and not yet acted on.
+    terminate_requested: frozenset[int] = frozenset()
 
     @property
     def spec(self) -> TaskSpec:
@@ -76,10 +78,14 @@ class LaunchBatch:
 
 @dataclass(frozen=True)
 class Event:
+    """One decision or outcome of a pass, as `serve status` shows it and the controller's log says it
+    (``warning``: a failure, logged at WARNING rather than INFO)."""
+
     service: str
     replica_id: int | None
     kind: str
     message: str
+    warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,9 @@ class PassPlan:
     events: tuple[Event, ...] = ()
     active_version_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     autoscaler_updates: tuple[tuple[str, AutoscalerState, AutoscalerObservation], ...] = ()
+    # Operator requests to terminate a replica that this plan carries out (or that no live replica is left
+    # for): the executor forgets them once the rest of the plan is stored.
+    requests_done: tuple[ReplicaKey, ...] = ()
 
     @property
     def is_empty(self) -> bool:

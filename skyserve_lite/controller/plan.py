@@ -27,6 +27,7 @@ from skyserve_lite.controller.service_steps import (
     plan_launches,
     plan_load_balancer,
     plan_prune_terminal,
+    plan_requested_terminations,
     plan_reuse,
     plan_rollout,
     plan_scale_down,
@@ -38,6 +39,7 @@ from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.state.models import (
     AutoscalerObservation,
     ReplicaRecord,
+    ReplicaStatus,
     ServiceStatus,
 )
 
@@ -92,6 +94,7 @@ def merge_plans(parts: Sequence[PassPlan]) -> PassPlan:
         deletions=tuple(d for p in parts for d in p.deletions),
         active_version_changes=tuple(c for p in parts for c in p.active_version_changes),
         autoscaler_updates=tuple(u for p in parts for u in p.autoscaler_updates),
+        requests_done=tuple(k for p in parts for k in p.requests_done),
         events=tuple(e for p in parts for e in p.events),
     )
 
@@ -142,6 +145,7 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
         steps = [plan_shut_down(step, now, settings) for step in steps]
     else:
         steps = plan_reuse(snapshot, steps)
+        steps = plan_requested_terminations(snapshot, steps, now, index.known_clouds)
         decision, observed = plan_autoscale(snapshot, steps, now, settings)
         target = compute_target_replicas(snapshot.spec.service.replica_policy, decision.state)
         if (decision.state, observed) != (snapshot.autoscaler, snapshot.observed):
@@ -152,13 +156,19 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
         if active != service.active_versions:
             active_changes = ((service.name, active),)
 
-    events = [Event(service.name, s.record.replica_id, "replica", s.event) for s in steps if s.event]
+    originals = _originals(steps, snapshot)
+    events = [Event(service.name, s.record.replica_id, "replica", s.event, warning=is_failing_step(s.record, old))
+              for s, old in zip(steps, originals, strict=True) if s.event]
     launches = [] if service.deleting else plan_launches(snapshot, steps, settings, target)
-    updates = tuple(s.record for s, old in zip(steps, _originals(steps, snapshot), strict=True)
-                    if s.record != old and not s.remove)
+    updates = tuple(s.record for s, old in zip(steps, originals, strict=True) if s.record != old and not s.remove)
     terminations = tuple((s.record.cloud, s.record.instance_id) for s in steps
                          if s.terminate and s.record.instance_id is not None)
     removals = tuple((service.name, s.record.replica_id) for s in steps if s.remove)
+    # A request is done once its replica is no longer live after this pass (drained above, gone, or taken
+    # with the whole service); one whose cloud's inventory was unknown this pass waits for the next.
+    still_live = {s.record.replica_id for s in steps if s.record.status.is_live and not s.remove}
+    requests_done = tuple((service.name, replica_id) for replica_id in sorted(snapshot.terminate_requested)
+                          if replica_id not in still_live)
 
     start_lbs, stop_lbs, policy_changes = plan_load_balancer(snapshot)
     deletions: tuple[str, ...] = ()
@@ -172,14 +182,22 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     if not deletions and (status, reason) != (service.status, service.status_reason):
         status_changes = ((service.name, status, reason),)
         if status is not service.status:
-            events.append(Event(service.name, None, "service",
-                                f"{status.value}" + (f": {reason}" if reason else "")))
+            events.append(Event(service.name, None, "service", f"{status.value}" + (f": {reason}" if reason else ""),
+                                warning=status is ServiceStatus.FAILED))
     return PassPlan(
         replica_updates=updates, removals=removals, terminations=terminations, launches=tuple(launches),
         start_lbs=start_lbs, stop_lbs=stop_lbs, lb_policy_changes=policy_changes,
         status_changes=status_changes, deletions=deletions, events=tuple(events),
         active_version_changes=active_changes, autoscaler_updates=autoscaler_updates,
+        requests_done=requests_done,
     )
+
+
+def is_failing_step(record: ReplicaRecord, old: ReplicaRecord) -> bool:
+    """Whether a pass took a replica from ``old`` into a failing status (FAILED*, PREEMPTED, NOT_READY):
+    its event is a warning. A replica reused while NOT_READY is no new failure."""
+    status = record.status
+    return status is not old.status and (status.is_terminal or status is ReplicaStatus.NOT_READY)
 
 
 def _originals(steps: Sequence[ReplicaStep], snapshot: ServiceSnapshot) -> list[ReplicaRecord]:

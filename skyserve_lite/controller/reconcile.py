@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from skyserve_lite.clock import Clock
 from skyserve_lite.controller.executor import Executor
 from skyserve_lite.controller.guard import guard_provider
+from skyserve_lite.controller.history import find_replica_samples
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner
 from skyserve_lite.controller.plan import (
     InstanceIndex,
@@ -60,6 +61,7 @@ class Reconciler:
         if not plan.is_empty:
             self._executor.apply(plan)
         self._executor.collect_garbage(force=bool(plan.deletions))
+        self._executor.record_replica_history(find_replica_samples(snapshots, plan, self._clock.now()))
         # Only when the pass got this far: a pass that cannot write (a full disk) leaves the heartbeat old,
         # and `serve status` then says that what it shows is unverified.
         self._executor.record_pass()
@@ -74,12 +76,16 @@ class Reconciler:
         replicas_by_service: dict[str, list[ReplicaRecord]] = {}
         for replica in self._store.list_replicas():
             replicas_by_service.setdefault(replica.service, []).append(replica)
+        asked: dict[str, set[int]] = {}
+        for service_name, replica_id in self._store.list_replica_terminations():
+            asked.setdefault(service_name, set()).add(replica_id)
         snapshots, unreadable = [], set()
         now = self._clock.now()
         for service in self._store.list_services():
             try:
                 snapshots.append(read_snapshot(self._store, service, replicas_by_service.get(service.name, ()), now,
-                                               self._settings, self._lb_runner.is_alive, self._versions))
+                                               self._settings, self._lb_runner.is_alive, self._versions,
+                                               terminate_requested=frozenset(asked.get(service.name, ()))))
             except Exception:  # one service's unreadable state must not stop the others' passes
                 log.exception("cannot read service %s; leaving it alone this pass", service.name)
                 unreadable.add(service.name)

@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.providers.base import Instance, InstanceState
+from skyserve_lite.providers.base import Instance, InstanceState, Phase
 from skyserve_lite.spec.model import ReadinessProbe
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 
@@ -106,7 +106,39 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
             return ReplicaStep(replica, event="instance running, waiting for the readiness probe")
     elif instance.url != replica.url:
         replica = dataclasses.replace(replica, url=instance.url)
-    return _apply_probe(replica, probe, readiness, now, settings)
+    return _apply_probe(replica, probe, readiness, now, settings, instance.phase)
+
+
+SETUP_REASON = "running setup"
+_WAITING = "running, waiting for the readiness probe"
+
+
+def compute_starting_reason(phase: Phase | None, url: str | None, probe_detail: str) -> str:
+    """Why a STARTING replica is not READY, as stored: stable while nothing changes (the seconds are added
+    when it is shown, ``describe_starting``), so a replica waiting out its setup costs no write per pass.
+
+    During ``setup`` the probe's failure is expected and not shown; after ``run`` started, a probe that
+    cannot connect most often means the workload listens on another port than ``$PORT``."""
+    if phase is Phase.SETUP:
+        return SETUP_REASON
+    if phase is None:
+        return probe_detail  # the provider cannot tell the phase (a cloud VM): the probe's own words
+    port = url.rpartition(":")[2].rstrip("/") if url else ""
+    hint = f" (the workload must listen on $PORT, {port})" if probe_detail.startswith("cannot connect") else ""
+    return f"{_WAITING} on :{port}; {probe_detail}{hint}"
+
+
+def describe_starting(reason: str | None, waited_seconds: float, initial_delay_seconds: float) -> str | None:
+    """A STARTING replica's stored reason with its time: ``running setup (12s)``, ``running, waiting for the
+    readiness probe on :8080 (8s of 1200s); cannot connect: ...``. The seconds count from when it became
+    STARTING, as the initial delay does."""
+    waited = f"{waited_seconds:.0f}s"
+    if reason == SETUP_REASON:
+        return f"{reason} ({waited})"
+    if reason is not None and reason.startswith(_WAITING):
+        head, sep, tail = reason.partition("; ")
+        return f"{head} ({waited} of {initial_delay_seconds:g}s){sep}{tail}"
+    return reason
 
 
 def is_maybe_unlisted(replica: ReplicaRecord, now: float, settings: ControllerSettings) -> bool:
@@ -116,7 +148,7 @@ def is_maybe_unlisted(replica: ReplicaRecord, now: float, settings: ControllerSe
 
 
 def _apply_probe(replica: ReplicaRecord, probe: ProbeResult | None, readiness: ReadinessProbe,
-                 now: float, settings: ControllerSettings) -> ReplicaStep:
+                 now: float, settings: ControllerSettings, phase: Phase | None = None) -> ReplicaStep:
     if probe is None:
         return ReplicaStep(replica)
     status = replica.status
@@ -134,8 +166,9 @@ def _apply_probe(replica: ReplicaRecord, probe: ProbeResult | None, readiness: R
             return _fail(replica, ReplicaStatus.FAILED_INITIAL_DELAY, now,
                          f"not ready within initial_delay_seconds={readiness.initial_delay_seconds} "
                          f"(last probe: {probe.detail})")
-        if replica.status_reason != probe.detail:
-            return ReplicaStep(dataclasses.replace(replica, status_reason=probe.detail))
+        reason = compute_starting_reason(phase, replica.url, probe.detail)
+        if replica.status_reason != reason:
+            return ReplicaStep(dataclasses.replace(replica, status_reason=reason))
         return ReplicaStep(replica)
     if status is ReplicaStatus.READY:
         not_ready = dataclasses.replace(replica, status=ReplicaStatus.NOT_READY, status_since=now,

@@ -6,7 +6,7 @@ Pure functions over ``ReplicaStep`` lists; ``controller.plan`` composes them int
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from skyserve_lite.autoscalers.base import Decision, Metrics
 from skyserve_lite.autoscalers.dispatch import carry_over, make_autoscaler
@@ -65,6 +65,20 @@ def plan_reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[Repl
                                        event=f"reused for version {version} (same replica config)")
         result.append(step)
     return result
+
+
+def plan_requested_terminations(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float,
+                                known_clouds: Collection[str]) -> list[ReplicaStep]:
+    """Drain the live replicas an operator asked to terminate. They stop counting toward the target, so the
+    launch step of this same pass replaces them when the policy still wants that many replicas. A replica
+    whose cloud's inventory is unknown this pass is left for a pass that can see it, as every other
+    decision about it is."""
+    asked = snapshot.terminate_requested
+    if not asked:
+        return steps
+    return [_shut_down_step(s, now, "terminated by the operator (serve down --replica-id)")
+            if s.record.replica_id in asked and s.record.status.is_live and not s.remove
+            and s.record.cloud in known_clouds else s for s in steps]
 
 
 def _shut_down_step(step: ReplicaStep, now: float, reason: str) -> ReplicaStep:

@@ -40,7 +40,7 @@ class VersionCache:
 
 def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[ReplicaRecord], now: float,
                   settings: ControllerSettings, is_lb_alive: Callable[[int], bool],
-                  versions: VersionCache) -> ServiceSnapshot:
+                  versions: VersionCache, *, terminate_requested: frozenset[int] = frozenset()) -> ServiceSnapshot:
     """``service`` with the versions it and its replicas run, its autoscaler state and load metrics.
 
     Raises what the store raises (a version row that is missing or cannot be parsed): the caller decides
@@ -54,7 +54,8 @@ def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[Repli
         service, {v: record.spec for v, record in records.items()}, tuple(replicas), lb_alive, mode,
         autoscaler=stored[0] if stored else None, observed=stored[1] if stored else None,
         metrics=read_metrics(store, service.name, now, settings),
-        reuse_identical_files=records[service.current_version].reuse_identical_files)
+        reuse_identical_files=records[service.current_version].reuse_identical_files,
+        terminate_requested=terminate_requested)
 
 
 def read_metrics(store: Store, service: str, now: float, settings: ControllerSettings) -> Metrics:

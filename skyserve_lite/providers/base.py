@@ -39,6 +39,13 @@ class InstanceState(str, Enum):
     TERMINATED = "terminated"  # stopped on purpose, or gone
 
 
+class Phase(str, Enum):
+    """Which of the task's commands a running instance is in, where the provider can tell (local)."""
+
+    SETUP = "setup"
+    RUN = "run"
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     """One instance to start for one replica.
@@ -80,6 +87,7 @@ class Instance:
     detail: str | None = None  # why it is in this state: exit code, state reason
     instance_type: str | None = None  # what it was launched as, when the launch said
     accelerator: str | None = None  # its accelerators ("A100:8"), when the launch said
+    phase: Phase | None = None  # running `setup` or `run`; None where the provider cannot tell (clouds)
 
 
 @dataclass(frozen=True)

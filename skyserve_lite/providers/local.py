@@ -6,11 +6,18 @@ Each replica gets a directory ``$SKY_LITE_HOME/replicas/SERVICE/REPLICA-NONCE/``
     pid             written by the replica's supervisor (or, where there is none, its wrapper) as its first
                     act, so a crash of the controller between spawn and bookkeeping cannot hide the process
     exit_code       written by the wrapper when `setup` fails or `run` exits
+    phase           written by the wrapper as it starts `setup` and then `run` ("setup", "run"): what
+                    `serve status` shows of a STARTING replica
     setup.sh run.sh the task's commands;  replica.log  their output;  workdir/  the version's `workdir`
 
 Each replica is its supervisor (``skyserve_lite/supervisor.py``, Linux: a child subreaper that stops every
 descendant, those that called ``setsid`` or double-forked included) running the wrapper, which runs
 ``setup`` then ``run`` under bash, in a session of its own.
+
+**Output.** Everything ``setup``, ``run`` and the wrapper print, stdout and stderr, reaches ``replica.log``
+through the supervisor, each line with the UTC time it was printed in front: ``2026-12-01T17:30:05.123Z
+Serving HTTP on 127.0.0.1 port 8000`` (``supervisor.format_line_time``; `serve logs --since` reads it).
+Where there is no supervisor (not Linux) the wrapper writes to the log itself and lines carry no time.
 
 **Environment.** A replica gets a bare environment, not the controller's (which holds the operator's
 cloud credentials): ``PATH``, ``HOME``, ``LANG``, ``TMPDIR`` and ``LC_*`` as the controller has them, the
@@ -68,15 +75,17 @@ from skyserve_lite.files.blobs import BlobStore, blob_store_of
 from skyserve_lite.files.capture import is_cloud_uri, needs_capture
 from skyserve_lite.files.manifest import Manifest
 from skyserve_lite.files.materialize import MaterializeError, materialize
-from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, ReplicaLog
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest, Phase, ReplicaLog
 
 INSTANCE_FILE = "instance.json"
 TERMINATED_FILE = "instance.terminated.json"
 LOG_FILE = "replica.log"
+PHASE_FILE = "phase"  # "setup" or "run": which command the wrapper runs now
 # What the provider keeps in a replica directory. Without a `workdir` that directory is also the working
 # directory, so a file mount landing on one of these would overwrite (or, as a directory, break) it.
 _OWN_FILES = frozenset({INSTANCE_FILE, TERMINATED_FILE, LOG_FILE, "instance.tmp", "pid", "pid.tmp", "exit_code",
-                        "exit_code.tmp", "setup.sh", "run.sh", "wrapper.sh"})
+                        "exit_code.tmp", "setup.sh", "run.sh", "wrapper.sh", PHASE_FILE,
+                        f"{PHASE_FILE}.tmp"})
 # A replica whose wrapper has not written its pid this long after launch never started.
 _SPAWN_GRACE_SECONDS = 30.0
 # A supervisor takes its grace to stop the replica's descendants, then exits: wait that much longer for it.
@@ -99,6 +108,7 @@ _R = TypeVar("_R")
 _WRAPPER = """\
 cd {cwd}
 if [ -s {setup} ]; then
+  echo setup > {phase_file}.tmp && mv {phase_file}.tmp {phase_file}
   bash {setup}
   code=$?
   if [ $code -ne 0 ]; then
@@ -107,6 +117,7 @@ if [ -s {setup} ]; then
     exit $code
   fi
 fi
+echo run > {phase_file}.tmp && mv {phase_file}.tmp {phase_file}
 bash {run}
 code=$?
 echo "sky-lite: run exited with code $code"
@@ -321,6 +332,7 @@ class LocalProvider:
         return Instance(
             instance_id=record.instance_id, service=record.service, replica_id=record.replica_id,
             version=record.version, state=state, url=f"http://127.0.0.1:{record.port}", detail=detail,
+            phase=_read_phase(directory) if state is InstanceState.RUNNING else None,
         )
 
     def _reap(self) -> None:
@@ -448,7 +460,8 @@ def _prepare(directory: Path, request: LaunchRequest, blobs: BlobStore) -> Path:
         (directory / "run.sh").write_text(spec.run)
     (directory / "wrapper.sh").write_text(_WRAPPER.format(
         cwd=shlex.quote(str(cwd)), setup=shlex.quote(str(directory / "setup.sh")),
-        run=shlex.quote(str(directory / "run.sh")), exit_file=shlex.quote(str(directory / "exit_code"))))
+        run=shlex.quote(str(directory / "run.sh")), exit_file=shlex.quote(str(directory / "exit_code")),
+        phase_file=shlex.quote(str(directory / PHASE_FILE))))
     return cwd
 
 
@@ -477,6 +490,13 @@ def _read_exit_reason(directory: Path) -> str | None:
         return (directory / "exit_code").read_text().strip()
     except OSError:
         return None  # not exited (or not yet written: the wrapper renames it into place)
+
+
+def _read_phase(directory: Path) -> Phase | None:
+    try:
+        return Phase((directory / PHASE_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None  # the wrapper has not got that far (or renames it into place right now)
 
 
 def _read_record(path: Path) -> _Record | None:

@@ -106,10 +106,15 @@ class RemoteController:
     def finish_down(self, names: Sequence[str], timeout_seconds: float) -> None:
         self._call("finish_down", {"names": list(names), "timeout_seconds": timeout_seconds})
 
+    def request_replica_termination(self, name: str, replica_ids: Sequence[int]) -> None:
+        self._call("request_replica_termination", {"name": name, "replica_ids": list(replica_ids)})
+
     def stream_log(self, name: str, replica_id: int | None, *, controller: bool = False,
-                   load_balancer: bool = False, follow: bool = False) -> Iterator[bytes]:
+                   load_balancer: bool = False, follow: bool = False, tail: int | None = None,
+                   since_seconds: float | None = None) -> Iterator[bytes]:
+        # A duration, not a moment: the host's clock decides what is recent, as its clock wrote the times.
         params = {"name": name, "replica_id": replica_id, "controller": controller, "load_balancer": load_balancer,
-                  "follow": follow}
+                  "follow": follow, "tail": tail, "since_seconds": since_seconds}
         channel, _header = self._open_answered("stream_log", params, keep_open=follow)
         return _read_stream(channel)
 

@@ -97,10 +97,14 @@ class RpcServer:
             "request_down": lambda p, k: self._answer_after(lambda: c.request_down(_get(p, "names", tuple[str, ...]))),
             "finish_down": lambda p, k: self._answer_after(lambda: c.finish_down(
                 _get(p, "names", tuple[str, ...]), _get(p, "timeout_seconds", float))),
+            "request_replica_termination": lambda p, k: self._answer_after(lambda: c.request_replica_termination(
+                _get(p, "name", str), _get(p, "replica_ids", tuple[int, ...]))),
             "force_down": lambda p, k: self._answer(c.force_down(_get(p, "regions", tuple[str, ...]))),
             "stream_log": lambda p, k: self._stream(c.stream_log(
                 _get(p, "name", str), _get(p, "replica_id", int | None), controller=_get(p, "controller", bool),
-                load_balancer=_get(p, "load_balancer", bool), follow=_get(p, "follow", bool)),
+                load_balancer=_get(p, "load_balancer", bool), follow=_get(p, "follow", bool),
+                tail=_get_or(p, "tail", int | None, None),
+                since_seconds=_get_or(p, "since_seconds", float | None, None)),
                 until_client_leaves=_get(p, "follow", bool)),
             "missing_blobs": lambda p, k: self._answer(self._missing_blobs(_get(p, "digests", tuple[str, ...]))),
             "put_blobs": lambda p, k: self._answer(self._put_blobs(_get(p, "blobs", tuple[BlobHeader, ...]))),

@@ -148,4 +148,16 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (service, replica_id)
     );
     """,
+    # 11: the last hour of each autoscaled service's replica counts, a row per minute (`serve status NAME`
+    #    draws them beside the request rate, which `request_counts` holds already). The executor writes a
+    #    minute's rows on its first pass in that minute and drops those older than an hour.
+    """
+    CREATE TABLE replica_history (
+        service TEXT NOT NULL REFERENCES services(name) ON DELETE CASCADE,
+        minute INTEGER NOT NULL,
+        ready INTEGER NOT NULL,
+        target INTEGER NOT NULL,
+        PRIMARY KEY (service, minute)
+    );
+    """,
 )

@@ -5,8 +5,8 @@ write side by side. Every write is one short transaction (``BEGIN IMMEDIATE``), 
 the old or the new state, never half of a change.
 
 Who writes what: the CLI (through ``api``) creates services and versions and marks them for deletion;
-the controller's executor is the only writer of replica rows and service status; a load balancer writes
-only its request counts and its load report (in-flight and held requests).
+the controller's executor is the only writer of replica rows, service status and the replica history; a
+load balancer writes only its request counts and its load report (in-flight and held requests).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from skyserve_lite.errors import (
 from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.spec.inputs import BoundInputs
 from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.state.history import REQUEST_COUNTS_KEEP_SECONDS, ReplicaSample
 from skyserve_lite.state.models import (
     REPLICA_STATUS_BY_VALUE,
     AutoscalerObservation,
@@ -624,7 +625,7 @@ class Store:
                       accelerators=tuple(accelerator for _, accelerator in ready))
 
     def record_request_counts(self, service: str, counts: Mapping[int, int],
-                              keep_seconds: int = 3600) -> None:
+                              keep_seconds: int = REQUEST_COUNTS_KEEP_SECONDS) -> None:
         """Add per-second request counts, and drop counts older than ``keep_seconds`` before the newest."""
         if not counts:
             return
@@ -674,6 +675,32 @@ class Store:
             "SELECT COALESCE(SUM(count), 0) FROM request_counts WHERE service = ? AND second >= ?",
             (service, since_second)).fetchone()
         return int(row[0])
+
+    def count_requests_by_minute(self, service: str, since_minute: int) -> dict[int, int]:
+        """Requests per minute (minutes since the epoch) from ``since_minute`` on; minutes without any are
+        left out."""
+        rows = self._db.execute(
+            "SELECT second / 60, SUM(count) FROM request_counts WHERE service = ? AND second >= ? GROUP BY second / 60",
+            (service, since_minute * 60)).fetchall()
+        return {int(minute): int(count) for minute, count in rows}
+
+    # --- replica history -------------------------------------------------------------------------
+    def record_replica_samples(self, samples: Sequence[ReplicaSample], keep_from_minute: int) -> None:
+        """Write the samples (one per service and minute: a second one for the same minute replaces it) and
+        drop every sample before ``keep_from_minute``, in one transaction. A sample of a service that is gone
+        is not written."""
+        with self._write() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO replica_history (service, minute, ready, target)"
+                " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM services WHERE name = ?)",
+                [(s.service, s.minute, s.ready, s.target, s.service) for s in samples])
+            db.execute("DELETE FROM replica_history WHERE minute < ?", (keep_from_minute,))
+
+    def list_replica_samples(self, service: str, since_minute: int) -> list[ReplicaSample]:
+        rows = self._db.execute(
+            "SELECT service, minute, ready, target FROM replica_history WHERE service = ? AND minute >= ?"
+            " ORDER BY minute", (service, since_minute)).fetchall()
+        return [ReplicaSample(*row) for row in rows]
 
 
 _SERVICE_SELECT = (

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from skyserve_lite.api import LocalController, ServiceView, wait_until_ready
+from skyserve_lite.api import LocalController, ServiceView
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.errors import WaitTimeoutError
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceRecord, ServiceStatus
+from skyserve_lite.waits import wait_until_ready
 
 TEXT = "service: {replicas: 1}\nrun: python serve.py\n"
 

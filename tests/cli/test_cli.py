@@ -310,6 +310,9 @@ FLOAT_OPTIONS = [
     (("serve", "up"), ("task.yaml",), "--timeout"),
     (("serve", "simulate"), ("task.yaml", "--trace", "trace.csv"), "--period"),
     (("serve", "down"), ("--all", "-y"), "--timeout"),
+    (("serve", "update"), ("svc", "task.yaml", "-y"), "--timeout"),
+    (("serve", "rollback"), ("svc", "-y"), "--timeout"),
+    (("serve", "wait"), ("svc",), "--timeout"),
     (("controller", "down"), ("-y", "--force"), "--timeout"),
     (("controller", "run"), (), "--interval"),
 ]

@@ -174,20 +174,20 @@ def test_an_update_keeps_open_values_and_a_changed_secret_replaces_replicas(cli:
                                                cloud="local", launched_at=0.0, status_since=0.0, launch_token="t"))
     store.close()
     # Nothing given again: MODEL and HF_TOKEN are kept, so there is nothing to replace.
-    code, stdout, stderr = cli("serve", "update", "svc", task, "--dry-run")
+    code, stdout, stderr = cli("serve", "update", "--no-wait", "svc", task, "--dry-run")
     assert code == 0, stderr
     assert "secrets.HF_TOKEN" not in stdout and "reuse 1" in stdout
     code, stdout, stderr = cli("serve", "update", "svc", task, "--secret", "HF_TOKEN=another-value", "--dry-run")
     assert code == 0, stderr
     assert "secrets.HF_TOKEN: changed" in stdout
     assert "another-value" not in stdout and TOKEN not in stdout
-    code, _, stderr = cli("serve", "update", "svc", task, "--secret", "HF_TOKEN=another-value", "-y")
+    code, _, stderr = cli("serve", "update", "--no-wait", "svc", task, "--secret", "HF_TOKEN=another-value", "-y")
     assert code == 0, stderr
     first, second = versions(home)
     assert dict(second.spec.envs)["MODEL"] == "m"
     assert first.spec.secrets != second.spec.secrets
     # Rolling back brings version 1's own secret back, by its digest.
-    code, _, stderr = cli("serve", "rollback", "svc", "-y")
+    code, _, stderr = cli("serve", "rollback", "--no-wait", "svc", "-y")
     assert code == 0, stderr
     third = versions(home)[-1]
     assert third.spec.secrets == first.spec.secrets
@@ -320,10 +320,10 @@ def test_an_update_stays_where_the_current_version_runs_whoever_decided_it(cli: 
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     assert up(cli, write(tmp_path, PLAIN))[0] == 0  # local by default
     assert cli("config", "set", "default_infra", "aws")[0] == 0
-    assert cli("serve", "update", "svc", write(tmp_path, PLAIN.replace("1\n", "2\n", 1)), "-y")[0] == 0
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, PLAIN.replace("1\n", "2\n", 1)), "-y")[0] == 0
     named = "resources:\n  cloud: aws\n  region: us-west-2\n" + PLAIN
-    assert cli("serve", "update", "svc", write(tmp_path, named), "--infra", "aws", "-y")[0] == 0
-    assert cli("serve", "update", "svc", write(tmp_path, PLAIN), "-y")[0] == 0  # the file drops `cloud`
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, named), "--infra", "aws", "-y")[0] == 0
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, PLAIN), "-y")[0] == 0  # the file drops `cloud`
     assert clouds(home) == ["local", "local", "aws", "aws"]
 
 
@@ -332,15 +332,15 @@ def test_a_rollback_runs_where_and_on_what_that_version_ran(cli: Cli, home: Path
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
     gpu = "resources:\n  accelerators: {L4: 1, A10G: 1}\n" + PLAIN
     assert up(cli, write(tmp_path, gpu), "--infra", "aws")[0] == 0
-    assert cli("serve", "update", "svc", write(tmp_path, PLAIN), "--infra", "local", "-y")[0] == 0
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, PLAIN), "--infra", "local", "-y")[0] == 0
     monkeypatch.delenv("AWS_DEFAULT_REGION")  # today's default would be another region
-    code, _, stderr = cli("serve", "rollback", "svc", "--to", "1", "-y")
+    code, _, stderr = cli("serve", "rollback", "--no-wait", "svc", "--to", "1", "-y")
     assert code == 0, stderr
     first, _, third = versions(home)
     assert clouds(home) == ["aws", "local", "aws"]
     assert third.spec.resolution == first.spec.resolution
     assert third.spec.resolution is not None and {p.region for p in third.spec.resolution.ondemand} == {"us-west-2"}
-    code, _, stderr = cli("serve", "rollback", "svc", "--to", "2", "-y")
+    code, _, stderr = cli("serve", "rollback", "--no-wait", "svc", "--to", "2", "-y")
     assert code == 0, stderr
     assert clouds(home)[-1] == "local"
 

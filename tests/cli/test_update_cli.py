@@ -56,7 +56,7 @@ def versions(home: Path) -> list[int]:
 
 def test_dry_run_json_is_the_plan_and_stores_nothing(cli: Cli, home: Path, tmp_path: Path) -> None:
     new = write(tmp_path, V1.replace("replicas: 2", "replicas: 3"))
-    code, stdout, _ = cli("serve", "update", "svc", new, "--dry-run", "-o", "json")
+    code, stdout, _ = cli("serve", "update", "--no-wait", "svc", new, "--dry-run", "-o", "json")
     assert code == 0
     assert json.loads(stdout) == {
         "service": "svc", "from_version": 1, "to_version": 2, "mode": "rolling", "target_replicas": 3,
@@ -70,7 +70,7 @@ def test_dry_run_json_is_the_plan_and_stores_nothing(cli: Cli, home: Path, tmp_p
 
 def test_dry_run_table_names_the_field_that_forces_replacement(cli: Cli, home: Path, tmp_path: Path) -> None:
     new = write(tmp_path, V1.replace("img-1", "img-2"))
-    code, stdout, _ = cli("serve", "update", "svc", new, "--dry-run", "--mode", "blue_green")
+    code, stdout, _ = cli("serve", "update", "--no-wait", "svc", new, "--dry-run", "--mode", "blue_green")
     assert code == 0
     assert "resources.image_id: img-1 -> img-2" in stdout
     assert "blue_green" in stdout
@@ -81,7 +81,7 @@ def test_dry_run_table_names_the_field_that_forces_replacement(cli: Cli, home: P
 
 def test_update_with_yes_stores_the_next_version(cli: Cli, home: Path, tmp_path: Path) -> None:
     new = write(tmp_path, V1.replace("replicas: 2", "replicas: 1"))
-    code, stdout, _ = cli("serve", "update", "svc", new, "-y")
+    code, stdout, _ = cli("serve", "update", "--no-wait", "svc", new, "-y")
     assert code == 0
     assert "reuse 1, replace 0, launch 0, terminate 1" in stdout
     assert "rolling out version 2 (rolling)" in stdout
@@ -90,7 +90,7 @@ def test_update_with_yes_stores_the_next_version(cli: Cli, home: Path, tmp_path:
 
 def test_declining_the_confirmation_stores_nothing(cli: Cli, home: Path, tmp_path: Path) -> None:
     new = write(tmp_path, V1.replace("replicas: 2", "replicas: 1"))
-    code, _, stderr = cli("serve", "update", "svc", new, input="n\n")
+    code, _, stderr = cli("serve", "update", "--no-wait", "svc", new, input="n\n")
     assert code == 1
     assert "Apply this update?" in stderr
     assert versions(home) == [1]
@@ -109,15 +109,15 @@ def test_declining_the_confirmation_stores_nothing(cli: Cli, home: Path, tmp_pat
 def test_refused_updates_store_nothing(cli: Cli, home: Path, tmp_path: Path, args: list[str], text: str, code: int,
                                        message: str) -> None:
     new = write(tmp_path, text)
-    exit_code, _, stderr = cli("serve", "update", args[0], new, *args[1:], "-y")
+    exit_code, _, stderr = cli("serve", "update", "--no-wait", args[0], new, *args[1:], "-y")
     assert exit_code == code
     assert message in stderr
     assert versions(home) == [1]
 
 
 def test_history_summarizes_each_version(cli: Cli, home: Path, tmp_path: Path) -> None:
-    cli("serve", "update", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")), "-y")
-    cli("serve", "update", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")
+    cli("serve", "update", "--no-wait", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")), "-y")
+    cli("serve", "update", "--no-wait", "svc", write(tmp_path, V1.replace("replicas: 2", "replicas: 3")
                                             .replace("img-1", "img-2")), "-y", "--mode", "blue_green")
     code, stdout, _ = cli("serve", "history", "svc", "-o", "json")
     assert code == 0
@@ -132,14 +132,14 @@ def test_history_summarizes_each_version(cli: Cli, home: Path, tmp_path: Path) -
 
 
 def test_rollback_goes_to_the_previous_text_with_a_note(cli: Cli, home: Path, tmp_path: Path) -> None:
-    cli("serve", "update", "svc", write(tmp_path, V1.replace("img-1", "img-2")), "-y")
-    code, stdout, _ = cli("serve", "rollback", "svc", "--dry-run", "-o", "json")
+    cli("serve", "update", "--no-wait", "svc", write(tmp_path, V1.replace("img-1", "img-2")), "-y")
+    code, stdout, _ = cli("serve", "rollback", "--no-wait", "svc", "--dry-run", "-o", "json")
     assert code == 0
     plan = json.loads(stdout)
     assert (plan["from_version"], plan["to_version"]) == (2, 3)
     assert {r["action"] for r in plan["replicas"]} == {"reuse"}  # replicas still run version 1's config
     assert versions(home) == [1, 2]
-    assert cli("serve", "rollback", "svc", "-y")[0] == 0
+    assert cli("serve", "rollback", "--no-wait", "svc", "-y")[0] == 0
     store = Store.open(home)
     rolled = store.get_version("svc", 3)
     assert (rolled.text, rolled.note) == (V1, "rollback to version 1")
@@ -155,7 +155,7 @@ def test_rollback_goes_to_the_previous_text_with_a_note(cli: Cli, home: Path, tm
     ],
 )
 def test_refused_rollbacks(cli: Cli, home: Path, args: list[str], message: str) -> None:
-    code, _, stderr = cli("serve", "rollback", "svc", *args, "-y")
+    code, _, stderr = cli("serve", "rollback", "--no-wait", "svc", *args, "-y")
     assert code == 1
     assert message in stderr
     assert versions(home) == [1]
@@ -167,7 +167,7 @@ def test_a_task_the_cloud_cannot_run_is_refused_before_the_plan(cli: Cli, home: 
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("skyserve_lite.providers._has_module", lambda _name: False)  # no GCP library here
     new = write(tmp_path, V1.replace("image_id: img-1", "cloud: gcp"))
-    code, stdout, stderr = cli("serve", "update", "svc", new, *dry_run, input="y\n")
+    code, stdout, stderr = cli("serve", "update", "--no-wait", "svc", new, *dry_run, input="y\n")
     assert code == 2
     assert "resources.cloud: cloud 'gcp' is not available here" in stderr
     assert stdout == "" and "Apply this update?" not in stderr
@@ -194,7 +194,7 @@ class RacingController(LocalController):
 def test_an_update_that_loses_a_race_plans_again_and_names_the_version_it_stores(home: Path, tmp_path: Path) -> None:
     racer = load_task_file(Path(write(tmp_path, V1.replace("img-1", "img-9"))))
     new = write(tmp_path, V1.replace("replicas: 2", "replicas: 3"))
-    code, stdout, stderr = Cli(RacingController(home, racer))("serve", "update", "svc", new, "-y")
+    code, stdout, stderr = Cli(RacingController(home, racer))("serve", "update", "--no-wait", "svc", new, "-y")
     assert code == 0, stderr
     assert "version 1 -> 2" in stdout and "version 2 -> 3" in stdout  # the first plan, then the real one
     assert "updated by someone else meanwhile; planning again" in stderr
@@ -205,7 +205,7 @@ def test_an_update_that_loses_a_race_plans_again_and_names_the_version_it_stores
 def test_with_expect_version_a_lost_race_is_refused(home: Path, tmp_path: Path) -> None:
     racer = load_task_file(Path(write(tmp_path, V1.replace("img-1", "img-9"))))
     new = write(tmp_path, V1.replace("replicas: 2", "replicas: 3"))
-    code, _, stderr = Cli(RacingController(home, racer))("serve", "update", "svc", new, "-y",
+    code, _, stderr = Cli(RacingController(home, racer))("serve", "update", "--no-wait", "svc", new, "-y",
                                                          "--expect-version", "1")
     assert code == 1
     assert "is at version 2, not 1" in stderr
@@ -240,7 +240,7 @@ def wd(tmp_path: Path) -> WorkdirService:
 
 def test_an_identical_workdir_is_replaced_by_default_and_the_plan_says_it_is_identical(wd: WorkdirService) -> None:
     (wd.project / "svc.yaml").write_text(WD.replace("replicas: 2", "replicas: 3"))
-    code, stdout, _ = wd.cli("serve", "update", "svc", str(wd.project / "svc.yaml"), "--dry-run")
+    code, stdout, _ = wd.cli("serve", "update", "--no-wait", "svc", str(wd.project / "svc.yaml"), "--dry-run")
     assert code == 0
     assert "workdir: contents identical (sha256" in stdout and "--reuse-identical-files keeps it" in stdout
     assert "reuse 0, replace 2, launch 3, terminate 2" in stdout
@@ -249,7 +249,7 @@ def test_an_identical_workdir_is_replaced_by_default_and_the_plan_says_it_is_ide
 def test_reuse_identical_files_makes_a_scale_up_launch_only_the_difference(wd: WorkdirService,
                                                                            home: Path) -> None:
     (wd.project / "svc.yaml").write_text(WD.replace("replicas: 2", "replicas: 3"))
-    args = ("serve", "update", "svc", str(wd.project / "svc.yaml"), "--reuse-identical-files")
+    args = ("serve", "update", "--no-wait", "svc", str(wd.project / "svc.yaml"), "--reuse-identical-files")
     assert "reuse 2, replace 0, launch 1, terminate 0" in wd.cli(*args, "--dry-run")[1]
     code, stdout, _ = wd.cli(*args, "-y")
     assert code == 0 and "reuse 2, replace 0, launch 1, terminate 0" in stdout
@@ -261,7 +261,8 @@ def test_reuse_identical_files_makes_a_scale_up_launch_only_the_difference(wd: W
 def test_a_changed_file_is_named_and_history_shows_each_snapshot(wd: WorkdirService) -> None:
     (wd.project / "app" / "app.py").write_text("print('v2')")
     (wd.project / "app" / "new.py").write_text("")
-    code, stdout, _ = wd.cli("serve", "update", "svc", str(wd.project / "svc.yaml"), "--reuse-identical-files", "-y")
+    code, stdout, _ = wd.cli("serve", "update", "--no-wait", "svc", str(wd.project / "svc.yaml"),
+                             "--reuse-identical-files", "-y")
     assert code == 0
     assert "workdir: contents changed (2 files: app.py, +new.py)" in stdout
     history = json.loads(wd.cli("serve", "history", "svc", "-o", "json")[1])["versions"]
@@ -274,9 +275,9 @@ def test_a_changed_file_is_named_and_history_shows_each_snapshot(wd: WorkdirServ
 
 def test_rollback_runs_the_files_of_the_version_it_goes_back_to(wd: WorkdirService) -> None:
     (wd.project / "app" / "app.py").write_text("print('v2')")
-    assert wd.cli("serve", "update", "svc", str(wd.project / "svc.yaml"), "-y")[0] == 0
+    assert wd.cli("serve", "update", "--no-wait", "svc", str(wd.project / "svc.yaml"), "-y")[0] == 0
     (wd.project / "app" / "app.py").write_text("edited on disk, never submitted")
-    assert wd.cli("serve", "rollback", "svc", "--to", "1", "-y")[0] == 0
+    assert wd.cli("serve", "rollback", "--no-wait", "svc", "--to", "1", "-y")[0] == 0
     store = Store.open(wd.home)
     v1, v3 = store.get_version("svc", 1).files, store.get_version("svc", 3).files
     store.close()
@@ -291,8 +292,8 @@ def test_rollback_to_a_version_whose_files_expired_says_so(wd: WorkdirService,
     monkeypatch.setenv("SKY_LITE_KEEP_SNAPSHOT_VERSIONS", "1")
     for text in ("print('v2')", "print('v3')"):
         (wd.project / "app" / "app.py").write_text(text)
-        assert wd.cli("serve", "update", "svc", str(wd.project / "svc.yaml"), "-y")[0] == 0
-    code, _, stderr = wd.cli("serve", "rollback", "svc", "--to", "1", "-y")
+        assert wd.cli("serve", "update", "--no-wait", "svc", str(wd.project / "svc.yaml"), "-y")[0] == 0
+    code, _, stderr = wd.cli("serve", "rollback", "--no-wait", "svc", "--to", "1", "-y")
     assert code == 1
     assert "version 1 of 'svc' cannot be rolled back to: its files were dropped" in stderr
     assert "expired" in wd.cli("serve", "history", "svc")[1]

@@ -31,6 +31,7 @@ class Harness:
     """A reconciler wired to fakes that record what it did."""
 
     def __init__(self, home: Path) -> None:
+        self.home = home
         self.store = Store.open(home)
         self.clock = FakeClock()
         self.provider = FakeProvider(name="local")

@@ -6,9 +6,14 @@ import dataclasses
 
 import pytest
 
-from skyserve_lite.controller.replica_rules import ProbeResult, plan_replica
+from skyserve_lite.controller.replica_rules import (
+    ProbeResult,
+    compute_starting_reason,
+    describe_starting,
+    plan_replica,
+)
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.providers.base import Instance, InstanceState
+from skyserve_lite.providers.base import Instance, InstanceState, Phase
 from skyserve_lite.spec.model import ReadinessProbe
 from skyserve_lite.state.models import ReplicaRecord
 from skyserve_lite.state.models import ReplicaStatus as S
@@ -149,3 +154,42 @@ def test_first_ready_time_is_kept_across_recoveries() -> None:
     step = plan_replica(row, RUNNING, OK, PROBE, NOW, SETTINGS)
     assert step.record.first_ready_at == row.first_ready_at
     assert step.record.probe_failing_since is None
+
+
+REFUSED = "cannot connect: Connection refused"
+
+
+@pytest.mark.parametrize(("phase", "detail", "reason"), [
+    (Phase.SETUP, REFUSED, "running setup"),
+    (Phase.SETUP, "HTTP 503", "running setup"),
+    (Phase.RUN, REFUSED, "running, waiting for the readiness probe on :8080; cannot connect: Connection refused "
+     "(the workload must listen on $PORT, 8080)"),
+    (Phase.RUN, "HTTP 503", "running, waiting for the readiness probe on :8080; HTTP 503"),
+    (None, REFUSED, REFUSED),  # a cloud VM: the provider cannot tell setup from run
+])
+def test_starting_reason_by_phase(phase: Phase | None, detail: str, reason: str) -> None:
+    assert compute_starting_reason(phase, "http://127.0.0.1:8080", detail) == reason
+
+
+@pytest.mark.parametrize(("stored", "shown"), [
+    ("running setup", "running setup (12s)"),
+    ("running, waiting for the readiness probe on :8080; HTTP 503",
+     "running, waiting for the readiness probe on :8080 (12s of 1200s); HTTP 503"),
+    (REFUSED, REFUSED),
+    (None, None),
+])
+def test_describe_starting_adds_the_seconds_when_shown(stored: str | None, shown: str | None) -> None:
+    assert describe_starting(stored, 12.4, 1200) == shown
+
+
+def test_a_replica_in_setup_says_so_and_its_next_pass_writes_nothing() -> None:
+    in_setup = dataclasses.replace(RUNNING, phase=Phase.SETUP, url="http://127.0.0.1:8080")
+    step = plan_replica(replica(S.STARTING, since=5), in_setup, ProbeResult(False, REFUSED), PROBE, NOW, SETTINGS)
+    assert (step.record.status, step.record.status_reason) == (S.STARTING, "running setup")
+    again = plan_replica(step.record, in_setup, ProbeResult(False, REFUSED), PROBE, NOW + 2, SETTINGS)
+    assert again.record is step.record  # unchanged: no write while setup runs
+    running = dataclasses.replace(in_setup, phase=Phase.RUN)
+    step = plan_replica(step.record, running, ProbeResult(False, REFUSED), PROBE, NOW + 4, SETTINGS)
+    reason = step.record.status_reason or ""
+    assert reason.startswith("running, waiting for the readiness probe on :8080; cannot connect")
+    assert "must listen on $PORT" in reason

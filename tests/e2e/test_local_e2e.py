@@ -56,9 +56,13 @@ def test_minimal_example_up_curl_status_logs_down(sky: SkyLite) -> None:
     table = sky.run("serve", "status").stdout
     assert "minimal" in table and "READY" in table and endpoint in table
 
-    assert '"GET / HTTP/1.1" 200' in sky.run("serve", "logs", "minimal", "1").stdout
-    assert "listening on 127.0.0.1" in sky.run("serve", "logs", "minimal", "--load-balancer").stdout
-    assert "controller" in sky.run("serve", "logs", "minimal", "--controller").stdout
+    replica_log = sky.run("serve", "logs", "minimal", "1", "--no-follow").stdout
+    assert '"GET / HTTP/1.1" 200' in replica_log
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", line) for line in replica_log.splitlines())
+    assert "listening on 127.0.0.1" in sky.run("serve", "logs", "minimal", "--load-balancer", "--no-follow").stdout
+    controller_log = sky.run("serve", "logs", "minimal", "--controller", "--no-follow").stdout
+    assert "service minimal replica 1: launching version 1 on local" in controller_log
+    assert sky.run("serve", "logs", "minimal", "1", "--no-follow", "--tail", "1").stdout.count("\n") == 1
     assert sky.processes(), "controller, load balancer and replicas should be running"
 
     down = sky.run("serve", "down", "minimal", "-y")
@@ -109,7 +113,9 @@ def test_broken_run_fails_up_with_the_reason(sky: SkyLite, tmp_path: Path) -> No
     assert "service broken FAILED" in result.stderr
     assert "run exited with code 7" in result.stderr
     assert "Traceback" not in result.stderr
-    assert "boom" in sky.run("serve", "logs", "broken", "1").stdout
+    assert "boom" in sky.run("serve", "logs", "broken", "1", "--no-follow").stdout
+    assert "service broken replica 1: FAILED: the workload exited (run exited with code 7)" in sky.run(
+        "serve", "logs", "broken", "--controller", "--no-follow").stdout
 
 
 def test_up_timeout_names_the_stuck_replica_and_why(sky: SkyLite, tmp_path: Path) -> None:
@@ -119,7 +125,8 @@ def test_up_timeout_names_the_stuck_replica_and_why(sky: SkyLite, tmp_path: Path
     result = sky.run("serve", "up", str(task), "--timeout", "4", check=False)
     assert result.returncode == 1
     assert "service stuck is not READY after 4s" in result.stderr
-    assert "replica 1 is STARTING: HTTP 404" in result.stderr
+    assert re.search(r"replica 1 is STARTING: running, waiting for the readiness probe on :\d+ \(\d+s of 600s\); "
+                     r"HTTP 404", result.stderr), result.stderr
     assert "sky-lite serve logs stuck 1" in result.stderr
 
 

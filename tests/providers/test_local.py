@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from skyserve_lite import procs
+from skyserve_lite import procs, supervisor
 from skyserve_lite.clock import FakeClock, SystemClock
 from skyserve_lite.errors import TransientProviderError, UsageError
 from skyserve_lite.files.blobs import BlobStore, blob_store_of
 from skyserve_lite.files.capture import capture_task_files
-from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest, ReplicaLog
+from skyserve_lite.logview import find_line_time
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest, Phase, ReplicaLog
 from skyserve_lite.providers.local import (
     PASSTHROUGH_SETTING,
     TAG_REPLICA_DIR,
@@ -76,6 +77,21 @@ def test_launch_runs_setup_then_run_with_env_and_port(provider: LocalProvider, t
     assert get(instance.url + "/env.txt").strip() == "hello-3-7"
     assert get(instance.url + "/marker.txt").strip() == "set-up"
     assert wait_for(provider, 7, InstanceState.RUNNING).instance_id == instance.instance_id
+
+
+def test_a_running_replica_reports_whether_it_runs_setup_or_run(provider: LocalProvider, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    extra = f"setup: while [ ! -e {release} ]; do sleep 0.05; done\n"
+    (outcome,) = provider.launch([request(SERVER, replica_id=3, extra=extra)])
+    assert outcome.instance is not None
+    deadline = time.monotonic() + 15
+    while wait_for(provider, 3, InstanceState.RUNNING).phase is not Phase.SETUP:
+        assert time.monotonic() < deadline, "the replica never reported its setup"
+        time.sleep(0.05)
+    release.touch()
+    while wait_for(provider, 3, InstanceState.RUNNING).phase is not Phase.RUN:
+        assert time.monotonic() < deadline, "the replica never reported its run"
+        time.sleep(0.05)
 
 
 def test_launch_is_idempotent_per_replica(provider: LocalProvider) -> None:
@@ -206,6 +222,45 @@ def test_read_log_is_the_newest_log_of_the_replica_and_grows_while_it_runs(provi
         assert time.monotonic() < deadline, log.path.read_text()
         time.sleep(0.05)
     assert provider.read_log("svc", 2, None, None) is None
+
+
+@pytest.mark.skipif(not supervisor.is_supported(), reason="only the supervisor stamps lines")
+def test_every_line_of_setup_and_run_is_in_the_log_with_its_utc_time(provider: LocalProvider) -> None:
+    before = time.time()
+    provider.launch([request("echo run-out; echo run-err >&2; exit 4",
+                             extra="setup: echo setup-out; echo setup-err >&2\n")])
+    wait_for(provider, 1, InstanceState.EXITED)
+    log = provider.read_log("svc", 1, None, None)
+    assert log is not None and log.path is not None
+    lines = log.path.read_bytes().splitlines()
+    assert [line[25:] for line in lines] == [b"setup-out", b"setup-err", b"run-out", b"run-err",
+                                             b"sky-lite: run exited with code 4"]
+    times = [find_line_time(line) for line in lines]
+    assert all(t is not None and before - 0.01 <= t <= time.time() for t in times), lines
+
+
+@pytest.mark.parametrize("example", ["minimal", "autoscaling", "probe_post"])
+def test_the_examples_leave_readiness_probes_out_of_their_access_log(provider: LocalProvider, example: str) -> None:
+    import urllib.request
+
+    from skyserve_lite.controller.probe import PROBE_USER_AGENT
+    from skyserve_lite.spec.parse import load_task_file
+
+    spec = load_task_file(Path(__file__).parents[2] / "examples" / "serve" / f"{example}.yaml").spec
+    (outcome,) = provider.launch([dataclasses.replace(request("true"), spec=spec)])
+    assert outcome.instance is not None and outcome.instance.url is not None
+    url = outcome.instance.url + "/"
+    get(url)  # once it listens: one request of a user
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": PROBE_USER_AGENT}), timeout=5):
+        pass
+    get(url)  # a second: the log has it once the probe's line, had there been one, is there too
+    log = provider.read_log("svc", 1, None, None)
+    assert log is not None and log.path is not None
+    deadline = time.monotonic() + 10
+    while log.path.read_text().count('"GET / HTTP/1.1" 200') < 2:
+        assert time.monotonic() < deadline, log.path.read_text()
+        time.sleep(0.05)
+    assert log.path.read_text().count('"GET / HTTP/1.1" 200') == 2
 
 
 def test_abandon_stops_the_processes_it_started_after_the_state_directory_is_gone(tmp_path: Path) -> None:

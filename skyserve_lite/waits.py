@@ -1,0 +1,245 @@
+"""What the CLI waits for, and how it tells: a new service answering (`serve up`), a version rolled out
+(`serve update`, `serve rollback`, `serve wait`), replicas gone (`serve down --replica-id`).
+
+Each wait is a polling loop over ``Controller.get_status`` on an injected clock, and each asks a pure
+function what the view it read means (``find_rollout_progress``), so the rules are tested as tables and
+the loops with a scripted controller. The loops only read: a wait that stops (Ctrl-C, a timeout) changes
+nothing, and the controller carries on.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from skyserve_lite.api import ServiceView
+from skyserve_lite.clock import Clock, SystemClock
+from skyserve_lite.errors import WaitTimeoutError
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
+
+
+class StatusReader(Protocol):
+    """The part of ``Controller`` that waiting needs."""
+
+    def get_status(self, names: Sequence[str] = ()) -> list[ServiceView]:
+        ...
+
+
+def is_endpoint_listening(endpoint: str) -> bool:
+    """Whether something accepts TCP connections at ``http://HOST:PORT`` (or ``https://``: a TLS load
+    balancer accepts first and shakes hands after, so a TCP connect tells the same)."""
+    host, _, port = endpoint.partition("://")[2].rstrip("/").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # an IPv6 endpoint host: [::1]
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until_ready(controller: StatusReader, name: str, timeout_seconds: float,
+                     on_progress: Callable[[ServiceView], None] = lambda _view: None,
+                     poll_seconds: float = 0.5,
+                     is_listening: Callable[[str], bool] = is_endpoint_listening,
+                     clock: Clock | None = None) -> ServiceView:
+    """Poll until the service can answer: READY, or scaled to zero (NO_REPLICA: the first request starts a
+    replica), with its load balancer listening. Raises ``WaitTimeoutError`` (with what is stuck and why)
+    on timeout, and ``WaitTimeoutError`` too when the service became FAILED (waiting cannot help)."""
+    clock = clock or SystemClock()
+    deadline = clock.now() + timeout_seconds
+    while True:
+        (view,) = controller.get_status([name])
+        on_progress(view)
+        # READY in the store, and the load balancer is listening: only then does the endpoint answer.
+        answering = view.service.status in (ServiceStatus.READY, ServiceStatus.NO_REPLICA)
+        if answering and is_listening(view.service.endpoint):
+            return view
+        if view.service.status is ServiceStatus.FAILED:
+            raise WaitTimeoutError(f"service {name} FAILED: {view.service.status_reason}. "
+                                   f"See `sky-lite serve logs {name} REPLICA_ID`.")
+        if clock.now() >= deadline:
+            raise WaitTimeoutError(f"service {name} is not READY after {timeout_seconds:g}s: "
+                                   + describe_stuck(view))
+        clock.sleep(poll_seconds)
+
+
+def describe_stuck(view: ServiceView) -> str:
+    """Which replica holds the service back, and why, in one sentence."""
+    name = view.service.name
+    live = [r for r in view.replicas if r.status.is_live]
+    if not live:
+        failed = [r for r in view.replicas if r.status.is_terminal]
+        if failed:
+            last = failed[-1]
+            return (f"replica {last.replica_id} is {last.status.value} ({last.status_reason}); "
+                    f"see `sky-lite serve logs {name} {last.replica_id}`")
+        return (f"no replica launched yet (service status {view.service.status.value}); "
+                f"see `sky-lite serve logs {name} --controller`")
+    parts = []
+    for r in live:
+        reason = f": {r.status_reason}" if r.status_reason else ""
+        parts.append(f"replica {r.replica_id} is {r.status.value}{reason}")
+    return "; ".join(parts) + f" (see `sky-lite serve logs {name} {live[0].replica_id}`)"
+
+
+class RolloutOutcome(str, Enum):
+    IN_PROGRESS = "in_progress"
+    DONE = "done"  # the version's replicas are READY at the target, and no older replica serves
+    FAILED = "failed"  # the controller stopped launching the version (or the service FAILED)
+    SUPERSEDED = "superseded"  # a newer version was submitted meanwhile
+
+
+StatusCounts = tuple[tuple[ReplicaStatus, int], ...]
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    """Where the rollout of ``version`` stands, as one read of the service tells.
+
+    ``target`` is None until the controller's first pass over the version has decided how many replicas it
+    wants. ``new`` and ``old`` count the version's replicas and the older versions' (live or draining) by
+    status. ``detail`` says what the rollout waits for, or why it failed or ended.
+    """
+
+    name: str
+    version: int
+    target: int | None
+    ready: int
+    new: StatusCounts
+    old: StatusCounts
+    outcome: RolloutOutcome
+    detail: str
+
+    def summary(self, elapsed_seconds: float) -> str:
+        """The line a finished wait ends with: ``minimal: version 4 rolled out, 3/3 READY in 41s``."""
+        return (f"{self.name}: version {self.version} rolled out, {self.ready}/{self.target} READY in "
+                f"{elapsed_seconds:.0f}s")
+
+
+def _count(replicas: Sequence[ReplicaRecord]) -> StatusCounts:
+    counts: dict[ReplicaStatus, int] = {}
+    for replica in replicas:
+        counts[replica.status] = counts.get(replica.status, 0) + 1
+    return tuple(sorted(counts.items(), key=lambda item: list(ReplicaStatus).index(item[0])))
+
+
+def _which(replicas: Sequence[ReplicaRecord], limit: int = 3) -> str:
+    ids = [str(r.replica_id) for r in replicas[:limit]]
+    more = f" and {len(replicas) - limit} more" if len(replicas) > limit else ""
+    return ("replica " if len(replicas) == 1 else "replicas ") + ", ".join(ids) + more
+
+
+def find_rollout_progress(view: ServiceView, version: int) -> RolloutProgress:
+    """What ``view`` says of the rollout of ``version``. Pure.
+
+    Done: the controller has decided a target for the version, that many of its replicas are READY, and no
+    replica of another version is live (draining ones are out of traffic already, so they are not waited
+    for). Replicas reused for the version count as its own: an update that changed only the `service`
+    section is done at the controller's first pass.
+    """
+    service = view.service
+    name = service.name
+    mine = [r for r in view.replicas if r.version == version]
+    others = [r for r in view.replicas if r.version != version
+              and (r.status.is_live or r.status is ReplicaStatus.SHUTTING_DOWN)]
+    ready = sum(1 for r in mine if r.status is ReplicaStatus.READY)
+    state = view.autoscaler[0] if view.autoscaler is not None else None
+    target = state.target if state is not None and state.version == version else None
+
+    def progress(outcome: RolloutOutcome, detail: str) -> RolloutProgress:
+        return RolloutProgress(name=name, version=version, target=target, ready=ready,
+                               new=_count([r for r in mine if not r.status.is_terminal]), old=_count(others),
+                               outcome=outcome, detail=detail)
+
+    if service.current_version != version:
+        return progress(RolloutOutcome.SUPERSEDED,
+                        f"version {service.current_version} was submitted meanwhile; `sky-lite serve wait {name}` "
+                        "follows it")
+    failed = [r for r in mine if r.status.is_terminal]
+    logs = f"`sky-lite serve logs {name} {failed[-1].replica_id}`" if failed else f"`sky-lite serve logs {name} " \
+        "--controller`"
+    # The controller gives the service a reason only when launching the current version stopped (its
+    # replicas kept failing before READY): older replicas may still serve, but waiting cannot help. Until
+    # its first pass over this version (no target yet) status and reason are still the previous version's.
+    if target is not None and (service.status is ServiceStatus.FAILED or service.status_reason) \
+            and not service.deleting:
+        return progress(RolloutOutcome.FAILED, f"{service.status_reason or 'the service FAILED'} (see {logs})")
+    if service.deleting:
+        return progress(RolloutOutcome.FAILED, "the service is shutting down (`sky-lite serve down`)")
+    old_live = [r for r in others if r.status.is_live]
+    if target is not None and ready >= target and not old_live:
+        return progress(RolloutOutcome.DONE, f"{ready}/{target} READY")
+    return progress(RolloutOutcome.IN_PROGRESS, _waiting_for(mine, old_live, ready, target, version))
+
+
+def _waiting_for(mine: Sequence[ReplicaRecord], old_live: Sequence[ReplicaRecord], ready: int, target: int | None,
+                 version: int) -> str:
+    """What holds the rollout back, in one phrase: the first of the version's replicas not READY yet (and
+    why), the controller's next launch, or the older replicas still serving."""
+    if target is None:
+        return f"the controller's first pass over version {version}"
+    starting = [r for r in mine if r.status.is_live and r.status is not ReplicaStatus.READY]
+    if ready < target and starting:
+        first = starting[0]
+        why = f": {first.status_reason}" if first.status_reason else ""
+        others = f" (and {len(starting) - 1} more)" if len(starting) > 1 else ""
+        return f"replica {first.replica_id} to become READY, now {first.status.value}{why}{others}"
+    if ready < target:
+        live = sum(1 for r in mine if r.status.is_live)
+        return f"the controller to launch {target - live} more of version {version}"
+    return f"{_which(old_live)} of older versions to leave traffic"
+
+
+def wait_for_rollout(controller: StatusReader, name: str, version: int | None, timeout_seconds: float,
+                     on_progress: Callable[[RolloutProgress, ServiceView], None] = lambda _p, _v: None,
+                     poll_seconds: float = 0.5, clock: Clock | None = None) -> RolloutProgress:
+    """Poll until ``version`` (None: the service's current one) is rolled out; returns its last progress.
+
+    Raises ``WaitTimeoutError`` naming what it waited for when the timeout passes, at once when the rollout
+    failed (the controller stopped launching it) or was superseded by a newer version, and ``NotFoundError``
+    (from the controller) for an unknown service."""
+    clock = clock or SystemClock()
+    deadline = clock.now() + timeout_seconds
+    while True:
+        (view,) = controller.get_status([name])
+        if version is None:
+            version = view.service.current_version
+        elif version > view.service.current_version:
+            raise WaitTimeoutError(f"service {name} has no version {version} (its current version is "
+                                   f"{view.service.current_version})")
+        progress = find_rollout_progress(view, version)
+        on_progress(progress, view)
+        if progress.outcome is RolloutOutcome.DONE:
+            return progress
+        if progress.outcome is RolloutOutcome.FAILED:
+            raise WaitTimeoutError(f"{name}: version {version} did not roll out: {progress.detail}")
+        if progress.outcome is RolloutOutcome.SUPERSEDED:
+            raise WaitTimeoutError(f"{name}: stopped waiting for version {version}: {progress.detail}")
+        if clock.now() >= deadline:
+            of = f"{progress.ready}/{progress.target} READY" if progress.target is not None else "not started"
+            raise WaitTimeoutError(f"{name}: version {version} is not rolled out after {timeout_seconds:g}s "
+                                   f"({of}); waiting for {progress.detail}")
+        clock.sleep(poll_seconds)
+
+
+def wait_until_replicas_gone(controller: StatusReader, name: str, replica_ids: Sequence[int],
+                             timeout_seconds: float, poll_seconds: float = 0.5, clock: Clock | None = None) -> None:
+    """Poll until none of ``replica_ids`` is live or draining any more (terminated: the row is gone, or
+    kept as a terminal record). Raises ``WaitTimeoutError`` naming those left."""
+    clock = clock or SystemClock()
+    deadline = clock.now() + timeout_seconds
+    wanted = set(replica_ids)
+    while True:
+        (view,) = controller.get_status([name])
+        left = [r for r in view.replicas if r.replica_id in wanted
+                and (r.status.is_live or r.status is ReplicaStatus.SHUTTING_DOWN)]
+        if not left:
+            return
+        if clock.now() >= deadline:
+            states = ", ".join(f"{r.replica_id} {r.status.value}" for r in left)
+            raise WaitTimeoutError(f"{name}: still terminating after {timeout_seconds:g}s: replica {states}; the "
+                                   f"controller keeps working on it (see `sky-lite serve logs {name} --controller`)")
+        clock.sleep(poll_seconds)

@@ -1,0 +1,36 @@
+"""What `serve status` reads: a STARTING replica's reason with the seconds it has waited, added when shown
+(the stored reason stays the same while the replica waits, so waiting writes nothing)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from skyserve_lite.api import LocalController
+from skyserve_lite.clock import FakeClock
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+
+from ..controller.conftest import Harness
+
+
+def test_a_starting_replica_shows_how_long_of_its_initial_delay_it_has_waited(tmp_path: Path) -> None:
+    harness = Harness(tmp_path / "home")
+    harness.create(replicas=2)  # initial_delay_seconds: 60
+    harness.tick()
+    harness.tick()
+    first, second = harness.replicas()
+    clock = FakeClock(harness.clock.now())
+    harness.store.put_replicas([
+        dataclasses.replace(first, status=ReplicaStatus.STARTING, status_since=clock.now() - 12,
+                            status_reason="running setup"),
+        dataclasses.replace(second, status=ReplicaStatus.STARTING, status_since=clock.now() - 8,
+                            status_reason="running, waiting for the readiness probe on :8080; HTTP 503"),
+    ])
+    (view,) = LocalController(harness.home, clock, start_daemon=False).get_status(["svc"])
+    reasons = [r.status_reason for r in view.replicas]
+    assert reasons == ["running setup (12s)",
+                       "running, waiting for the readiness probe on :8080 (8s of 60s); HTTP 503"]
+    stored: list[ReplicaRecord] = harness.replicas()
+    assert [r.status_reason for r in stored] == ["running setup",
+                                                 "running, waiting for the readiness probe on :8080; HTTP 503"]
+    harness.store.close()
