@@ -143,7 +143,16 @@ class FitTable:
                 for i, column in enumerate(self.columns)]
 
     def layout(self, max_width: int) -> Layout:
-        return plan_layout(self.columns, self.natural_widths(), max_width)
+        """``plan_layout`` over the columns that have something to show: a DROP or UNDER column whose every
+        cell is empty (no replica has a reason) is left out, not printed as a blank column."""
+        natural = self.natural_widths()
+        shown = [i for i, column in enumerate(self.columns) if column.narrow is Narrow.KEEP
+                 or any(not _is_empty(row[i]) for row in self.rows)]
+        inner = plan_layout([self.columns[i] for i in shown], [natural[i] for i in shown], max_width)
+        widths: list[int | None] = [None] * len(self.columns)
+        for position, i in enumerate(shown):
+            widths[i] = inner.widths[position]
+        return Layout(tuple(widths), tuple(shown[position] for position in inner.under))
 
     def notes(self, row: Sequence[Text], layout: Layout) -> list[Text]:
         """The lines under ``row``: one of ``label: value`` pairs for the labelled columns, then each line

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from rich.console import Console
 
-from skyserve_lite.cli.fit import Column, Layout, Narrow, plan_layout
+from skyserve_lite.cli.fit import Column, FitTable, Layout, Narrow, plan_layout
 
 KEEP, DROP, UNDER = Narrow.KEEP, Narrow.DROP, Narrow.UNDER
 
@@ -49,3 +50,14 @@ def test_layout(columns: list[Column], natural: list[int], width: int, layout: L
 def test_a_header_is_its_columns_floor() -> None:
     """A free-text column never folds narrower than its header: `HELD BACK BY` (12) with a floor of 5."""
     assert plan_layout([Column("A"), Column("HELD BACK BY", UNDER, fold_to=5)], [10, 40], 25) == Layout((10, 13))
+
+
+def test_a_column_with_nothing_to_show_is_left_out_not_printed_blank() -> None:
+    table = FitTable([Column("NAME"), Column("REASON", Narrow.UNDER, label=""), Column("AGE", Narrow.DROP)])
+    table.add_row("web", "", "-")
+    table.add_row("api", "", "3s")
+    console = Console(width=200, record=True, color_system=None, force_terminal=False)
+    console.print(table)
+    lines = console.export_text().splitlines()
+    assert lines[0].split() == ["NAME", "AGE"]
+    assert table.layout(200).under == ()
