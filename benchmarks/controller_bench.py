@@ -1,19 +1,30 @@
-"""Controller cost: CPU time of one reconcile pass over 1,000 replicas in 10 services, and peak RSS.
+"""Controller cost at fleet scale: CPU time, store statements and rows written per reconcile pass, peak RSS.
 
 Uses the in-package fake provider, fake prober and fake load balancer runner, so what is measured is the
-controller itself: reading the store, planning, and writing what changed.
+controller itself: reading the store, planning, and writing what changed. Each size runs in a process of
+its own (so its peak RSS is its own), and one command prints the whole table:
 
-    python benchmarks/controller_bench.py [--services 10] [--replicas-per-service 100] [--passes 20]
+    python benchmarks/controller_bench.py                      # every size of docs/benchmarks.md
+    python benchmarks/controller_bench.py --sizes 100x100      # one size: SERVICESxREPLICAS_PER_SERVICE
+
+Passes: *launch* (every replica launched), *readiness* (every replica probed READY), *steady* (the median of
+``--passes`` passes over unchanged state; the clock moves 1 s per pass, so the heartbeat's one row every 5 s
+and the replica history's one sample per service and minute are in the figures).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
@@ -23,52 +34,85 @@ from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.providers.fake import FakeProvider
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
-from skyserve_lite.state.store import Store
+from skyserve_lite.state.store import StatementCounts, Store
 
 TASK = "service:\n  readiness_probe: /health\n  replicas: {replicas}\nrun: python -m http.server $PORT\n"
+SIZES = ("10x100", "100x100", "500x100", "1x10000", "1000x10")
 
 
-def cpu_ms(func: object) -> float:
-    start = time.process_time()
-    func()  # type: ignore[operator]
-    return (time.process_time() - start) * 1000
+def measure(store: Store, func: Callable[[], object]) -> dict[str, float]:
+    with store.counting() as counts:
+        start = time.process_time()
+        func()
+        cpu = (time.process_time() - start) * 1000
+    return {"cpu_ms": cpu, **_counts(counts)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--services", type=int, default=10)
-    parser.add_argument("--replicas-per-service", type=int, default=100)
-    parser.add_argument("--passes", type=int, default=20)
-    args = parser.parse_args()
+def _counts(counts: StatementCounts) -> dict[str, float]:
+    return {"reads": counts.reads, "writes": counts.writes, "rows_written": counts.rows_written}
 
+
+def run_size(services: int, per_service: int, passes: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as home:
         store = Store.open(Path(home))
         clock = FakeClock()
         provider = FakeProvider(name="local")
         reconciler = Reconciler(store, {"local": provider}, FakeProber(), FakeLoadBalancerRunner(), clock,
                                 ControllerSettings())
-        text = TASK.format(replicas=args.replicas_per_service)
-        for index in range(args.services):
+        text = TASK.format(replicas=per_service)
+        for index in range(services):
             task = SubmittedTask(text=text, source="/bench.yaml", spec=parse_task(text))
             store.create_service(f"svc-{index}", task, 30001 + index, clock.now())
 
-        launch = cpu_ms(reconciler.reconcile_once)
+        launch = measure(store, reconciler.reconcile_once)
         clock.advance(1)
-        ready = cpu_ms(reconciler.reconcile_once)
+        ready = measure(store, reconciler.reconcile_once)
         steady = []
-        for _ in range(args.passes):
+        for _ in range(passes):
             clock.advance(1)
-            steady.append(cpu_ms(reconciler.reconcile_once))
+            steady.append(measure(store, reconciler.reconcile_once))
         replicas = len(store.list_replicas())
         store.close()
+    median = {key: statistics.median(p[key] for p in steady) for key in steady[0]}
+    return {"size": f"{services}x{per_service}", "replicas": replicas, "launch": launch, "ready": ready,
+            "steady": median, "steady_max_cpu_ms": max(p["cpu_ms"] for p in steady),
+            "steady_rows_written_max": max(p["rows_written"] for p in steady),
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"replicas: {replicas} in {args.services} services")
-    print(f"launch pass (all {replicas} launched): {launch:.1f} ms CPU")
-    print(f"readiness pass (all become READY):    {ready:.1f} ms CPU")
-    print(f"steady pass, median of {args.passes}:          {statistics.median(steady):.1f} ms CPU "
-          f"(max {max(steady):.1f})")
-    print(f"peak RSS of the process:              {rss_mb:.1f} MB")
+
+def _table(results: list[dict[str, Any]]) -> str:
+    lines = ["| replicas (services x per service) | launch pass CPU | readiness pass CPU | steady pass CPU (median) "
+             "| steady reads / writes / rows written (median, max rows) | peak RSS |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        services, per = r["size"].split("x")
+        s = r["steady"]
+        lines.append(f"| {r['replicas']:,} ({services} x {per}) | {r['launch']['cpu_ms']:,.0f} ms "
+                     f"| {r['ready']['cpu_ms']:,.0f} ms | {s['cpu_ms']:,.1f} ms "
+                     f"| {s['reads']:.0f} / {s['writes']:.0f} / {s['rows_written']:.0f} "
+                     f"({r['steady_rows_written_max']:.0f}) | {r['rss_mb']:.0f} MB |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), metavar="SERVICESxREPLICAS")
+    parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--json", action="store_true", help="Print one JSON object per size instead of a table "
+                        "(what each size's own process answers).")
+    args = parser.parse_args()
+    if args.json:
+        for size in args.sizes:
+            services, per = (int(n) for n in size.split("x"))
+            print(json.dumps(run_size(services, per, args.passes)))
+        return
+    results = []
+    for size in args.sizes:  # a process per size: each peak RSS is that size's own
+        out = subprocess.run([sys.executable, __file__, "--json", "--passes", str(args.passes), "--sizes", size],
+                             check=True, capture_output=True, text=True).stdout
+        results.append(json.loads(out))
+        print(f"{size}: done", file=sys.stderr)
+    print(_table(results))
 
 
 if __name__ == "__main__":

@@ -200,9 +200,8 @@ class Executor:
             events.extend(Event(r.service, r.replica_id, "replica", f"FAILED_PROVISION: {reason}", warning=True)
                           for r in rows)
             return
-        version = self._store.get_version(batch.service, batch.version)
-        specs = {r.version: self._store.get_version(r.service, r.version).spec
-                 if r.version != batch.version else version.spec for r in rows}
+        specs = {r.version: batch.specs.get(r.version) or self._store.get_version(r.service, r.version).spec
+                 for r in rows}
         try:
             secrets = {number: self._read_secrets(spec) for number, spec in specs.items()}
             requests = [LaunchRequest(service=r.service, replica_id=r.replica_id, version=r.version,

@@ -126,7 +126,7 @@ class _World:
 
     def observe(self) -> Observation:
         partial = Observation(instances=tuple(self.instances.values()), known_clouds=self.clouds)
-        targets = find_probe_targets([self.snapshot], partial)
+        targets = find_probe_targets([self.snapshot], InstanceIndex(partial))
         probes = {(t.service, t.replica_id): _PROBE_OK for t in targets}
         return dataclasses.replace(partial, probes=probes)
 

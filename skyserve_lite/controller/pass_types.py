@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from skyserve_lite.autoscalers.base import AutoscalerState, Metrics
 from skyserve_lite.controller.replica_rules import ProbeResult
@@ -56,8 +57,10 @@ class Observation:
     probes: Mapping[ReplicaKey, ProbeResult] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class ProbeTarget:
+class ProbeTarget(NamedTuple):
+    """One replica to probe. A named tuple, not a dataclass: a pass makes one per live replica (10,000 at
+    fleet scale), and a tuple is made five times faster."""
+
     service: str
     replica_id: int
     url: str
@@ -66,7 +69,10 @@ class ProbeTarget:
 
 @dataclass(frozen=True)
 class LaunchBatch:
-    """Launch ``count`` new replicas of ``version``, plus re-send unconfirmed launches in ``retry``."""
+    """Launch ``count`` new replicas of ``version``, plus re-send unconfirmed launches in ``retry``.
+
+    ``specs`` holds the task of ``version`` and of every retried row's version, as the pass read them: the
+    executor launches those, without reading (and parsing) the versions again."""
 
     service: str
     version: int
@@ -74,6 +80,7 @@ class LaunchBatch:
     is_spot: bool
     count: int
     retry: tuple[ReplicaRecord, ...] = ()
+    specs: Mapping[int, TaskSpec] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

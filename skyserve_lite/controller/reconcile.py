@@ -22,7 +22,7 @@ from skyserve_lite.controller.plan import (
 )
 from skyserve_lite.controller.probe import Prober
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
+from skyserve_lite.controller.snapshots import ServiceReads, VersionCache, read_snapshot
 from skyserve_lite.errors import ProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import Instance, Provider
@@ -56,8 +56,8 @@ class Reconciler:
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
         snapshots, unreadable = self._read()
-        observation = self._observe(snapshots)
-        plan = self._plan(snapshots, unreadable, observation)
+        observation, index = self._observe(snapshots)
+        plan = self._plan(snapshots, unreadable, observation, index)
         if not plan.is_empty:
             self._executor.apply(plan)
         self._executor.collect_garbage(force=bool(plan.deletions))
@@ -76,26 +76,22 @@ class Reconciler:
         replicas_by_service: dict[str, list[ReplicaRecord]] = {}
         for replica in self._store.list_replicas():
             replicas_by_service.setdefault(replica.service, []).append(replica)
-        asked: dict[str, set[int]] = {}
-        for service_name, replica_id in self._store.list_replica_terminations():
-            asked.setdefault(service_name, set()).add(replica_id)
         snapshots, unreadable = [], set()
         now = self._clock.now()
+        reads = ServiceReads.read_all(self._store, now, self._settings)
         for service in self._store.list_services():
             try:
                 snapshots.append(read_snapshot(self._store, service, replicas_by_service.get(service.name, ()), now,
-                                               self._settings, self._lb_runner.is_alive, self._versions,
-                                               terminate_requested=frozenset(asked.get(service.name, ()))))
+                                               self._settings, self._lb_runner.is_alive, self._versions, reads))
             except Exception:  # one service's unreadable state must not stop the others' passes
                 log.exception("cannot read service %s; leaving it alone this pass", service.name)
                 unreadable.add(service.name)
         return snapshots, unreadable
 
-    def _plan(self, snapshots: Sequence[ServiceSnapshot], unreadable: set[str], observation: Observation
-              ) -> PassPlan:
+    def _plan(self, snapshots: Sequence[ServiceSnapshot], unreadable: set[str], observation: Observation,
+              index: InstanceIndex) -> PassPlan:
         """``plan_pass``, one service at a time: a service whose planning raises is left alone (and its
         instances are not orphans) while the others are planned."""
-        index = InstanceIndex(observation)
         now = self._clock.now()
         parts = []
         for snapshot in snapshots:
@@ -107,12 +103,15 @@ class Reconciler:
         parts.append(plan_orphans(snapshots, observation, unreadable))
         return merge_plans(parts)
 
-    def _observe(self, snapshots: Sequence[ServiceSnapshot]) -> Observation:
+    def _observe(self, snapshots: Sequence[ServiceSnapshot]) -> tuple[Observation, InstanceIndex]:
+        """What the providers list and the probes answer, and the index of those instances (built once:
+        probing and planning both look every replica's instance up in it)."""
         instances: list[tuple[str, Instance]] = []
         known: set[str] = set()
-        for cloud in self._clouds_in_use(snapshots):
+        replica_regions = find_replica_regions(snapshots)
+        for cloud in self._clouds_in_use(snapshots, replica_regions):
             provider = self._providers[cloud]
-            regions = self._regions_in_use(snapshots, cloud)
+            regions = self._regions_in_use(snapshots, cloud, replica_regions)
             try:
                 found = provider.list_instances(regions)
             except ProviderError as exc:
@@ -123,8 +122,9 @@ class Reconciler:
             instances.extend((cloud, instance) for instance in self._look_up_unlisted(provider, cloud, snapshots,
                                                                                        found, regions))
         partial = Observation(instances=tuple(instances), known_clouds=frozenset(known))
-        probes = self._prober.probe(find_probe_targets(snapshots, partial))
-        return Observation(instances=partial.instances, known_clouds=partial.known_clouds, probes=probes)
+        index = InstanceIndex(partial)
+        probes = self._prober.probe(find_probe_targets(snapshots, index))
+        return Observation(instances=partial.instances, known_clouds=partial.known_clouds, probes=probes), index
 
     @staticmethod
     def _look_up_unlisted(provider: Provider, cloud: str, snapshots: Sequence[ServiceSnapshot],
@@ -144,15 +144,26 @@ class Reconciler:
             return []
 
     @staticmethod
-    def _regions_in_use(snapshots: Sequence[ServiceSnapshot], cloud: str) -> list[str]:
+    def _regions_in_use(snapshots: Sequence[ServiceSnapshot], cloud: str,
+                        replica_regions: Mapping[str, set[str | None]]) -> list[str]:
         specs = [spec for s in snapshots for spec in (s.spec, *s.versions.values()) if spec.cloud.value == cloud]
         regions = {c.region for spec in specs for c in spec.resource_candidates}
-        regions |= {r.region for s in snapshots for r in s.replicas if r.cloud == cloud}
+        regions |= replica_regions.get(cloud, set())
         return sorted(region for region in regions if region)
 
-    def _clouds_in_use(self, snapshots: Sequence[ServiceSnapshot]) -> list[str]:
+    def _clouds_in_use(self, snapshots: Sequence[ServiceSnapshot],
+                       replica_regions: Mapping[str, set[str | None]]) -> list[str]:
         """Every configured cloud that a service or replica uses; local is always listed (it is cheap)
         so that processes left by a crashed controller are found even with no service left."""
-        used = {s.spec.cloud.value for s in snapshots}
-        used |= {r.cloud for s in snapshots for r in s.replicas}
+        used = {s.spec.cloud.value for s in snapshots} | set(replica_regions)
         return sorted(cloud for cloud in self._providers if cloud in used or cloud == "local")
+
+
+def find_replica_regions(snapshots: Sequence[ServiceSnapshot]) -> dict[str, set[str | None]]:
+    """The regions the replicas are in, per cloud: one scan of every replica, shared by the questions the
+    inventory asks (which clouds to list, which regions of each)."""
+    regions: dict[str, set[str | None]] = {}
+    for snapshot in snapshots:
+        for replica in snapshot.replicas:
+            regions.setdefault(replica.cloud, set()).add(replica.region)
+    return regions

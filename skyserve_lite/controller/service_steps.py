@@ -35,7 +35,7 @@ def plan_shut_down(step: ReplicaStep, now: float, settings: ControllerSettings) 
         return ReplicaStep(record, terminate=step.terminate, remove=not step.terminate)
     if record.status is ReplicaStatus.SHUTTING_DOWN:
         # The load balancer is going away too: no need to wait for the drain.
-        return dataclasses.replace(step, terminate=not step.remove)
+        return step._replace(terminate=not step.remove)
     down = dataclasses.replace(record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
                                status_reason="service is shutting down")
     # A launch recorded but never confirmed: plan_replica adopted its instance if the inventory lists it.
@@ -61,7 +61,7 @@ def plan_reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[Repl
     for step in steps:
         record = step.record
         if record.status.is_live and not step.remove and record.version in reusable:
-            step = dataclasses.replace(step, record=dataclasses.replace(record, version=version),
+            step = step._replace(record=dataclasses.replace(record, version=version),
                                        event=f"reused for version {version} (same replica config)")
         result.append(step)
     return result
@@ -96,7 +96,8 @@ def plan_scale_down(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: fl
     for is_spot in (False, True):
         in_market = [r for r in live if r.is_spot == is_spot]
         surplus = len(in_market) - markets.for_market(is_spot)
-        victims.update(r.replica_id for r in find_scale_down_order(in_market)[:max(0, surplus)])
+        if surplus > 0:  # sorting is for choosing; with nothing to choose (most passes) skip it
+            victims.update(r.replica_id for r in find_scale_down_order(in_market)[:surplus])
     reason = f"scaling down to {target} {'replica' if target == 1 else 'replicas'}"
     return [_shut_down_step(s, now, reason) if s.record.replica_id in victims
             else s for s in steps]
@@ -151,7 +152,7 @@ def plan_prune_terminal(steps: list[ReplicaStep], keep: int, version: int) -> li
     terminal = sorted((s for s in steps if s.record.status.is_terminal and not s.terminate),
                       key=lambda s: -s.record.replica_id)
     stale = {s.record.replica_id for s in terminal[keep:]} - counted
-    return [dataclasses.replace(s, remove=True) if s.record.replica_id in stale else s for s in steps]
+    return [s._replace(remove=True) if s.record.replica_id in stale else s for s in steps]
 
 
 def plan_launches(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], settings: ControllerSettings,
@@ -168,9 +169,10 @@ def plan_launches(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], setti
         retry = tuple(s.record for s in steps if s.relaunch and s.record.is_spot == is_spot)
         missing = max(0, markets.for_market(is_spot) - sum(1 for r in live if r.is_spot == is_spot))
         if missing or retry:
+            versions = {service.current_version, *(r.version for r in retry)}
             batches.append(LaunchBatch(service=service.name, version=service.current_version,
                                        cloud=snapshot.spec.cloud.value, is_spot=is_spot, count=missing,
-                                       retry=retry))
+                                       retry=retry, specs={v: snapshot.versions[v] for v in versions}))
     return batches
 
 

@@ -30,13 +30,13 @@ def find_scale_down_order(replicas: Sequence[ReplicaRecord]) -> list[ReplicaReco
 
 def find_recent_failures(replicas: Sequence[ReplicaRecord], version: int) -> list[ReplicaRecord]:
     """Replicas of ``version`` that failed without ever becoming ready, since one last became ready."""
+    failed = [r for r in replicas
+              if r.status in _APP_FAILURES and r.version == version and r.first_ready_at is None]
+    if not failed:  # the usual case, asked three times a service per pass: one scan, no second
+        return failed
     last_ready = max((r.first_ready_at for r in replicas
                       if r.version == version and r.first_ready_at is not None), default=None)
-    return [
-        r for r in replicas
-        if r.version == version and r.status in _APP_FAILURES and r.first_ready_at is None
-        and (last_ready is None or r.launched_at > last_ready)
-    ]
+    return [r for r in failed if last_ready is None or r.launched_at > last_ready]
 
 
 def is_launch_blocked(replicas: Sequence[ReplicaRecord], version: int, failure_limit: int) -> bool:

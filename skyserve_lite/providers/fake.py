@@ -44,6 +44,9 @@ class FakeProvider:
     # over each request's placements (the fake is then a batching cloud: every region and zone exists).
     full_types: set[str] = field(default_factory=set)
     _next_id: int = 1
+    # The instances of each (service, replica id): a launch's adoption check looks at those, not at every
+    # instance (a scan that made launching 10,000 replicas quadratic: 13.5 s of a 16 s pass).
+    _by_replica: dict[tuple[str, int], list[str]] = field(default_factory=dict)
     _launch_failures: list[tuple[str, bool]] = field(default_factory=list)
     _inventory_failures: int = 0
 
@@ -61,6 +64,7 @@ class FakeProvider:
     def add_instance(self, instance: Instance) -> None:
         """An instance the controller did not launch through this object (crash recovery tests)."""
         self.instances[instance.instance_id] = instance
+        self._by_replica.setdefault((instance.service, instance.replica_id), []).append(instance.instance_id)
 
     def instance_for(self, service: str, replica_id: int) -> Instance:
         return next(i for i in self.instances.values()
@@ -94,13 +98,14 @@ class FakeProvider:
             detail=detail,
         )
         self.instances[instance_id] = instance
+        self._by_replica.setdefault((request.service, request.replica_id), []).append(instance_id)
         if self.lagging:
             self.unlisted.add(instance_id)
         return LaunchOutcome(request.replica_id, instance=instance)
 
     def _live(self, service: str, replica_id: int) -> Instance | None:
-        return next((i for i in self.instances.values() if (i.service, i.replica_id) == (service, replica_id)
-                     and i.state is not InstanceState.TERMINATED), None)
+        live = (self.instances[i] for i in self._by_replica.get((service, replica_id), ()))
+        return next((i for i in live if i.state is not InstanceState.TERMINATED), None)
 
     # --- cloud.BatchCloud, while ``full_types`` is set ---------------------------------------------------
     def find_launched(self, region: str, tokens: Collection[str]) -> dict[tuple[str, int, str], Instance]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import operator
 import os
 import sqlite3
 import stat
@@ -21,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -254,6 +256,26 @@ def _has_sqlite_header(path: Path) -> bool:
         return False
 
 
+@dataclass
+class StatementCounts:
+    """What a stretch of store calls sent to SQLite (``Store.counting``): statements that read, statements
+    that write, transactions begun, and rows inserted, changed or deleted."""
+
+    reads: int = 0
+    writes: int = 0
+    transactions: int = 0
+    rows_written: int = 0
+
+    def add(self, sql: str) -> None:
+        verb = sql.lstrip()[:7].upper()
+        if verb.startswith(("SELECT", "PRAGMA")):
+            self.reads += 1
+        elif verb.startswith("BEGIN"):
+            self.transactions += 1
+        elif verb.startswith(("INSERT", "UPDATE", "DELETE", "REPLACE")):
+            self.writes += 1
+
+
 class Store:
     """Typed access to the state database. Not thread-safe: one ``Store`` per thread."""
 
@@ -261,6 +283,8 @@ class Store:
         self._db = connection
         self.path = path
         self._identity = _file_identity(path)
+        # Every replica as last read, with the ``replicas_generation`` it was read at (``list_replicas``).
+        self._all_replicas: tuple[object, tuple[ReplicaRecord, ...]] | None = None
 
     @classmethod
     def open(cls, home: Path, *, create: bool = True) -> Store:
@@ -303,6 +327,19 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextmanager
+    def counting(self) -> Iterator[StatementCounts]:
+        """Count the statements and rows written by this store's calls inside the ``with`` (the benchmark's
+        and the tests' measure of what a pass costs the database; not for production paths)."""
+        counts = StatementCounts()
+        before = self._db.total_changes
+        self._db.set_trace_callback(counts.add)
+        try:
+            yield counts
+        finally:
+            self._db.set_trace_callback(None)
+            counts.rows_written = self._db.total_changes - before
 
     def is_current(self) -> bool:
         """False once the database file was deleted or replaced by another file since this store opened it:
@@ -550,13 +587,24 @@ class Store:
             db.execute("DELETE FROM events WHERE service = ?", (name,))
             db.execute("DELETE FROM submissions WHERE service = ?", (name,))
             db.execute("DELETE FROM replica_terminations WHERE service = ?", (name,))
-            db.execute("DELETE FROM services WHERE name = ?", (name,))
+            db.execute("DELETE FROM services WHERE name = ?", (name,))  # and its replicas, by cascade
+            _bump_replicas_generation(db)
 
     # --- replicas --------------------------------------------------------------------------------
     def list_replicas(self, service: str | None = None) -> list[ReplicaRecord]:
+        """The replicas of ``service`` (every service's, ordered by service, when None). Every replica is
+        read from the database only when a replica row changed since this store last read them all (the
+        ``replicas_generation`` counter, read first: rows committed after it are re-read next time)."""
         columns = ", ".join(_REPLICA_COLUMNS)
         if service is None:
+            generation = self._db.execute(
+                "SELECT value FROM meta WHERE key = 'replicas_generation'").fetchone()
+            if generation is not None and self._all_replicas is not None and self._all_replicas[0] == generation[0]:
+                return list(self._all_replicas[1])
             rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id")
+            records = [_replica(row) for row in rows.fetchall()]
+            self._all_replicas = (generation[0], tuple(records)) if generation is not None else None
+            return records
         else:
             rows = self._db.execute(
                 f"SELECT {columns} FROM replicas WHERE service = ? ORDER BY replica_id", (service,))
@@ -575,23 +623,26 @@ class Store:
             records = [dataclasses.replace(template, service=service, replica_id=first + offset)
                        for offset in range(count)]
             db.execute("UPDATE services SET next_replica_id = ? WHERE name = ?", (first + count, service))
-            for record in records:
-                _put_replica(db, record)
+            _put_replicas(db, records)
         return records
 
     def put_replicas(self, records: Sequence[ReplicaRecord],
                      active_versions: Mapping[str, tuple[int, ...]] | None = None) -> None:
         """Write whole replica rows (insert or replace) and services' active versions in one transaction,
         so a load balancer never sees replicas leave traffic before the versions replacing them arrive."""
+        if not records and not active_versions:
+            return
         with self._write() as db:
-            for record in records:
-                _put_replica(db, record)
+            _put_replicas(db, records)
             for name, versions in (active_versions or {}).items():
                 db.execute("UPDATE services SET active_versions = ? WHERE name = ?", (json.dumps(list(versions)), name))
 
     def delete_replicas(self, keys: Sequence[tuple[str, int]]) -> None:
+        if not keys:
+            return
         with self._write() as db:
             db.executemany("DELETE FROM replicas WHERE service = ? AND replica_id = ?", keys)
+            _bump_replicas_generation(db)
 
     # --- events ----------------------------------------------------------------------------------
     def add_events(self, events: Sequence[tuple[float, str, int | None, str, str]]) -> None:
@@ -643,6 +694,27 @@ class Store:
             db.execute(
                 "INSERT OR REPLACE INTO lb_reports (service, reported_at, waiting, in_flight_json) VALUES (?, ?, ?, ?)",
                 (service, report.reported_at, report.waiting, json.dumps(dict(report.in_flight), sort_keys=True)))
+
+    def list_lb_reports(self) -> dict[str, LbReport]:
+        """Every service's latest load balancer report, in one query (a pass reads them all)."""
+        rows = self._db.execute("SELECT service, reported_at, waiting, in_flight_json FROM lb_reports").fetchall()
+        return {row[0]: LbReport(reported_at=row[1], waiting=row[2],
+                                 in_flight=tuple(sorted(json.loads(row[3]).items()))) for row in rows}
+
+    def list_autoscaler_states(self) -> dict[str, tuple[AutoscalerState, AutoscalerObservation]]:
+        """Every service's autoscaler state, in one query."""
+        rows = self._db.execute(
+            "SELECT service, version, target, upscale_count, downscale_count, last_decision_at, observed_json"
+            " FROM autoscaler_state").fetchall()
+        return {row[0]: (AutoscalerState(*row[1:6]), AutoscalerObservation(**json.loads(row[6]))) for row in rows}
+
+    def count_requests_since(self, since_second: int) -> dict[str, int]:
+        """Requests per service from ``since_second`` on, in one query over the window's rows only
+        (``request_counts_by_second``); services without any are left out."""
+        rows = self._db.execute(
+            "SELECT service, SUM(count) FROM request_counts WHERE second >= ? GROUP BY service",
+            (since_second,)).fetchall()
+        return {str(service): int(count) for service, count in rows}
 
     def get_lb_report(self, service: str) -> LbReport | None:
         row = self._db.execute("SELECT reported_at, waiting, in_flight_json FROM lb_reports WHERE service = ?",
@@ -755,12 +827,30 @@ _STATUS_INDEX = _REPLICA_COLUMNS.index("status")
 _SPOT_INDEX = _REPLICA_COLUMNS.index("is_spot")
 
 
-def _put_replica(db: sqlite3.Connection, record: ReplicaRecord) -> None:
-    values = [getattr(record, column) for column in _REPLICA_COLUMNS]
-    values = [value.value if isinstance(value, Enum) else value for value in values]
-    placeholders = ", ".join("?" for _ in _REPLICA_COLUMNS)
-    db.execute(f"INSERT OR REPLACE INTO replicas ({', '.join(_REPLICA_COLUMNS)}) VALUES ({placeholders})",
-               values)
+_PUT_REPLICA = (f"INSERT OR REPLACE INTO replicas ({', '.join(_REPLICA_COLUMNS)}) "
+                f"VALUES ({', '.join('?' for _ in _REPLICA_COLUMNS)})")
+
+
+_REPLICA_VALUES = operator.attrgetter(*_REPLICA_COLUMNS)
+
+
+def _replica_values(record: ReplicaRecord) -> tuple[Any, ...]:
+    # One C-level attrgetter for the row, then the one enum column: a Python loop over the 20 columns was
+    # most of writing 10,000 launched replicas.
+    values = _REPLICA_VALUES(record)
+    return (*values[:_STATUS_INDEX], record.status.value, *values[_STATUS_INDEX + 1:])
+
+
+def _put_replicas(db: sqlite3.Connection, records: Sequence[ReplicaRecord]) -> None:
+    """Write whole rows in one statement, and count the change (``list_replicas``)."""
+    if not records:
+        return
+    db.executemany(_PUT_REPLICA, map(_replica_values, records))
+    _bump_replicas_generation(db)
+
+
+def _bump_replicas_generation(db: sqlite3.Connection) -> None:
+    db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'replicas_generation'")
 
 
 def _json_default(value: object) -> object:

@@ -3,6 +3,7 @@ rolling capacity, blue-green switch, service-only changes, concurrent version wr
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -120,7 +121,8 @@ def test_service_only_change_replaces_nothing_and_applies_the_lb_policy(harness:
 
 def test_terminal_replicas_are_not_bumped(harness: Harness) -> None:
     start(harness, 1)
-    harness.store._db.execute("UPDATE replicas SET status = 'FAILED' WHERE replica_id = 1")
+    (first,) = harness.replicas()
+    harness.store.put_replicas([dataclasses.replace(first, status=ReplicaStatus.FAILED)])
     harness.update(TASK.format(replicas=1).replace("initial_delay_seconds: 60", "initial_delay_seconds: 61"))
     harness.tick()
     rows = {r.replica_id: (r.version, r.status.value) for r in harness.replicas()}

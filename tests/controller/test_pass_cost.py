@@ -1,0 +1,99 @@
+"""What a pass costs the store, counted rather than timed: a steady pass over unchanged state writes
+nothing, the statements a pass sends do not grow with the number of replicas, and the controller's reuse
+of the replicas it read last never hides a change another process made."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from skyserve_lite.controller.snapshots import ServiceReads, VersionCache, read_snapshot
+from skyserve_lite.state.models import LbReport, ReplicaStatus
+from skyserve_lite.state.store import Store
+
+from .conftest import Harness
+
+
+def settled(tmp_path: Path, services: int, replicas: int) -> Harness:
+    harness = Harness(tmp_path / f"home-{services}x{replicas}")
+    for index in range(services):
+        harness.create(f"svc-{index}", replicas=replicas)
+    harness.tick()
+    harness.tick()
+    assert {r.status for r in harness.store.list_replicas()} == {ReplicaStatus.READY}
+    return harness
+
+
+def test_a_steady_pass_writes_nothing(tmp_path: Path) -> None:
+    harness = settled(tmp_path, 3, 20)
+    harness.tick(10)  # past the heartbeat (one row every 5 s) and into a new minute's history samples
+    with harness.store.counting() as counts:
+        plan = harness.tick(1)
+    assert plan.is_empty
+    assert (counts.writes, counts.rows_written, counts.transactions) == (0, 0, 0)
+    harness.store.close()
+
+
+@pytest.mark.parametrize("services", [1, 4])
+def test_statements_per_pass_do_not_grow_with_replicas(tmp_path: Path, services: int) -> None:
+    def steady_reads(replicas: int) -> int:
+        harness = settled(tmp_path, services, replicas)
+        harness.tick(10)
+        with harness.store.counting() as counts:
+            harness.tick(1)
+        harness.store.close()
+        return counts.reads
+
+    few, many = steady_reads(2), steady_reads(200)
+    assert few == many, f"{few} statements with 2 replicas a service, {many} with 200"
+
+
+def test_the_first_pass_writes_its_launches_in_transactions_that_do_not_grow_with_replicas(
+        tmp_path: Path) -> None:
+    def launch_pass(replicas: int) -> tuple[int, int]:
+        harness = Harness(tmp_path / f"home-{replicas}")
+        harness.create("svc", replicas=replicas)
+        with harness.store.counting() as counts:
+            harness.tick()
+        assert len(harness.replicas()) == replicas
+        harness.store.close()
+        return counts.transactions, counts.reads
+
+    assert launch_pass(10) == launch_pass(300)  # a batch is a transaction, whatever its size
+
+
+def test_replicas_read_again_once_another_process_changed_one(tmp_path: Path) -> None:
+    harness = settled(tmp_path, 1, 3)
+    first = harness.store.list_replicas()
+    with harness.store.counting() as counts:
+        again = harness.store.list_replicas()
+    assert again == first and counts.reads == 1  # the generation only: nothing changed
+    other = Store.open(harness.home)  # another process's connection
+    changed = dataclasses.replace(first[0], status_reason="changed elsewhere")
+    other.put_replicas([changed])
+    assert harness.store.list_replicas()[0].status_reason == "changed elsewhere"
+    other.delete_replicas([("svc-0", first[1].replica_id)])
+    assert [r.replica_id for r in harness.store.list_replicas()] == [first[0].replica_id, first[2].replica_id]
+    other.close()
+    harness.store.close()
+
+
+def test_a_pass_reads_every_service_as_reading_each_alone_would(tmp_path: Path) -> None:
+    harness = settled(tmp_path, 3, 2)
+    now = harness.clock.now()
+    harness.store.record_request_counts("svc-1", {int(now) - 5: 7, int(now) - 90: 100})  # one outside the window
+    harness.store.record_lb_report("svc-2", LbReport(reported_at=now - 1, in_flight=(("http://x", 3),), waiting=2))
+    harness.store.request_replica_termination("svc-0", 1, now)
+    reads = ServiceReads.read_all(harness.store, now, harness.settings)
+    for service in harness.store.list_services():
+        replicas = harness.store.list_replicas(service.name)
+        together = read_snapshot(harness.store, service, replicas, now, harness.settings, lambda _pid: True,
+                                 VersionCache(), reads)
+        alone = read_snapshot(harness.store, service, replicas, now, harness.settings, lambda _pid: True,
+                              VersionCache())
+        assert together == alone
+    assert reads.requests == {"svc-1": 7}
+    assert reads.terminate_requested == {"svc-0": frozenset({1})}
+    harness.store.close()
