@@ -17,6 +17,7 @@ from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import ProcessLoadBalancerRunner
+from skyserve_lite.controller.memory import PassCollector
 from skyserve_lite.controller.pidfile import (
     PID_FILE,
     ControllerProcess,
@@ -116,6 +117,7 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
         listener.start()
         log.info("controller %s running for %s, every %.1fs", store.controller_id, home,
                  settings.interval_seconds)
+        collector = PassCollector(time.monotonic)
         try:
             while not stop.is_set():
                 if not store.is_current():
@@ -132,6 +134,7 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
                     reconciler.reconcile_once()
                 except Exception:  # the top-level loop: log with context, keep going
                     log.exception("reconcile pass failed; retrying in %.1fs", settings.interval_seconds)
+                collector.after_pass()
                 stop.wait(max(0.0, settings.interval_seconds - (time.monotonic() - started)))
         finally:
             listener.close()
