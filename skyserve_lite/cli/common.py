@@ -1,4 +1,8 @@
-"""What every command module of the CLI shares: the state directory, the controller, error output."""
+"""What every command module of the CLI shares: the state directory, the controller, error output.
+
+Light to import (click and the standard library): `sky-lite --help` and every command's module import this,
+and what a command needs (the api, rich) is imported when it runs.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,17 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 
-from skyserve_lite import api
 from skyserve_lite.errors import SkyLiteError
 from skyserve_lite.paths import home_dir
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from skyserve_lite import api
 
 __all__ = ["errors", "get_controller", "home_dir", "stderr"]
 
@@ -41,4 +49,6 @@ def errors() -> Iterator[None]:
 
 
 def stderr() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True)

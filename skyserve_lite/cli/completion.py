@@ -3,16 +3,23 @@
 Completion runs on every Tab press: it must answer quickly and never print an error into the user's
 prompt, so anything that goes wrong (no state directory yet, a damaged database, an unreachable host)
 completes nothing.
+
+The callbacks are named in the commands' decorators, so this module is imported by every start of the
+command (`--help` too): what they read with (the api) is imported when they run, on a Tab press.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 from click.shell_completion import CompletionItem
 
-from skyserve_lite.api import ServiceView
 from skyserve_lite.cli.common import get_controller
 from skyserve_lite.errors import SkyLiteError
+
+if TYPE_CHECKING:
+    from skyserve_lite.api import ServiceView
 
 
 def _views(ctx: click.Context, names: tuple[str, ...] = ()) -> list[ServiceView]:

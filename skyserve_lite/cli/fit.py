@@ -18,24 +18,31 @@ Worked numbers, the replicas of `serve status` in 80 columns: SERVICE 24 + ID 2 
 CLOUD/REGION 12 + INSTANCE 19 + URL 22 + AGE 3 = 105, plus 7 gaps of 2 = 119; the reasons (priority 0) go
 under their rows first, then INSTANCE (119 - 21 = 98), VERSION when every replica runs its service's version
 (89), CLOUD/REGION (75 <= 80): SERVICE, ID, STATUS, URL and AGE stay, in full.
+
+Drawing: each run of rows is a rich table with those widths, unless no cell of a row folds: then the row is
+written directly (``cli.fit_lines``: the same segments, about a hundredth of the cost, which at 10,000
+replicas is the difference between 10 s and a tenth of one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
-from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
-from rich.table import Table
+from rich.segment import Segment
 from rich.text import Text
 
-GAP = 2  # cells between two columns: each cell's padding of 1 on either side
-NOTE_PREFIX = "  └ "
+from skyserve_lite.cli.fit_lines import GAP, NOTE_PREFIX, Cell, Cells, Lines
 
-Cell = str | Text
+if TYPE_CHECKING:
+    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.table import Table
+
+__all__ = ["GAP", "NOTE_PREFIX", "Cell", "Column", "FitTable", "Layout", "Narrow", "plan_layout"]
 
 
 class Narrow(str, Enum):
@@ -114,12 +121,8 @@ def plan_layout(columns: Sequence[Column], natural: Sequence[int], max_width: in
     return Layout(tuple(widths.get(i) for i in range(len(columns))), under)
 
 
-def _width(cell: Text) -> int:
-    return max(cell_len(line) for line in cell.plain.split("\n"))
-
-
-def _is_empty(cell: Text) -> bool:
-    return cell.plain.strip() in ("", "-")
+def _text(cell: Cell) -> Text:
+    return Text(cell) if isinstance(cell, str) else cell
 
 
 class FitTable:
@@ -128,40 +131,46 @@ class FitTable:
 
     def __init__(self, columns: Sequence[Column], *, note_style: str = "dim") -> None:
         self.columns = tuple(columns)
-        self.rows: list[tuple[Text, ...]] = []
+        self.rows: list[tuple[Cell, ...]] = []
         self.note_style = note_style
+        self._cells: Cells | None = None  # the rows read by column, once (``cli.fit_lines``)
 
     def add_row(self, *cells: Cell) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"a row of {len(self.columns)} columns got {len(cells)} cells")
-        # As Text, not str: rich would read a str cell as markup, and a reason like "[errno 111] refused" or
-        # a bracketed IPv6 host would lose its brackets.
-        self.rows.append(tuple(Text(cell) if isinstance(cell, str) else cell for cell in cells))
+        self.rows.append(cells)
+        self._cells = None
+
+    def cells(self) -> Cells:
+        if self._cells is None:
+            self._cells = Cells.of(self.rows, len(self.columns))
+        return self._cells
 
     def natural_widths(self) -> list[int]:
-        return [max([cell_len(column.header), *(_width(row[i]) for row in self.rows)])
-                for i, column in enumerate(self.columns)]
+        cells = self.cells()
+        return [max(cell_len(column.header), max(widths, default=0))
+                for column, widths in zip(self.columns, cells.widths, strict=True)]
 
     def layout(self, max_width: int) -> Layout:
         """``plan_layout`` over the columns that have something to show: a DROP or UNDER column whose every
         cell is empty (no replica has a reason) is left out, not printed as a blank column."""
         natural = self.natural_widths()
-        shown = [i for i, column in enumerate(self.columns) if column.narrow is Narrow.KEEP
-                 or any(not _is_empty(row[i]) for row in self.rows)]
+        cells = self.cells()
+        shown = [i for i, column in enumerate(self.columns) if column.narrow is Narrow.KEEP or not cells.is_empty(i)]
         inner = plan_layout([self.columns[i] for i in shown], [natural[i] for i in shown], max_width)
         widths: list[int | None] = [None] * len(self.columns)
         for position, i in enumerate(shown):
             widths[i] = inner.widths[position]
         return Layout(tuple(widths), tuple(shown[position] for position in inner.under))
 
-    def notes(self, row: Sequence[Text], layout: Layout) -> list[Text]:
+    def notes(self, row: Sequence[Cell], layout: Layout) -> list[Text]:
         """The lines under ``row``: one of ``label: value`` pairs for the labelled columns, then each line
         of an unlabelled one (a reason) on its own."""
         fields: list[Text] = []
         bare: list[Text] = []
         for i in layout.under:
-            cell = row[i]
-            if _is_empty(cell):
+            cell = _text(row[i])
+            if cell.plain.strip() in ("", "-"):
                 continue
             label = self.columns[i].note_label
             if label:
@@ -171,6 +180,8 @@ class FitTable:
         return ([Text("; ").join(fields)] if fields else []) + bare
 
     def _chunk(self, layout: Layout, header: bool) -> Table:
+        from rich.table import Table
+
         table = Table(box=None, padding=(0, 1), pad_edge=False, show_header=header, header_style="bold")
         for i in layout.inline:
             # Never no_wrap: rich cuts a no_wrap cell that is too wide. The widths make every KEEP cell fit
@@ -178,22 +189,55 @@ class FitTable:
             table.add_column(self.columns[i].header, width=layout.widths[i], overflow="fold")
         return table
 
+    def _direct(self, console: Console, layout: Layout, max_width: int) -> Lines | None:
+        """What writes the lines that need no folding, or None to leave every line to rich (a table wider
+        than the console, which rich squeezes)."""
+        widths = [width for width in layout.widths if width is not None]
+        if not widths or _total(widths) > max_width:
+            return None
+        return Lines(console, self.cells(), layout.inline, widths)
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        layout = self.layout(options.max_width)
+        yield from _joined(self._draw(console, options.max_width))
+
+    def _draw(self, console: Console, max_width: int) -> Iterator[str | Segment | Table]:
+        """The table's lines: rich tables, segments, and a str for each line without a style."""
+        layout = self.layout(max_width)
+        cells = self.cells()
+        inline = layout.inline
         # Rows go in runs, one rich table each with the same fixed widths (so the columns line up); a row
-        # with notes ends its run, and the notes print under it at the full width.
-        table = self._chunk(layout, header=True)
-        unprinted = True  # the header, or rows added since the last notes
-        for row in self.rows:
-            table.add_row(*(row[i] for i in layout.inline))
-            unprinted = True
-            notes = self.notes(row, layout)
-            if notes:
+        # with notes ends its run, and the notes print under it at the full width. A row none of whose cells
+        # folds is written directly (``cli.fit_lines``) and ends the run before it.
+        direct = self._direct(console, layout, max_width)
+        header = None if direct is None else direct.header([self.columns[i].header for i in inline])
+        if header is not None:
+            yield from header
+        table: Table | None = None if header is not None else self._chunk(layout, header=True)
+        drawn = direct.rows() if direct is not None else [None] * len(cells.rows)
+        for row, lines in zip(cells.rows, drawn, strict=True):
+            if lines is None:
+                if table is None:
+                    table = self._chunk(layout, header=False)
+                table.add_row(*(_text(row[i]) for i in inline))
+            else:
+                if table is not None:
+                    yield table
+                    table = None
+                if isinstance(lines, str):
+                    yield lines
+                else:
+                    yield from lines
+            notes = self.notes(row, layout) if layout.under else []
+            if notes and table is not None:
                 yield table
-                yield from (_note(note, self.note_style) for note in notes)
-                table = self._chunk(layout, header=False)
-                unprinted = False
-        if unprinted:
+                table = None
+            for note in notes:
+                line = None if direct is None else direct.note(note, self.note_style, max_width)
+                if line is None:
+                    yield _note(note, self.note_style)
+                else:
+                    yield from line
+        if table is not None:
             yield table
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
@@ -202,8 +246,33 @@ class FitTable:
         return Measurement(min(_total(keep), options.max_width), min(_total(natural), options.max_width))
 
 
+# Lines per segment of a run of lines without a style: rich splits a segment into its lines again, each split
+# copying the rest of it, so a segment of 10,000 lines is slower than 10,000 segments; 50 is ~2x faster.
+_PLAIN_RUN = 50
+
+
+def _joined(items: Iterable[str | Segment | Table]) -> RenderResult:
+    """``items`` with each run of lines without a style (str) joined into segments of up to ``_PLAIN_RUN``
+    lines, each line ended."""
+    run: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            run.append(item)
+            if len(run) < _PLAIN_RUN:
+                continue
+        if run:
+            yield Segment("\n".join(run) + "\n")
+            run.clear()
+        if not isinstance(item, str):
+            yield item
+    if run:
+        yield Segment("\n".join(run) + "\n")
+
+
 def _note(text: Text, style: str) -> Table:
     """``  └ text``, its continuation lines indented under the text (a hanging indent)."""
+    from rich.table import Table
+
     grid = Table.grid()
     grid.add_column(width=cell_len(NOTE_PREFIX), no_wrap=True)
     grid.add_column(overflow="fold")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -123,6 +122,8 @@ def _has_local_services(home: Path) -> bool:
               help="Output format; json prints only JSON on stdout.")
 def controller_status(output: str) -> None:
     """Where the controller runs, its sky-lite version, its loop, its cron lines and its services."""
+    import json
+
     from skyserve_lite.api import LocalController
     from skyserve_lite.clock import format_timestamp
     from skyserve_lite.errors import UsageError

@@ -1,20 +1,22 @@
-"""`sky-lite`: parse arguments, call the api, render. No decisions and no state access live here."""
+"""`sky-lite`: parse arguments, call the api, render. No decisions and no state access live here.
+
+Every start of the command imports this module and builds every command's options (`sky-lite --help`
+included), so at module level it imports only click and light modules (``cli.params``, ``defaults``,
+``errors``); each command imports what it needs when it runs: the api (and with it the state store and the
+spec parser), rich, the renderers. ``tests/cli/test_cli.py`` holds `--help` to that.
+"""
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.console import Console, Group
-from rich.live import Live
 
-from skyserve_lite import __version__, api, waits
+from skyserve_lite import __version__
 from skyserve_lite.cli import host_commands
 from skyserve_lite.cli.common import errors as _errors
 from skyserve_lite.cli.common import get_controller as _controller
@@ -22,27 +24,37 @@ from skyserve_lite.cli.common import home_dir
 from skyserve_lite.cli.common import stderr as _stderr
 from skyserve_lite.cli.completion import complete_replica_ids, complete_service_names
 from skyserve_lite.cli.params import FiniteFloatRange
-from skyserve_lite.cli.render import (
-    history_table,
-    launch_plan_renderable,
-    plan_renderable,
-    simulation_table,
-    status_json,
-    status_renderable,
-)
+from skyserve_lite.defaults import DEFAULT_EVENTS, UPDATE_MODES
 from skyserve_lite.errors import StateConflictError, UsageError
-from skyserve_lite.plan.rollout import UpdateMode
-from skyserve_lite.spec.inputs import check_given
-from skyserve_lite.spec.model import SubmittedTask
-from skyserve_lite.spec.parse import load_task_file
-from skyserve_lite.state.models import ServiceStatus
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from skyserve_lite import api, waits
+    from skyserve_lite.plan.rollout import UpdateMode
+    from skyserve_lite.spec.model import SubmittedTask
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _stdout() -> Console:
+    from rich.console import Console
+
     # Piped output is read by people in logs and by grep: do not squeeze tables into 80 columns.
     return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _load_task(task_file: Path) -> SubmittedTask:
+    from skyserve_lite.spec.parse import load_task_file
+
+    return load_task_file(task_file.resolve())
+
+
+def _dump(document: object) -> str:
+    """JSON as every ``-o json`` prints it."""
+    import json
+
+    return json.dumps(document, indent=2)
 
 
 def _reuse_files_option(func: F) -> F:
@@ -141,9 +153,16 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
              dry_run: bool, output: str, infra: str | None, envs: tuple[str, ...], env_files: tuple[Path, ...],
              secrets: tuple[str, ...]) -> None:
     """Start a service from TASK_FILE."""
+    from rich.live import Live
+
+    from skyserve_lite import api, waits
+    from skyserve_lite.cli.render import launch_plan_renderable, status_renderable
+    from skyserve_lite.spec.inputs import check_given
+    from skyserve_lite.state.models import ServiceStatus
+
     del yes  # `serve up` asks nothing; accepted so that scripts can pass -y to every command
     with _errors():
-        task = _with_inputs(load_task_file(task_file.resolve()), infra, envs, env_files, secrets)
+        task = _with_inputs(_load_task(task_file), infra, envs, env_files, secrets)
         name = name or api.default_service_name(task)
         api.check_service_name(name)
         check_given(task)
@@ -151,7 +170,7 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
         if dry_run:
             plan = controller.plan_create(name, task)
             if output == "json":
-                click.echo(json.dumps(plan.to_json(), indent=2))
+                click.echo(_dump(plan.to_json()))
             else:
                 _stdout().print(launch_plan_renderable(plan))
             return
@@ -181,7 +200,7 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @serve.command("update")
 @click.argument("name", shell_complete=complete_service_names)
 @click.argument("task_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--mode", type=click.Choice([m.value for m in UpdateMode]), default=UpdateMode.ROLLING.value,
+@click.option("--mode", type=click.Choice(UPDATE_MODES), default=UPDATE_MODES[0],
               show_default=True, help="rolling: replace as new replicas become READY; blue_green: switch all "
               "traffic once the new version has min_replicas READY.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
@@ -199,8 +218,10 @@ def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_ve
 
     Values of envs and secrets the file declares without a value are kept from the current version unless
     given again."""
+    from skyserve_lite.plan.rollout import UpdateMode
+
     with _errors():
-        task = _with_inputs(load_task_file(task_file.resolve()), infra, envs, env_files, secrets)
+        task = _with_inputs(_load_task(task_file), infra, envs, env_files, secrets)
         version = _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None,
                           reuse_identical_files=reuse_identical_files)
         if version is not None and wait:
@@ -211,7 +232,7 @@ def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_ve
 @click.argument("name", shell_complete=complete_service_names)
 @click.option("--to", "to_version", type=click.IntRange(min=1), default=None,
               help="The version to go back to (default: the one before the current).")
-@click.option("--mode", type=click.Choice([m.value for m in UpdateMode]), default=UpdateMode.ROLLING.value,
+@click.option("--mode", type=click.Choice(UPDATE_MODES), default=UPDATE_MODES[0],
               show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--expect-version", type=int, default=None, help="Refuse unless the service is at this version.")
@@ -222,6 +243,9 @@ def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_ve
 def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, expect_version: int | None,
                    reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float) -> None:
     """Update service NAME to an earlier version's stored task and files, with the same reuse rules."""
+    from skyserve_lite import api
+    from skyserve_lite.plan.rollout import UpdateMode
+
     with _errors():
         state = _controller().get_rollout_state(name)
         task, target = api.rollback_task(state, to_version)
@@ -247,6 +271,11 @@ def serve_wait(name: str, version: int | None, timeout: float) -> None:
 def _wait_for_rollout(name: str, version: int | None, timeout: float) -> None:
     """Follow a rollout on stderr until it is done (one line on stdout), or raise ``WaitTimeoutError``;
     Ctrl-C stops only the waiting (exit 130)."""
+    from rich.console import Group
+    from rich.live import Live
+
+    from skyserve_lite import waits
+    from skyserve_lite.cli.render import status_renderable
     from skyserve_lite.cli.rollout_view import rollout_renderable
 
     controller = _controller()
@@ -276,6 +305,9 @@ _REPLAN_ATTEMPTS = 3
 def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
             yes: bool, output: str, note: str | None, *, reuse_identical_files: bool = False) -> int | None:
     """Plan, show, confirm and submit; the version stored (None for a dry run)."""
+    from skyserve_lite import api
+    from skyserve_lite.cli.render import plan_renderable
+
     api.check_submission(task)  # before the plan and the question, so a "yes" is never answered with an error
     controller = _controller()
     for attempt in range(_REPLAN_ATTEMPTS):
@@ -284,7 +316,7 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
             raise StateConflictError(f"service {name!r} is at version {plan.from_version}, not "
                                      f"{expect_version}; nothing was changed")
         if output == "json":
-            click.echo(json.dumps(plan.to_json(), indent=2))
+            click.echo(_dump(plan.to_json()))
         else:
             _stdout().print(plan_renderable(plan))
         if dry_run:
@@ -311,12 +343,15 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
 @_output_option
 def serve_history(name: str, output: str) -> None:
     """List every version of service NAME and what each changed."""
+    from skyserve_lite import api
+    from skyserve_lite.cli.render import history_table
+
     with _errors():
         state = _controller().get_rollout_state(name)
         entries = api.describe_history(state.versions)
         if output == "json":
-            click.echo(json.dumps({"service": name, "current_version": state.service.current_version,
-                                   "versions": [e.to_json() for e in entries]}, indent=2))
+            click.echo(_dump({"service": name, "current_version": state.service.current_version,
+                              "versions": [e.to_json() for e in entries]}))
         else:
             _stdout().print(history_table(name, entries))
 
@@ -340,12 +375,13 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
     from skyserve_lite.autoscalers.simulator import parse_trace, simulate
     from skyserve_lite.cli.chart import DEFAULT_HEIGHT, MIN_CHART_WIDTH, render_chart
     from skyserve_lite.cli.plot_file import DEFAULT_SIZE, parse_plot_size, write_plot_png
+    from skyserve_lite.cli.render import simulation_table
 
     with _errors():
         if plot_size is not None and plot_file is None:
             raise UsageError("--plot-size goes with --plot-file")
         size = DEFAULT_SIZE if plot_size is None else parse_plot_size(plot_size)
-        task = load_task_file(task_file.resolve())
+        task = _load_task(task_file)
         try:
             text = trace_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -355,7 +391,7 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
         if plot_file is not None:  # first: a missing matplotlib fails before anything is printed
             write_plot_png(decisions, plot_file, size, title=f"Simulated: {policy}")
         if output == "json":
-            click.echo(json.dumps({"decisions": [d.to_json() for d in decisions]}, indent=2))
+            click.echo(_dump({"decisions": [d.to_json() for d in decisions]}))
         else:
             _stdout().print(simulation_table(policy, decisions))
         if plot:
@@ -369,7 +405,7 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
 @click.option("--endpoint", "endpoint_only", is_flag=True,
               help="Print only the endpoint URL of the one service named: curl $(sky-lite serve status NAME "
               "--endpoint).")
-@click.option("--events", "events", type=click.IntRange(min=0), default=api.DEFAULT_EVENTS, show_default=True,
+@click.option("--events", "events", type=click.IntRange(min=0), default=DEFAULT_EVENTS, show_default=True,
               help="How many of the newest events to show per service named (and in the JSON).")
 def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, events: int) -> None:
     """Show services and their replicas (all services when no NAME is given)."""
@@ -383,10 +419,14 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
         report = _controller().get_status_report(names, events=events)
         views, state = list(report.services), report.controller
         unverified = state.unverified_for
-        if output == "json":
-            click.echo(json.dumps(status_json(views) | {"controller": state.to_json()}, indent=2))
+        if output == "json":  # without the renderers: scripts polling a fleet's JSON do not import rich
+            click.echo(_dump({"services": [view.to_json() for view in views], "controller": state.to_json()}))
         else:
-            _stdout().print(status_renderable(views, events=bool(names), unverified_for=unverified))
+            from skyserve_lite.cli.render import status_renderable
+
+            # Not cropped: every line fits the console already (``cli.fit``), and rich's crop measures each
+            # line again, a third of printing 10,000 replicas.
+            _stdout().print(status_renderable(views, events=bool(names), unverified_for=unverified), crop=False)
             if names:
                 from skyserve_lite.cli.sparkline import history_lines
 
@@ -424,6 +464,8 @@ def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: f
     """Stop services: every replica, the load balancer, and the controller when none is left.
 
     NAMES may be shell-style patterns ('dev-*', 'web-?'), matched against the services' names; quote them."""
+    from skyserve_lite import api
+
     with _errors():
         if replica_ids:
             _down_replicas(names, all_services, force, yes, timeout, replica_ids)
@@ -452,6 +494,8 @@ def serve_down(names: tuple[str, ...], all_services: bool, yes: bool, timeout: f
 def _down_replicas(names: tuple[str, ...], all_services: bool, force: bool, yes: bool, timeout: float,
                    replica_ids: tuple[int, ...]) -> None:
     """`serve down NAME --replica-id N`: drain and terminate those replicas, and wait until they are gone."""
+    from skyserve_lite import api, waits
+
     if all_services or force or len(names) != 1 or any(c in names[0] for c in "*?["):
         raise click.UsageError("--replica-id terminates replicas of one service: name exactly one service "
                                "(no pattern, --all or --force)")
@@ -694,6 +738,8 @@ for _command in host_commands.COMMANDS:
 def _configure_logging() -> None:
     """The controller's log lines start with their UTC time as replica log lines do
     (``2026-12-01T17:30:05.123Z INFO ...``), so `serve logs --since` reads both the same way."""
+    import logging
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s",
                         datefmt="%Y-%m-%dT%H:%M:%S")
     for handler in logging.getLogger().handlers:

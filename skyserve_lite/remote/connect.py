@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from skyserve_lite import api
-from skyserve_lite.remote.client import RemoteController
 from skyserve_lite.remote.config import (
     DEFAULT_REMOTE_HOME,
     Choice,
@@ -21,6 +20,7 @@ from skyserve_lite.remote.transport import CommandTransport
 
 if TYPE_CHECKING:
     from skyserve_lite.remote.bootstrap import RemoteShell
+    from skyserve_lite.remote.client import RemoteController
 
 
 def open_controller(home: Path, env: Mapping[str, str]) -> api.Controller:
@@ -28,11 +28,15 @@ def open_controller(home: Path, env: Mapping[str, str]) -> api.Controller:
     choice = choose_controller(home, env)
     if choice.is_local:
         return api.LocalController(home)
+    from skyserve_lite.remote.client import RemoteController  # not for a local controller: ~20 ms of start-up
+
     return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice))
 
 
 def open_remote(home: Path, record: ControllerRecord) -> RemoteController:
     """The ``RemoteController`` of the recorded host."""
+    from skyserve_lite.remote.client import RemoteController
+
     choice = Choice(record=record)
     return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice))
 
