@@ -353,31 +353,38 @@ class LocalController:
     def get_status(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> list[ServiceView]:
         store = self._open()
         try:
-            services = [store.get_service(n) for n in names] if names else store.list_services()
-            host = load_host_settings(self.home).endpoint_host  # once for every service shown
-            # Every service's replicas in one query (ordered by service) when all are shown: at 100 services
-            # of 100 replicas, a query per service cost a third more than the rows themselves.
-            replicas: dict[str, list[ReplicaRecord]] = {}
-            if names:
-                replicas = {service.name: store.list_replicas(service.name) for service in services}
-            else:
-                for replica in store.list_replicas():
-                    replicas.setdefault(replica.service, []).append(replica)
-            views = []
-            for service in services:
-                spec = store.get_version(service.name, service.current_version).spec
-                views.append(ServiceView(
-                    service=self._shown(service, host, tls=spec.service.tls is not None),
-                    policy=spec.service.replica_policy.describe(),
-                    load_balancing_policy=spec.service.load_balancing_policy.value,
-                    replicas=self._shown_replicas(store, service, spec, replicas.get(service.name, ())),
-                    events=tuple(store.list_events(service.name, limit=events)) if events > 0 else (),
-                    autoscaler=store.get_autoscaler_state(service.name),
-                    history=self._history(store, service.name) if spec.service.replica_policy.is_autoscaling
-                    else None,
-                ))
+            # One read transaction: a pass that commits a service's status and then its autoscaler state must
+            # not be seen half (a waiting `serve update` would read the old version's reason with the new
+            # version's target, and call the rollout failed).
+            with store.reading():
+                return self._read_views(store, names, events)
         finally:
             store.close()
+
+    def _read_views(self, store: Store, names: Sequence[str], events: int) -> list[ServiceView]:
+        services = [store.get_service(n) for n in names] if names else store.list_services()
+        host = load_host_settings(self.home).endpoint_host  # once for every service shown
+        # Every service's replicas in one query (ordered by service) when all are shown: at 100 services
+        # of 100 replicas, a query per service cost a third more than the rows themselves.
+        replicas: dict[str, list[ReplicaRecord]] = {}
+        if names:
+            replicas = {service.name: store.list_replicas(service.name) for service in services}
+        else:
+            for replica in store.list_replicas():
+                replicas.setdefault(replica.service, []).append(replica)
+        views = []
+        for service in services:
+            spec = store.get_version(service.name, service.current_version).spec
+            views.append(ServiceView(
+                service=self._shown(service, host, tls=spec.service.tls is not None),
+                policy=spec.service.replica_policy.describe(),
+                load_balancing_policy=spec.service.load_balancing_policy.value,
+                replicas=self._shown_replicas(store, service, spec, replicas.get(service.name, ())),
+                events=tuple(store.list_events(service.name, limit=events)) if events > 0 else (),
+                autoscaler=store.get_autoscaler_state(service.name),
+                history=self._history(store, service.name) if spec.service.replica_policy.is_autoscaling
+                else None,
+            ))
         return views
 
     def _history(self, store: Store, name: str) -> ServiceHistory:

@@ -16,7 +16,6 @@ import click
 from click.shell_completion import CompletionItem
 
 from skyserve_lite.cli.common import get_controller
-from skyserve_lite.errors import SkyLiteError
 
 if TYPE_CHECKING:
     from skyserve_lite.api import ServiceView
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 def _views(ctx: click.Context, names: tuple[str, ...] = ()) -> list[ServiceView]:
     try:
         return list(get_controller(ctx).get_status(names, events=0))
-    except (SkyLiteError, OSError):
+    except Exception:  # a Tab handler's top level: whatever fails (a remote codec mismatch too) completes nothing
         return []
 
 

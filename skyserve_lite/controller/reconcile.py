@@ -78,7 +78,11 @@ class Reconciler:
             replicas_by_service.setdefault(replica.service, []).append(replica)
         snapshots, unreadable = [], set()
         now = self._clock.now()
-        reads = ServiceReads.read_all(self._store, now, self._settings)
+        try:
+            reads: ServiceReads | None = ServiceReads.read_all(self._store, now, self._settings)
+        except Exception:  # one service's undecodable row must not stop the others: read each alone
+            log.exception("cannot read every service's state at once; reading each service alone this pass")
+            reads = None
         for service in self._store.list_services():
             try:
                 snapshots.append(read_snapshot(self._store, service, replicas_by_service.get(service.name, ()), now,

@@ -135,6 +135,9 @@ def load_task_file(path: Path) -> SubmittedTask:
 def read_task(text: str, source: str = "<string>") -> SubmittedTask:
     """A submitted task from YAML text: secret values written in the file are cut out of the text (which
     is what gets stored) and carried in ``inputs``, as if given with ``--secret``."""
+    # A byte-order mark (Windows editors write one) is no part of the document, and libyaml's marks do not
+    # count it: the secret values' positions would be one character off.
+    text = text.removeprefix("\ufeff")
     document = _load_yaml(text, source)
     kept_text, inline = split_secret_values(text, document, source)
     spec = parse_document(_load_yaml(kept_text, source) if inline else document, source)

@@ -347,6 +347,17 @@ class Store:
         return _file_identity(self.path) == self._identity
 
     @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Read in one transaction: every query inside sees the same committed state (one WAL snapshot),
+        not a write the controller committed between two of them. Only reads may run inside."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if self._db.in_transaction:
+                self._db.execute("COMMIT")
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         self._db.execute("BEGIN IMMEDIATE")
         try:

@@ -41,3 +41,12 @@ def test_survivors_are_frozen_and_frozen_cycles_are_freed_at_the_next_refreeze()
     collector.after_pass()
     assert alive() is None  # thawed and collected
     assert gc.get_freeze_count() > 0  # and what lives on is frozen again
+
+
+def test_a_passs_own_cyclic_garbage_is_collected_not_frozen() -> None:
+    collector = PassCollector(lambda: 0.0, refreeze_seconds=600)
+    node = Node()
+    gone = weakref.ref(node)
+    del node  # garbage of this pass, in a cycle: only the cyclic collector frees it
+    collector.after_pass()
+    assert gone() is None

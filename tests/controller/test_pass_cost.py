@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite.controller.snapshots import ServiceReads, VersionCache, read_snapshot
+from skyserve_lite.providers.base import InstanceState
 from skyserve_lite.state.models import LbReport, ReplicaStatus
 from skyserve_lite.state.store import Store
 
@@ -96,4 +97,26 @@ def test_a_pass_reads_every_service_as_reading_each_alone_would(tmp_path: Path) 
         assert together == alone
     assert reads.requests == {"svc-1": 7}
     assert reads.terminate_requested == {"svc-0": frozenset({1})}
+    harness.store.close()
+
+
+def test_a_service_whose_state_cannot_be_decoded_leaves_the_others_reconciled(tmp_path: Path) -> None:
+    harness = settled(tmp_path, 2, 1)
+    harness.store._db.execute("UPDATE autoscaler_state SET observed_json = '{\"unknown\": 1}' WHERE service = 'svc-1'")
+    first = harness.provider.instance_for("svc-0", 1).instance_id
+    harness.provider.set_state(first, InstanceState.EXITED, "exit 1")
+    harness.tick()
+    assert harness.store.list_replicas("svc-0")[0].status is ReplicaStatus.FAILED  # svc-0 still reconciled
+    harness.store.close()
+
+
+def test_reading_sees_one_committed_state(tmp_path: Path) -> None:
+    harness = settled(tmp_path, 1, 1)
+    other = Store.open(harness.home)
+    with harness.store.reading():
+        before = harness.store.get_service("svc-0").status_reason
+        other.set_service_status("svc-0", harness.store.get_service("svc-0").status, "written meanwhile")
+        assert harness.store.get_service("svc-0").status_reason == before  # the same snapshot
+    assert harness.store.get_service("svc-0").status_reason == "written meanwhile"
+    other.close()
     harness.store.close()

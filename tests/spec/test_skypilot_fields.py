@@ -331,3 +331,17 @@ def test_a_changed_secret_is_named_without_its_digests() -> None:
     assert change.describe() == "secrets.HF_TOKEN: changed"
     added = old.__class__(**{**old.__dict__, "secrets": (("HF_TOKEN", "d1"), ("X", "d3"))})
     assert [c.describe() for c in find_config_changes(old, added)] == ["secrets.X: added"]
+
+
+@pytest.mark.parametrize("prefix", [
+    pytest.param("\ufeff", id="byte-order-mark"),  # written by Windows editors; libyaml's marks skip it
+    pytest.param("# résumé ünïcode 🚀\n", id="non-ascii-before-the-secrets"),
+    pytest.param("", id="plain"),
+])
+def test_secret_values_are_cut_exactly_whatever_comes_before_them(prefix: str) -> None:
+    text = prefix + "secrets:\n  API_KEY:  hunter2-secret\n  PIN:  0123\nrun: echo hi\nservice: {replicas: 1}\n"
+    task = read_task(text, "svc.yaml")
+    assert "hunter2" not in task.text and "0123" not in task.text
+    assert yaml.safe_load(task.text)["secrets"] == {"API_KEY": None, "PIN": None}
+    assert {name: secret.value for name, secret in task.inputs.secrets} == {"API_KEY": "hunter2-secret",
+                                                                          "PIN": "0123"}
