@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from skyserve_lite import procs
 from skyserve_lite.autoscalers.base import AutoscalerState
+from skyserve_lite.autoscalers.dispatch import compute_target_replicas
 from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
 from skyserve_lite.controller.host import load_host_settings
@@ -82,6 +83,9 @@ class ServiceView:
     events: tuple[EventRecord, ...]
     autoscaler: tuple[AutoscalerState, AutoscalerObservation] | None = None
     history: ServiceHistory | None = None  # the last hour, of a service whose policy autoscales
+    # How many replicas the controller steers to for the current version (the autoscaler's target within
+    # the bounds, plus num_overprovision); None before its first pass over that version.
+    target_replicas: int | None = None
 
     def autoscaler_json(self) -> dict[str, Any] | None:
         if self.autoscaler is None:
@@ -375,15 +379,20 @@ class LocalController:
         views = []
         for service in services:
             spec = store.get_version(service.name, service.current_version).spec
+            autoscaler = store.get_autoscaler_state(service.name)
+            decided = autoscaler is not None and autoscaler[0].version == service.current_version
+            target = compute_target_replicas(spec.service.replica_policy, autoscaler[0]) \
+                if autoscaler is not None and decided else None
             views.append(ServiceView(
                 service=self._shown(service, host, tls=spec.service.tls is not None),
                 policy=spec.service.replica_policy.describe(),
                 load_balancing_policy=spec.service.load_balancing_policy.value,
                 replicas=self._shown_replicas(store, service, spec, replicas.get(service.name, ())),
                 events=tuple(store.list_events(service.name, limit=events)) if events > 0 else (),
-                autoscaler=store.get_autoscaler_state(service.name),
+                autoscaler=autoscaler,
                 history=self._history(store, service.name) if spec.service.replica_policy.is_autoscaling
                 else None,
+                target_replicas=target,
             ))
         return views
 

@@ -147,7 +147,10 @@ def find_rollout_progress(view: ServiceView, version: int) -> RolloutProgress:
               and (r.status.is_live or r.status is ReplicaStatus.SHUTTING_DOWN)]
     ready = sum(1 for r in mine if r.status is ReplicaStatus.READY)
     state = view.autoscaler[0] if view.autoscaler is not None else None
-    target = state.target if state is not None and state.version == version else None
+    target = None
+    if state is not None and state.version == version:
+        # What the controller steers to (num_overprovision included); an older host's view lacks it.
+        target = view.target_replicas if view.target_replicas is not None else state.target
 
     def progress(outcome: RolloutOutcome, detail: str) -> RolloutProgress:
         return RolloutProgress(name=name, version=version, target=target, ready=ready,

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from skyserve_lite.api import ServiceView
+from skyserve_lite.api import LocalController, ServiceView
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.errors import WaitTimeoutError
 from skyserve_lite.state.models import AutoscalerObservation, ReplicaRecord, ReplicaStatus, ServiceRecord, ServiceStatus
 from skyserve_lite.waits import RolloutOutcome, find_rollout_progress, wait_for_rollout, wait_until_replicas_gone
+
+from ..controller.conftest import TASK, Harness
 
 R = ReplicaStatus
 S = ServiceStatus
@@ -154,3 +158,24 @@ def test_replicas_gone_once_none_is_live_or_draining() -> None:
     with pytest.raises(WaitTimeoutError, match=r"still terminating after 2s: replica 2 READY"):
         wait_until_replicas_gone(Scripted([view([replica(2, 2, R.READY)])]), "web", [2], 2, poll_seconds=1,
                                  clock=FakeClock())
+
+
+def test_the_target_counts_the_overprovisioned_spares_the_controller_steers_to() -> None:
+    seen = dataclasses.replace(view([replica(3, 2, R.READY), replica(4, 2, R.READY)]), target_replicas=3)
+    progress = find_rollout_progress(seen, 2)
+    assert (progress.outcome, progress.target) == (RolloutOutcome.IN_PROGRESS, 3)
+    assert progress.detail == "the controller to launch 1 more of version 2"
+
+
+def test_the_view_says_what_the_controller_steers_to(tmp_path: Path) -> None:
+    harness = Harness(tmp_path / "home")
+    text = TASK.format(replicas=2).replace("  replicas: 2\n", "  replica_policy:\n    min_replicas: 2\n"
+                                           "    max_replicas: 4\n    target_qps_per_replica: 5\n"
+                                           "    num_overprovision: 1\n")
+    harness.create(text=text)
+    (before,) = LocalController(harness.home, start_daemon=False).get_status(["svc"])
+    assert before.target_replicas is None  # no pass yet
+    harness.tick()
+    (after,) = LocalController(harness.home, start_daemon=False).get_status(["svc"])
+    assert after.target_replicas == 3
+    harness.store.close()
