@@ -222,10 +222,8 @@ def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_ve
 
     with _errors():
         task = _with_inputs(_load_task(task_file), infra, envs, env_files, secrets)
-        version = _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None,
-                          reuse_identical_files=reuse_identical_files)
-        if version is not None and wait:
-            _wait_for_rollout(name, version, timeout)
+        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None,
+                reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None)
 
 
 @serve.command("rollback")
@@ -249,10 +247,9 @@ def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, 
     with _errors():
         state = _controller().get_rollout_state(name)
         task, target = api.rollback_task(state, to_version)
-        version = _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
-                          note=f"rollback to version {target}", reuse_identical_files=reuse_identical_files)
-        if version is not None and wait:
-            _wait_for_rollout(name, version, timeout)
+        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
+                note=f"rollback to version {target}", reuse_identical_files=reuse_identical_files,
+                wait_timeout=timeout if wait else None)
 
 
 @serve.command("wait")
@@ -303,8 +300,9 @@ _REPLAN_ATTEMPTS = 3
 
 
 def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
-            yes: bool, output: str, note: str | None, *, reuse_identical_files: bool = False) -> int | None:
-    """Plan, show, confirm and submit; the version stored (None for a dry run)."""
+            yes: bool, output: str, note: str | None, *, reuse_identical_files: bool = False,
+            wait_timeout: float | None = None) -> None:
+    """Plan, show, confirm and submit; then, with ``wait_timeout``, follow the rollout of the stored version."""
     from skyserve_lite import api
     from skyserve_lite.cli.render import plan_renderable
 
@@ -320,7 +318,7 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
         else:
             _stdout().print(plan_renderable(plan))
         if dry_run:
-            return None
+            return
         if not yes:
             click.confirm("Apply this update?", abort=True, err=True)
         try:
@@ -334,8 +332,9 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
             continue
         click.echo(f"Service {name} is rolling out version {version.version} ({mode.value}); follow it with "
                    f"`sky-lite serve wait {name}`.", err=output == "json")
-        return version.version
-    raise AssertionError("unreachable: the last attempt raises")
+        if wait_timeout is not None:
+            _wait_for_rollout(name, version.version, wait_timeout)
+        return
 
 
 @serve.command("history")

@@ -3,9 +3,20 @@ times (``NOW`` is 2026-01-01T00:10:00Z, so every age and timestamp is the same o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from rich.console import RenderableType
+
 from skyserve_lite.api import HistoryEntry, ServiceView
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.autoscalers.simulator import SimulatedDecision
+from skyserve_lite.cli.render import (
+    history_table,
+    launch_plan_renderable,
+    plan_renderable,
+    simulation_table,
+    status_renderable,
+)
 from skyserve_lite.plan.placement import LaunchPlan, ReplicaLaunch
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import LaunchDecision, PlanStep, ReplicaAction, ReplicaDecision, UpdatePlan
@@ -141,3 +152,19 @@ DECISIONS = (
     SimulatedDecision(60, 12.5, 3, 3, None),
     SimulatedDecision(80, 1.25, 3, 1, "downscale delay 1/12"),
 )
+
+
+def _rendered_views() -> dict[str, Callable[[], RenderableType]]:
+    return {
+        "status": lambda: status_renderable(VIEWS, NOW),
+        # `serve status NAME`, with a controller that has not completed a pass for 47 s
+        "status_service": lambda: status_renderable([DEMO_VIEW], NOW, events=True, unverified_for=47),
+        "update_plan": lambda: plan_renderable(UPDATE_PLAN),
+        "launch_plan": lambda: launch_plan_renderable(LAUNCH_PLAN),
+        "history": lambda: history_table(DEMO, HISTORY),
+        "simulate": lambda: simulation_table("Autoscaling 1-3 replicas (5 qps/replica)", DECISIONS),
+    }
+
+
+# Every main view, drawn from the samples above: what the snapshot and drawing tests print.
+RENDERED_VIEWS = _rendered_views()

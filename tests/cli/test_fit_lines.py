@@ -14,23 +14,9 @@ from rich.text import Text
 
 from skyserve_lite.cli import fit
 from skyserve_lite.cli.fit import Cell, Column, FitTable, Narrow
-from skyserve_lite.cli.render import (
-    history_table,
-    launch_plan_renderable,
-    plan_renderable,
-    simulation_table,
-    status_renderable,
-)
 from tests.cli import render_samples as s
 
-VIEWS: dict[str, Callable[[], RenderableType]] = {
-    "status": lambda: status_renderable(s.VIEWS, s.NOW),
-    "status_service": lambda: status_renderable([s.DEMO_VIEW], s.NOW, events=True, unverified_for=47),
-    "update_plan": lambda: plan_renderable(s.UPDATE_PLAN),
-    "launch_plan": lambda: launch_plan_renderable(s.LAUNCH_PLAN),
-    "history": lambda: history_table(s.DEMO, s.HISTORY),
-    "simulate": lambda: simulation_table("Autoscaling 1-3 replicas (5 qps/replica)", s.DECISIONS),
-}
+VIEWS = s.RENDERED_VIEWS
 # A terminal (escape codes), a pipe (no style: runs of rows are one segment) and a recorded console.
 CONSOLES = {"terminal": {"color_system": "truecolor", "force_terminal": True},
             "pipe": {"color_system": None}, "recorded": {"color_system": None, "record": True}}

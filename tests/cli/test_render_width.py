@@ -12,7 +12,6 @@ import dataclasses
 import io
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,6 @@ from rich.console import Console, RenderableType
 
 from skyserve_lite.api import ServiceView
 from skyserve_lite.cli.render import (
-    history_table,
-    launch_plan_renderable,
-    plan_renderable,
-    simulation_table,
     status_renderable,
 )
 from tests.cli import render_samples as s
@@ -32,15 +27,7 @@ from tests.cli import render_samples as s
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("SKY_LITE_UPDATE_SNAPSHOTS") == "1"
 
-VIEWS: dict[str, Callable[[], RenderableType]] = {
-    "status": lambda: status_renderable(s.VIEWS, s.NOW),
-    # `serve status NAME`, with a controller that has not completed a pass for 47 s
-    "status_service": lambda: status_renderable([s.DEMO_VIEW], s.NOW, events=True, unverified_for=47),
-    "update_plan": lambda: plan_renderable(s.UPDATE_PLAN),
-    "launch_plan": lambda: launch_plan_renderable(s.LAUNCH_PLAN),
-    "history": lambda: history_table(s.DEMO, s.HISTORY),
-    "simulate": lambda: simulation_table("Autoscaling 1-3 replicas (5 qps/replica)", s.DECISIONS),
-}
+VIEWS = s.RENDERED_VIEWS
 WIDTHS = (80, 120)
 
 
