@@ -22,7 +22,9 @@ from skyserve_lite.controller.pass_types import (
     ServiceSnapshot,
 )
 from skyserve_lite.controller.replica_rules import ProbeResult, ReplicaStep, plan_replica
+from skyserve_lite.controller.replica_table import ReplicaTable
 from skyserve_lite.controller.service_steps import (
+    StepCensus,
     plan_autoscale,
     plan_launches,
     plan_load_balancer,
@@ -107,25 +109,15 @@ def merge_plans(parts: Sequence[PassPlan]) -> PassPlan:
     )
 
 
-def plan_orphans(snapshots: Sequence[ServiceSnapshot], observation: Observation,
-                 unknown_services: Collection[str] = ()) -> PassPlan:
+def plan_orphans(table: ReplicaTable, observation: Observation, unknown_services: Collection[str] = ()) -> PassPlan:
     """Terminate instances no replica row claims (launched before a crash for a row that is gone).
 
     Instances of ``unknown_services`` (services whose state could not be read this pass) are never
     orphans: their rows exist, this pass just cannot see them.
     """
-    # Instance ids are unique within a cloud, and there are few clouds: sets of ids per cloud, not of
-    # (cloud, id) tuples, which cost a tuple per replica and per instance on every pass.
-    claimed: dict[str, set[str]] = {}
-    adoptable = set()
-    for snapshot in snapshots:
-        for r in snapshot.replicas:
-            if r.instance_id is not None:
-                claimed.setdefault(r.cloud, set()).add(r.instance_id)
-            else:
-                adoptable.add((r.cloud, r.service, r.replica_id))
     unknown = set(unknown_services)
-    none: set[str] = set()
+    none: frozenset[str] = frozenset()
+    claimed, adoptable = table.claimed, table.adoptable
     orphans = [
         (cloud, i) for cloud, i in observation.instances
         if i.instance_id not in claimed.get(cloud, none) and i.state is not InstanceState.TERMINATED
@@ -157,46 +149,64 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     active_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     autoscaler_updates: tuple[tuple[str, AutoscalerState, AutoscalerObservation], ...] = ()
     target = 0
+    census: StepCensus | None = None  # None: the service is going down
     if service.deleting:
         steps = [plan_shut_down(step, now, settings) for step in steps]
     else:
-        steps = plan_reuse(snapshot, steps)
-        steps = plan_requested_terminations(snapshot, steps, now, index.known_clouds)
-        decision, observed = plan_autoscale(snapshot, steps, now, settings)
+        # Each phase returns the very steps it was given when it changes none (most passes), and the
+        # census of the steps is counted again only after a phase that changed some.
+        steps = plan_requested_terminations(snapshot, plan_reuse(snapshot, steps), now, index.known_clouds)
+        census = StepCensus.of(steps, service.current_version)
+        decision, observed = plan_autoscale(snapshot, census, now, settings)
         target = compute_target_replicas(snapshot.spec.service.replica_policy, decision.state)
         if (decision.state, observed) != (snapshot.autoscaler, snapshot.observed):
             autoscaler_updates = ((service.name, decision.state, observed),)
-        steps = plan_scale_down(snapshot, steps, now, target)
-        steps, active = plan_rollout(snapshot, steps, now, target)
-        steps = plan_prune_terminal(steps, settings.keep_terminal_replicas, service.current_version)
+        read, steps = steps, plan_scale_down(snapshot, steps, census, now, target)
+        census = census.recount(read, steps)
+        read, (steps, active) = steps, plan_rollout(snapshot, steps, census, now, target)
+        census = census.recount(read, steps)
+        read, steps = steps, plan_prune_terminal(steps, census, settings.keep_terminal_replicas)
+        census = census.recount(read, steps)
         if active != service.active_versions:
             active_changes = ((service.name, active),)
 
-    originals = _originals(steps, snapshot)
-    events = [Event(service.name, s.record.replica_id, "replica", s.event, warning=is_failing_step(s.record, old))
-              for s, old in zip(steps, originals, strict=True) if s.event]
-    launches = [] if service.deleting else plan_launches(snapshot, steps, settings, target)
-    # Identity first: an unchanged replica's step holds the very row it was given, and comparing 10,000 rows
-    # field by field was a tenth of a steady pass.
-    updates = tuple(s.record for s, old in zip(steps, originals, strict=True)
-                    if s.record is not old and s.record != old and not s.remove)
-    terminations = tuple((s.record.cloud, s.record.instance_id) for s in steps
-                         if s.terminate and s.record.instance_id is not None)
-    removals = tuple((service.name, s.record.replica_id) for s in steps if s.remove)
+    launches = [] if census is None else plan_launches(snapshot, census, settings, target)
+    events: list[Event] = []
+    updates: list[ReplicaRecord] = []
+    terminations: list[tuple[str, str]] = []
+    removals: list[ReplicaKey] = []
+    # Every step above maps the replica at its place, so the rows as read line up with the steps. Identity
+    # first: an unchanged replica's step holds the very row it was given, and comparing 10,000 rows field
+    # by field was a tenth of a steady pass.
+    for s, old in zip(steps, snapshot.replicas, strict=True):
+        record = s.record
+        if record is old and not s.event and not s.terminate and not s.remove:
+            continue  # nothing decided for this replica (most replicas of most passes)
+        if s.event:
+            events.append(Event(name, record.replica_id, "replica", s.event, warning=is_failing_step(record, old)))
+        if s.terminate and record.instance_id is not None:
+            terminations.append((record.cloud, record.instance_id))
+        if s.remove:
+            removals.append((name, record.replica_id))
+        elif record is not old and record != old:
+            updates.append(record)
     # A request is done once its replica is no longer live after this pass (drained above, gone, or taken
     # with the whole service); one whose cloud's inventory was unknown this pass waits for the next.
-    still_live = {s.record.replica_id for s in steps if s.record.status.is_live and not s.remove}
-    requests_done = tuple((service.name, replica_id) for replica_id in sorted(snapshot.terminate_requested)
-                          if replica_id not in still_live)
+    requests_done: tuple[ReplicaKey, ...] = ()
+    if snapshot.terminate_requested:
+        still_live = {s.record.replica_id for s in steps if s.record.status.is_live and not s.remove}
+        requests_done = tuple((service.name, replica_id) for replica_id in sorted(snapshot.terminate_requested)
+                              if replica_id not in still_live)
 
     start_lbs, stop_lbs, policy_changes = plan_load_balancer(snapshot)
     deletions: tuple[str, ...] = ()
     # Rows removed in this pass have no instance left, and the load balancer stops before deletion.
     if service.deleting and all(s.remove for s in steps):
         deletions = (service.name,)
-        events.append(Event(service.name, None, "service", "service removed"))
+        events.append(Event(name, None, "service", "service removed"))
 
-    status, reason = plan_service_status(snapshot, [s.record for s in steps if not s.remove], settings, target)
+    status, reason = ((ServiceStatus.SHUTTING_DOWN, None) if census is None
+                      else plan_service_status(snapshot, census, settings, target))
     status_changes: tuple[tuple[str, ServiceStatus, str | None], ...] = ()
     if not deletions and (status, reason) != (service.status, service.status_reason):
         status_changes = ((service.name, status, reason),)
@@ -204,7 +214,8 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
             events.append(Event(service.name, None, "service", f"{status.value}" + (f": {reason}" if reason else ""),
                                 warning=status is ServiceStatus.FAILED))
     return PassPlan(
-        replica_updates=updates, removals=removals, terminations=terminations, launches=tuple(launches),
+        replica_updates=tuple(updates), removals=tuple(removals), terminations=tuple(terminations),
+        launches=tuple(launches),
         start_lbs=start_lbs, stop_lbs=stop_lbs, lb_policy_changes=policy_changes,
         status_changes=status_changes, deletions=deletions, events=tuple(events),
         active_version_changes=active_changes, autoscaler_updates=autoscaler_updates,
@@ -218,7 +229,3 @@ def is_failing_step(record: ReplicaRecord, old: ReplicaRecord) -> bool:
     status = record.status
     return status is not old.status and (status.is_terminal or status is ReplicaStatus.NOT_READY)
 
-
-def _originals(steps: Sequence[ReplicaStep], snapshot: ServiceSnapshot) -> list[ReplicaRecord]:
-    by_id = {r.replica_id: r for r in snapshot.replicas}
-    return [by_id[s.record.replica_id] for s in steps]

@@ -21,12 +21,12 @@ from skyserve_lite.controller.plan import (
     plan_service_pass,
 )
 from skyserve_lite.controller.probe import Prober
+from skyserve_lite.controller.replica_table import ReplicaTable, ReplicaTables
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.controller.snapshots import ServiceReads, VersionCache, read_snapshot
 from skyserve_lite.errors import ProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import Instance, Provider
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
 
@@ -52,12 +52,14 @@ class Reconciler:
         self._settings = settings
         self._executor = Executor(store, self._providers, lb_runner, clock, blobs=blobs, secrets=secrets)
         self._versions = VersionCache()
+        self._tables = ReplicaTables()
 
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
-        snapshots, unreadable = self._read()
-        observation, index = self._observe(snapshots)
-        plan = self._plan(snapshots, unreadable, observation, index)
+        table = self._tables.table(self._store.all_replicas())
+        snapshots, unreadable = self._read(table)
+        observation, index = self._observe(snapshots, table)
+        plan = self._plan(snapshots, unreadable, observation, index, table)
         if not plan.is_empty:
             self._executor.apply(plan)
         self._executor.collect_garbage(force=bool(plan.deletions))
@@ -71,11 +73,8 @@ class Reconciler:
         """The state directory is gone: stop what only the providers' own memory can still find."""
         self._executor.abandon()
 
-    def _read(self) -> tuple[list[ServiceSnapshot], set[str]]:
+    def _read(self, table: ReplicaTable) -> tuple[list[ServiceSnapshot], set[str]]:
         """Every service's snapshot, and the names of those that could not be read this pass."""
-        replicas_by_service: dict[str, list[ReplicaRecord]] = {}
-        for replica in self._store.list_replicas():
-            replicas_by_service.setdefault(replica.service, []).append(replica)
         snapshots, unreadable = [], set()
         now = self._clock.now()
         try:
@@ -85,7 +84,7 @@ class Reconciler:
             reads = None
         for service in self._store.list_services():
             try:
-                snapshots.append(read_snapshot(self._store, service, replicas_by_service.get(service.name, ()), now,
+                snapshots.append(read_snapshot(self._store, service, table.by_service.get(service.name, ()), now,
                                                self._settings, self._lb_runner.is_alive, self._versions, reads))
             except Exception:  # one service's unreadable state must not stop the others' passes
                 log.exception("cannot read service %s; leaving it alone this pass", service.name)
@@ -93,7 +92,7 @@ class Reconciler:
         return snapshots, unreadable
 
     def _plan(self, snapshots: Sequence[ServiceSnapshot], unreadable: set[str], observation: Observation,
-              index: InstanceIndex) -> PassPlan:
+              index: InstanceIndex, table: ReplicaTable) -> PassPlan:
         """``plan_pass``, one service at a time: a service whose planning raises is left alone (and its
         instances are not orphans) while the others are planned."""
         now = self._clock.now()
@@ -104,18 +103,18 @@ class Reconciler:
             except Exception:  # a planning bug for one service must not stop the others' passes
                 log.exception("planning service %s failed; leaving it alone this pass", snapshot.service.name)
                 unreadable.add(snapshot.service.name)
-        parts.append(plan_orphans(snapshots, observation, unreadable))
+        parts.append(plan_orphans(table, observation, unreadable))
         return merge_plans(parts)
 
-    def _observe(self, snapshots: Sequence[ServiceSnapshot]) -> tuple[Observation, InstanceIndex]:
+    def _observe(self, snapshots: Sequence[ServiceSnapshot], table: ReplicaTable
+                 ) -> tuple[Observation, InstanceIndex]:
         """What the providers list and the probes answer, and the index of those instances (built once:
         probing and planning both look every replica's instance up in it)."""
         instances: list[tuple[str, Instance]] = []
         known: set[str] = set()
-        replica_regions = find_replica_regions(snapshots)
-        for cloud in self._clouds_in_use(snapshots, replica_regions):
+        for cloud in self._clouds_in_use(snapshots, table.regions):
             provider = self._providers[cloud]
-            regions = self._regions_in_use(snapshots, cloud, replica_regions)
+            regions = self._regions_in_use(snapshots, cloud, table.regions)
             try:
                 found = provider.list_instances(regions)
             except ProviderError as exc:
@@ -123,22 +122,20 @@ class Reconciler:
                 continue
             known.add(cloud)
             instances.extend((cloud, instance) for instance in found)
-            instances.extend((cloud, instance) for instance in self._look_up_unlisted(provider, cloud, snapshots,
-                                                                                       found, regions))
+            instances.extend((cloud, instance) for instance in self._look_up_unlisted(
+                provider, cloud, table.watched.get(cloud, frozenset()), found, regions))
         partial = Observation(instances=tuple(instances), known_clouds=frozenset(known))
         index = InstanceIndex(partial)
         probes = self._prober.probe(find_probe_targets(snapshots, index))
         return Observation(instances=partial.instances, known_clouds=partial.known_clouds, probes=probes), index
 
     @staticmethod
-    def _look_up_unlisted(provider: Provider, cloud: str, snapshots: Sequence[ServiceSnapshot],
+    def _look_up_unlisted(provider: Provider, cloud: str, watched: frozenset[str],
                           listed: Sequence[Instance], regions: Sequence[str]) -> list[Instance]:
-        """Instances of live or departing replicas that the listing left out, looked up by id: a listing
-        can lag launches, and before a replica is failed or forgotten its instance is asked for directly."""
-        seen = {i.instance_id for i in listed}
-        missing = sorted({r.instance_id for s in snapshots for r in s.replicas
-                          if r.cloud == cloud and r.instance_id and r.instance_id not in seen
-                          and (r.status.is_live or r.status is ReplicaStatus.SHUTTING_DOWN)})
+        """Instances of live or departing replicas (``watched``) that the listing left out, looked up by id:
+        a listing can lag launches, and before a replica is failed or forgotten its instance is asked for
+        directly."""
+        missing = sorted(watched.difference(i.instance_id for i in listed))
         if not missing:
             return []
         try:
@@ -149,25 +146,16 @@ class Reconciler:
 
     @staticmethod
     def _regions_in_use(snapshots: Sequence[ServiceSnapshot], cloud: str,
-                        replica_regions: Mapping[str, set[str | None]]) -> list[str]:
+                        replica_regions: Mapping[str, frozenset[str | None]]) -> list[str]:
         specs = [spec for s in snapshots for spec in (s.spec, *s.versions.values()) if spec.cloud.value == cloud]
         regions = {c.region for spec in specs for c in spec.resource_candidates}
         regions |= replica_regions.get(cloud, set())
         return sorted(region for region in regions if region)
 
     def _clouds_in_use(self, snapshots: Sequence[ServiceSnapshot],
-                       replica_regions: Mapping[str, set[str | None]]) -> list[str]:
+                       replica_regions: Mapping[str, frozenset[str | None]]) -> list[str]:
         """Every configured cloud that a service or replica uses; local is always listed (it is cheap)
         so that processes left by a crashed controller are found even with no service left."""
         used = {s.spec.cloud.value for s in snapshots} | set(replica_regions)
         return sorted(cloud for cloud in self._providers if cloud in used or cloud == "local")
 
-
-def find_replica_regions(snapshots: Sequence[ServiceSnapshot]) -> dict[str, set[str | None]]:
-    """The regions the replicas are in, per cloud: one scan of every replica, shared by the questions the
-    inventory asks (which clouds to list, which regions of each)."""
-    regions: dict[str, set[str | None]] = {}
-    for snapshot in snapshots:
-        for replica in snapshot.replicas:
-            regions.setdefault(replica.cloud, set()).add(replica.region)
-    return regions

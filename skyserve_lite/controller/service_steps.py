@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from skyserve_lite.autoscalers.base import Decision, Metrics
 from skyserve_lite.autoscalers.dispatch import carry_over, make_autoscaler
@@ -15,7 +16,7 @@ from skyserve_lite.controller.pass_types import LaunchBatch, ServiceSnapshot
 from skyserve_lite.controller.replica_rules import ReplicaStep, is_maybe_unlisted
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.plan.rollout import plan_rollout_step
-from skyserve_lite.plan.scaling import find_recent_failures, find_scale_down_order, is_launch_blocked
+from skyserve_lite.plan.scaling import find_recent_failures, find_scale_down_order
 from skyserve_lite.spec.config import is_same_replica_config
 from skyserve_lite.state.models import (
     AutoscalerObservation,
@@ -45,8 +46,54 @@ def plan_shut_down(step: ReplicaStep, now: float, settings: ControllerSettings) 
     return ReplicaStep(down, terminate=record.instance_id is not None, remove=forget)
 
 
-def _live_of_version(steps: Sequence[ReplicaStep], version: int) -> list[ReplicaRecord]:
-    return [s.record for s in steps if s.record.status.is_live and not s.remove and s.record.version == version]
+@dataclass(frozen=True, slots=True)
+class StepCensus:
+    """What the steps of one service pass ask of its replicas, counted in one scan of the steps: the
+    phases below read these instead of each scanning every replica again. Counted once per pass when no
+    phase changes a step (the steady case), again after each phase that does (``recount``)."""
+
+    version: int  # the service's current version
+    live_current: tuple[ReplicaRecord, ...]  # live rows kept, of the current version (reused ones included)
+    outdated: tuple[ReplicaRecord, ...]  # live rows kept, of an older version
+    ready_urls: tuple[str | None, ...]  # the urls of READY rows kept, in order
+    kept: tuple[ReplicaRecord, ...]  # every row this pass keeps (not removed)
+    prunable: int  # terminal rows not asked to terminate their instance (again): what pruning may drop
+    relaunch: tuple[ReplicaRecord, ...]  # launches recorded, never confirmed: re-sent with this pass's batch
+    recent_failures: tuple[ReplicaRecord, ...]  # ``find_recent_failures`` of the kept rows, current version
+
+    @classmethod
+    def of(cls, steps: Sequence[ReplicaStep], version: int) -> StepCensus:
+        live_current: list[ReplicaRecord] = []
+        outdated: list[ReplicaRecord] = []
+        kept: list[ReplicaRecord] = []
+        relaunch: list[ReplicaRecord] = []
+        ready_urls: list[str | None] = []
+        prunable = 0
+        ready = ReplicaStatus.READY
+        for step in steps:
+            record = step.record
+            status = record.status
+            if step.relaunch:
+                relaunch.append(record)
+            if status.is_terminal and not step.terminate:
+                prunable += 1
+            if step.remove:
+                continue
+            kept.append(record)
+            if status.is_live:
+                (live_current if record.version == version else outdated).append(record)
+                if status is ready:
+                    ready_urls.append(record.url)
+        return cls(version, tuple(live_current), tuple(outdated), tuple(ready_urls), tuple(kept), prunable,
+                   tuple(relaunch), tuple(find_recent_failures(kept, version)))
+
+    def recount(self, before: Sequence[ReplicaStep], after: Sequence[ReplicaStep]) -> StepCensus:
+        """The census of ``after``: this one when a phase returned its steps unchanged."""
+        return self if after is before else StepCensus.of(after, self.version)
+
+    def is_launch_blocked(self, failure_limit: int) -> bool:
+        """``plan.scaling.is_launch_blocked`` of the kept rows, for the current version."""
+        return len(self.recent_failures) >= failure_limit
 
 
 def plan_reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[ReplicaStep]:
@@ -57,6 +104,8 @@ def plan_reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[Repl
     reuse_identical = snapshot.reuse_identical_files
     reusable = {v for v in snapshot.versions if v != version and is_same_replica_config(
         snapshot.versions[v], snapshot.spec, reuse_identical_files=reuse_identical)}
+    if not reusable:  # one version, or none equal to it (most passes): every step as it was
+        return steps
     result = []
     for step in steps:
         record = step.record
@@ -88,9 +137,10 @@ def _shut_down_step(step: ReplicaStep, now: float, reason: str) -> ReplicaStep:
     return ReplicaStep(down, event=f"draining: {reason}")
 
 
-def plan_scale_down(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float, target: int) -> list[ReplicaStep]:
+def plan_scale_down(snapshot: ServiceSnapshot, steps: list[ReplicaStep], census: StepCensus, now: float,
+                    target: int) -> list[ReplicaStep]:
     """Terminate the surplus of each market (spot, on demand) among current-version replicas."""
-    live = _live_of_version(steps, snapshot.service.current_version)
+    live = census.live_current
     markets = _market_targets(snapshot, live, target)
     victims: set[int] = set()
     for is_spot in (False, True):
@@ -98,18 +148,20 @@ def plan_scale_down(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: fl
         surplus = len(in_market) - markets.for_market(is_spot)
         if surplus > 0:  # sorting is for choosing; with nothing to choose (most passes) skip it
             victims.update(r.replica_id for r in find_scale_down_order(in_market)[:surplus])
+    if not victims:
+        return steps
     reason = f"scaling down to {target} {'replica' if target == 1 else 'replicas'}"
     return [_shut_down_step(s, now, reason) if s.record.replica_id in victims
             else s for s in steps]
 
 
 def _market_targets(snapshot: ServiceSnapshot, live: Sequence[ReplicaRecord], target: int) -> MarketTargets:
-    ready_spot = sum(1 for r in live if r.is_spot and r.status is ReplicaStatus.READY)
-    return plan_market_targets(snapshot.spec.resources.use_spot, snapshot.spec.service.replica_policy, target,
-                               ready_spot)
+    use_spot = snapshot.spec.resources.use_spot
+    ready_spot = sum(1 for r in live if r.is_spot and r.status is ReplicaStatus.READY) if use_spot else 0
+    return plan_market_targets(use_spot, snapshot.spec.service.replica_policy, target, ready_spot)
 
 
-def plan_autoscale(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], now: float,
+def plan_autoscale(snapshot: ServiceSnapshot, census: StepCensus, now: float,
                    settings: ControllerSettings) -> tuple[Decision, AutoscalerObservation]:
     """The autoscaler's decision for this pass. In-flight counts come from the load balancer's report, for
     the replicas READY now (one that does not report counts as idle)."""
@@ -117,10 +169,14 @@ def plan_autoscale(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], now:
     autoscaler = make_autoscaler(policy, settings.autoscaler_period_seconds)
     state = carry_over(snapshot.autoscaler, policy, snapshot.service.current_version)
     metrics = snapshot.metrics or Metrics(now=now)
-    ready_urls = [s.record.url for s in steps if s.record.status is ReplicaStatus.READY and not s.remove]
-    in_flight = dict(metrics.ongoing_requests_by_url)
-    metrics = dataclasses.replace(metrics, now=now,
-                                  ongoing_requests=tuple(float(in_flight.get(url or "", 0)) for url in ready_urls))
+    in_flight = metrics.ongoing_requests_by_url
+    ongoing: tuple[float, ...] = ()
+    if in_flight:  # what the load balancer reported, for the replicas READY now (one not reported is idle)
+        counts = dict(in_flight)
+        ongoing = tuple(float(counts.get(url or "", 0)) for url in census.ready_urls)
+    else:
+        ongoing = (0.0,) * len(census.ready_urls)
+    metrics = dataclasses.replace(metrics, now=now, ongoing_requests=ongoing)
     decision = autoscaler.decide(state, metrics)
     if not decision.decided and snapshot.observed is not None and snapshot.autoscaler == decision.state:
         return decision, snapshot.observed  # between decisions: nothing new to record
@@ -129,44 +185,48 @@ def plan_autoscale(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], now:
     return decision, observed
 
 
-def plan_rollout(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float, target: int
-              ) -> tuple[list[ReplicaStep], tuple[int, ...]]:
+def plan_rollout(snapshot: ServiceSnapshot, steps: list[ReplicaStep], census: StepCensus, now: float, target: int
+                 ) -> tuple[list[ReplicaStep], tuple[int, ...]]:
     """One step of the current version's rollout: which outdated replicas go, which versions serve."""
     version = snapshot.service.current_version
     policy = snapshot.spec.service.replica_policy
-    outdated = [s.record for s in steps if s.record.status.is_live and not s.remove and s.record.version != version]
-    rollout = plan_rollout_step(snapshot.mode, version, _live_of_version(steps, version), outdated,
+    rollout = plan_rollout_step(snapshot.mode, version, census.live_current, census.outdated,
                                 target, policy.min_replicas)
     victims = set(rollout.terminate)
+    if not victims:
+        return steps, rollout.active_versions
     steps = [_shut_down_step(s, now, f"replaced by version {version}") if s.record.replica_id in victims
              else s for s in steps]
     return steps, rollout.active_versions
 
 
-def plan_prune_terminal(steps: list[ReplicaStep], keep: int, version: int) -> list[ReplicaStep]:
+def plan_prune_terminal(steps: list[ReplicaStep], census: StepCensus, keep: int) -> list[ReplicaStep]:
     """Drop terminal rows beyond the newest ``keep`` once their instance is gone, but never a row that the
-    launch circuit breaker counts for ``version`` (the current one): with keep 2 and a failure limit of 5,
-    pruning those rows kept the count at 2 and launching never stopped (62 launches in 60 s). At most
+    launch circuit breaker counts for the current version: with keep 2 and a failure limit of 5, pruning
+    those rows kept the count at 2 and launching never stopped (62 launches in 60 s). At most
     ``failure_limit`` rows are held back this way, since launching stops at that count."""
-    counted = {r.replica_id for r in find_recent_failures([s.record for s in steps], version)}
+    if census.prunable <= keep:  # nothing to prune (most passes): no sorting
+        return steps
     terminal = sorted((s for s in steps if s.record.status.is_terminal and not s.terminate),
                       key=lambda s: -s.record.replica_id)
+    counted = {r.replica_id for r in census.recent_failures}
     stale = {s.record.replica_id for s in terminal[keep:]} - counted
+    if not stale:
+        return steps
     return [s._replace(remove=True) if s.record.replica_id in stale else s for s in steps]
 
 
-def plan_launches(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], settings: ControllerSettings,
-                   target: int) -> list[LaunchBatch]:
+def plan_launches(snapshot: ServiceSnapshot, census: StepCensus, settings: ControllerSettings,
+                  target: int) -> list[LaunchBatch]:
     """One batch per market that is short of its target; unconfirmed launches are re-sent with it."""
     service = snapshot.service
-    records = [s.record for s in steps if not s.remove]
-    if is_launch_blocked(records, service.current_version, settings.failure_limit):
+    if census.is_launch_blocked(settings.failure_limit):
         return []
-    live = [r for r in records if r.status.is_live and r.version == service.current_version]
+    live = census.live_current
     markets = _market_targets(snapshot, live, target)
     batches = []
     for is_spot in (False, True):
-        retry = tuple(s.record for s in steps if s.relaunch and s.record.is_spot == is_spot)
+        retry = tuple(r for r in census.relaunch if r.is_spot == is_spot)
         missing = max(0, markets.for_market(is_spot) - sum(1 for r in live if r.is_spot == is_spot))
         if missing or retry:
             versions = {service.current_version, *(r.version for r in retry)}
@@ -176,24 +236,23 @@ def plan_launches(snapshot: ServiceSnapshot, steps: Sequence[ReplicaStep], setti
     return batches
 
 
-def plan_service_status(snapshot: ServiceSnapshot, replicas: Sequence[ReplicaRecord],
-                        settings: ControllerSettings, target: int) -> tuple[ServiceStatus, str | None]:
-    """The service status that follows from its replicas (after this pass's decisions), with a reason."""
+def plan_service_status(snapshot: ServiceSnapshot, census: StepCensus, settings: ControllerSettings,
+                        target: int) -> tuple[ServiceStatus, str | None]:
+    """The status of a service that is not going down, as follows from its replicas (after this pass's
+    decisions), with a reason."""
     service = snapshot.service
-    if service.deleting:
-        return ServiceStatus.SHUTTING_DOWN, None
     blocked = None
-    if is_launch_blocked(replicas, service.current_version, settings.failure_limit):
-        failures = find_recent_failures(replicas, service.current_version)
+    if census.is_launch_blocked(settings.failure_limit):
+        failures = census.recent_failures
         last = max(failures, key=lambda r: r.replica_id)
         blocked = (f"{len(failures)} replicas of version {service.current_version} failed before becoming ready, "
                    f"launching stopped; last: replica {last.replica_id} {last.status.value}: {last.status_reason}")
-    if any(r.status is ReplicaStatus.READY for r in replicas):
+    if census.ready_urls:
         # Still serving (older replicas, or some of this version): READY, with the failing rollout named.
         return ServiceStatus.READY, blocked
     if blocked:
         return ServiceStatus.FAILED, blocked
-    if target == 0 and not any(r.status.is_live for r in replicas):
+    if target == 0 and not census.live_current and not census.outdated:
         return ServiceStatus.NO_REPLICA, None
     return ServiceStatus.REPLICA_INIT, None
 

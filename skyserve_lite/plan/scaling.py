@@ -6,14 +6,6 @@ from collections.abc import Sequence
 
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 
-# Failures that say the workload itself is broken (not the cloud taking a spot instance back).
-_APP_FAILURES = frozenset({
-    ReplicaStatus.FAILED,
-    ReplicaStatus.FAILED_INITIAL_DELAY,
-    ReplicaStatus.FAILED_PROBING,
-    ReplicaStatus.FAILED_PROVISION,
-})
-
 
 def find_scale_down_order(replicas: Sequence[ReplicaRecord]) -> list[ReplicaRecord]:
     """Live replicas in the order they should be terminated when the target shrinks.
@@ -30,8 +22,9 @@ def find_scale_down_order(replicas: Sequence[ReplicaRecord]) -> list[ReplicaReco
 
 def find_recent_failures(replicas: Sequence[ReplicaRecord], version: int) -> list[ReplicaRecord]:
     """Replicas of ``version`` that failed without ever becoming ready, since one last became ready."""
+    # ``is_app_failure``: a failure of the workload itself, not the cloud taking a spot instance back.
     failed = [r for r in replicas
-              if r.status in _APP_FAILURES and r.version == version and r.first_ready_at is None]
+              if r.status.is_app_failure and r.version == version and r.first_ready_at is None]
     if not failed:  # the usual case, asked three times a service per pass: one scan, no second
         return failed
     last_ready = max((r.first_ready_at for r in replicas

@@ -38,6 +38,7 @@ class ReplicaStatus(str, Enum):
     # for 1,000 replicas), and an Enum's hash in a set lookup is a Python-level call.
     _terminal: bool
     _live: bool
+    _app_failure: bool
 
     @property
     def is_terminal(self) -> bool:
@@ -47,11 +48,18 @@ class ReplicaStatus(str, Enum):
     def is_live(self) -> bool:
         return self._live
 
+    @property
+    def is_app_failure(self) -> bool:
+        """A failure that says the workload itself is broken (every terminal status but PREEMPTED, which is
+        the cloud taking a spot instance back)."""
+        return self._app_failure
+
 
 _TERMINAL_NAMES = ("FAILED", "FAILED_INITIAL_DELAY", "FAILED_PROBING", "FAILED_PROVISION", "PREEMPTED")
 for _status in ReplicaStatus:
     _status._terminal = _status.name in _TERMINAL_NAMES
     _status._live = not _status._terminal and _status.name != "SHUTTING_DOWN"
+    _status._app_failure = _status._terminal and _status.name != "PREEMPTED"
 # Status by stored text, without the Enum's lookup machinery (rows are read every pass).
 REPLICA_STATUS_BY_VALUE = {status.value: status for status in ReplicaStatus}
 

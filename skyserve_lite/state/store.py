@@ -603,23 +603,27 @@ class Store:
 
     # --- replicas --------------------------------------------------------------------------------
     def list_replicas(self, service: str | None = None) -> list[ReplicaRecord]:
-        """The replicas of ``service`` (every service's, ordered by service, when None). Every replica is
-        read from the database only when a replica row changed since this store last read them all (the
-        ``replicas_generation`` counter, read first: rows committed after it are re-read next time)."""
-        columns = ", ".join(_REPLICA_COLUMNS)
+        """The replicas of ``service`` (every service's, ordered by service, when None: ``all_replicas``)."""
         if service is None:
-            generation = self._db.execute(
-                "SELECT value FROM meta WHERE key = 'replicas_generation'").fetchone()
-            if generation is not None and self._all_replicas is not None and self._all_replicas[0] == generation[0]:
-                return list(self._all_replicas[1])
-            rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id")
-            records = [_replica(row) for row in rows.fetchall()]
-            self._all_replicas = (generation[0], tuple(records)) if generation is not None else None
-            return records
-        else:
-            rows = self._db.execute(
-                f"SELECT {columns} FROM replicas WHERE service = ? ORDER BY replica_id", (service,))
+            return list(self.all_replicas())
+        columns = ", ".join(_REPLICA_COLUMNS)
+        rows = self._db.execute(
+            f"SELECT {columns} FROM replicas WHERE service = ? ORDER BY replica_id", (service,))
         return [_replica(row) for row in rows.fetchall()]
+
+    def all_replicas(self) -> tuple[ReplicaRecord, ...]:
+        """Every replica, ordered by service and replica id. Read from the database only when a replica row
+        changed since this store last read them all (the ``replicas_generation`` counter, read first: rows
+        committed after it are re-read next time); otherwise the very same tuple as last time, so that what
+        a caller derived from it (``controller.replica_table``) can be kept too."""
+        generation = self._db.execute("SELECT value FROM meta WHERE key = 'replicas_generation'").fetchone()
+        if generation is not None and self._all_replicas is not None and self._all_replicas[0] == generation[0]:
+            return self._all_replicas[1]
+        columns = ", ".join(_REPLICA_COLUMNS)
+        rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id")
+        records = tuple(_replica(row) for row in rows.fetchall())
+        self._all_replicas = (generation[0], records) if generation is not None else None
+        return records
 
     def add_replicas(self, service: str, count: int, template: ReplicaRecord) -> list[ReplicaRecord]:
         """Record the intent to launch ``count`` replicas like ``template``, with fresh ids.
