@@ -16,7 +16,6 @@ drain and termination, and each failure with its reason.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from collections import defaultdict
@@ -30,7 +29,7 @@ from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider
 from skyserve_lite.spec.model import Secret, TaskSpec
 from skyserve_lite.state.history import HISTORY_MINUTES, ReplicaSample
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, replace_replica
 from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
 
@@ -194,7 +193,7 @@ class Executor:
         provider = self._providers.get(batch.cloud)
         if provider is None:
             reason = f"no provider for cloud {batch.cloud!r}"
-            failed = [dataclasses.replace(r, status=ReplicaStatus.FAILED_PROVISION, status_since=now,
+            failed = [replace_replica(r, status=ReplicaStatus.FAILED_PROVISION, status_since=now,
                                           status_reason=reason) for r in rows]
             self._store.put_replicas(failed)
             events.extend(Event(r.service, r.replica_id, "replica", f"FAILED_PROVISION: {reason}", warning=True)
@@ -220,7 +219,7 @@ class Executor:
                 instance = outcome.instance
                 status = (ReplicaStatus.PROVISIONING if instance.state is InstanceState.PENDING
                           else row.status)
-                updated.append(dataclasses.replace(row, instance_id=instance.instance_id, status=status,
+                updated.append(replace_replica(row, instance_id=instance.instance_id, status=status,
                                                    region=instance.region, zone=instance.zone,
                                                    instance_type=instance.instance_type or row.instance_type,
                                                    accelerator=instance.accelerator or row.accelerator,
@@ -228,12 +227,12 @@ class Executor:
                 if instance.detail:  # e.g. "launched in us-east-1b; no capacity in us-east-1a: ..."
                     events.append(Event(row.service, row.replica_id, "provider", instance.detail))
             elif outcome.permanent:
-                updated.append(dataclasses.replace(row, status=ReplicaStatus.FAILED_PROVISION,
+                updated.append(replace_replica(row, status=ReplicaStatus.FAILED_PROVISION,
                                                    status_since=now, status_reason=outcome.error))
                 events.append(Event(row.service, row.replica_id, "replica",
                                     f"FAILED_PROVISION: {outcome.error}", warning=True))
             else:
-                updated.append(dataclasses.replace(row, status_reason=f"launch will be retried: {outcome.error}"))
+                updated.append(replace_replica(row, status_reason=f"launch will be retried: {outcome.error}"))
                 events.append(Event(row.service, row.replica_id, "provider", f"launch failed: {outcome.error}",
                                     warning=True))
         self._store.put_replicas(updated)

@@ -125,7 +125,10 @@ class _World:
         return instance_id
 
     def observe(self) -> Observation:
-        partial = Observation(instances=tuple(self.instances.values()), known_clouds=self.clouds)
+        by_cloud: dict[str, list[Instance]] = {cloud: [] for cloud in self.clouds}
+        for cloud, instance in self.instances.values():
+            by_cloud[cloud].append(instance)
+        partial = Observation(instances=by_cloud, known_clouds=self.clouds)
         targets = find_probe_targets([self.snapshot], InstanceIndex(partial))
         probes = {(t.service, t.replica_id): _PROBE_OK for t in targets}
         return dataclasses.replace(partial, probes=probes)

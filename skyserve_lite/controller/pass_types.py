@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -52,7 +52,9 @@ class Observation:
     of any other cloud wait for a pass that can see them.
     """
 
-    instances: tuple[tuple[str, Instance], ...] = ()  # (cloud, instance)
+    # The instances each cloud listed, by cloud: no (cloud, instance) pair per instance, 50,000 of them a
+    # pass at fleet scale.
+    instances: Mapping[str, Sequence[Instance]] = field(default_factory=dict)
     known_clouds: frozenset[str] = frozenset()
     probes: Mapping[ReplicaKey, ProbeResult] = field(default_factory=dict)
 

@@ -56,22 +56,36 @@ class InstanceIndex:
     def __init__(self, observation: Observation) -> None:
         self.known_clouds = observation.known_clouds
         self._instances = observation.instances
-        self.by_id = {(cloud, i.instance_id): i for cloud, i in observation.instances}
+        # By cloud, then id: ids are unique within a cloud, and a (cloud, id) key per instance cost a tuple.
+        self._by_id = {cloud: {i.instance_id: i for i in found} for cloud, found in observation.instances.items()}
         self._by_tag: dict[tuple[str, str, int], Instance] | None = None
+        # What ``find_all`` found last, by the identity of the rows it was asked about (kept, so that the id
+        # is not reused): probing and planning both ask about every service's replicas in one pass.
+        self._found: dict[int, tuple[Sequence[ReplicaRecord], list[Instance | None]]] = {}
 
     @property
     def by_tag(self) -> dict[tuple[str, str, int], Instance]:
         """Instances by (cloud, service, replica id): built on first use, since only a launch that was never
         confirmed (a rare row with no instance id) is looked up this way."""
         if self._by_tag is None:
-            self._by_tag = {(cloud, i.service, i.replica_id): i for cloud, i in self._instances
-                            if i.state is not InstanceState.TERMINATED}
+            self._by_tag = {(cloud, i.service, i.replica_id): i for cloud, found in self._instances.items()
+                            for i in found if i.state is not InstanceState.TERMINATED}
         return self._by_tag
 
     def find(self, replica: ReplicaRecord) -> Instance | None:
         if replica.instance_id is not None:
-            return self.by_id.get((replica.cloud, replica.instance_id))
+            ids = self._by_id.get(replica.cloud)
+            return None if ids is None else ids.get(replica.instance_id)
         return self.by_tag.get((replica.cloud, replica.service, replica.replica_id))
+
+    def find_all(self, replicas: Sequence[ReplicaRecord]) -> list[Instance | None]:
+        """``find`` of each of ``replicas``, in order; asked again about the very same rows, the same list."""
+        found = self._found.get(id(replicas))
+        if found is not None and found[0] is replicas:
+            return found[1]
+        instances = [self.find(replica) for replica in replicas]
+        self._found[id(replicas)] = (replicas, instances)
+        return instances
 
 
 def find_probe_targets(snapshots: Sequence[ServiceSnapshot], index: InstanceIndex) -> list[ProbeTarget]:
@@ -80,10 +94,9 @@ def find_probe_targets(snapshots: Sequence[ServiceSnapshot], index: InstanceInde
     known, running = index.known_clouds, InstanceState.RUNNING
     for snapshot in snapshots:
         probes = {version: spec.service.readiness_probe for version, spec in snapshot.versions.items()}
-        for replica in snapshot.replicas:
+        for replica, instance in zip(snapshot.replicas, index.find_all(snapshot.replicas), strict=True):
             if not replica.status.is_live or replica.cloud not in known:
                 continue
-            instance = index.find(replica)
             if instance is None or instance.state is not running or instance.url is None:
                 continue
             targets.append(ProbeTarget(replica.service, replica.replica_id, instance.url, probes[replica.version]))
@@ -118,11 +131,12 @@ def plan_orphans(table: ReplicaTable, observation: Observation, unknown_services
     unknown = set(unknown_services)
     none: frozenset[str] = frozenset()
     claimed, adoptable = table.claimed, table.adoptable
-    orphans = [
-        (cloud, i) for cloud, i in observation.instances
-        if i.instance_id not in claimed.get(cloud, none) and i.state is not InstanceState.TERMINATED
-        and i.service not in unknown and (cloud, i.service, i.replica_id) not in adoptable
-    ]
+    orphans: list[tuple[str, Instance]] = []
+    for cloud, found in observation.instances.items():
+        ids = claimed.get(cloud, none)
+        orphans.extend((cloud, i) for i in found
+                       if i.instance_id not in ids and i.state is not InstanceState.TERMINATED
+                       and i.service not in unknown and (cloud, i.service, i.replica_id) not in adoptable)
     return PassPlan(
         terminations=tuple(sorted({(cloud, i.instance_id) for cloud, i in orphans})),
         events=tuple(Event(i.service, i.replica_id, "orphan", f"terminating {cloud} instance {i.instance_id} "
@@ -139,11 +153,11 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     steps: list[ReplicaStep] = []
     known, name = index.known_clouds, service.name
     readiness = {version: spec.service.readiness_probe for version, spec in snapshot.versions.items()}
-    for replica in snapshot.replicas:
+    for replica, instance in zip(snapshot.replicas, index.find_all(snapshot.replicas), strict=True):
         if replica.cloud not in known:
             steps.append(ReplicaStep(replica))  # inventory unknown this pass: decide nothing
             continue
-        steps.append(plan_replica(replica, index.find(replica), probes.get((name, replica.replica_id)),
+        steps.append(plan_replica(replica, instance, probes.get((name, replica.replica_id)),
                                   readiness[replica.version], now, settings))
 
     active_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()

@@ -110,8 +110,7 @@ class Reconciler:
                  ) -> tuple[Observation, InstanceIndex]:
         """What the providers list and the probes answer, and the index of those instances (built once:
         probing and planning both look every replica's instance up in it)."""
-        instances: list[tuple[str, Instance]] = []
-        known: set[str] = set()
+        instances: dict[str, Sequence[Instance]] = {}
         for cloud in self._clouds_in_use(snapshots, table.regions):
             provider = self._providers[cloud]
             regions = self._regions_in_use(snapshots, cloud, table.regions)
@@ -120,11 +119,9 @@ class Reconciler:
             except ProviderError as exc:
                 log.warning("inventory of %s unavailable this pass: %s", cloud, exc)
                 continue
-            known.add(cloud)
-            instances.extend((cloud, instance) for instance in found)
-            instances.extend((cloud, instance) for instance in self._look_up_unlisted(
-                provider, cloud, table.watched.get(cloud, frozenset()), found, regions))
-        partial = Observation(instances=tuple(instances), known_clouds=frozenset(known))
+            unlisted = self._look_up_unlisted(provider, cloud, table.watched.get(cloud, frozenset()), found, regions)
+            instances[cloud] = [*found, *unlisted] if unlisted else found
+        partial = Observation(instances=instances, known_clouds=frozenset(instances))
         index = InstanceIndex(partial)
         probes = self._prober.probe(find_probe_targets(snapshots, index))
         return Observation(instances=partial.instances, known_clouds=partial.known_clouds, probes=probes), index

@@ -14,14 +14,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.providers.base import Instance, InstanceState, Phase
 from skyserve_lite.spec.model import ReadinessProbe
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, replace_replica
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,10 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
     if replica.instance_id is None and instance is not None:
         # Launched just before a crash (or its confirmation was lost): the instance carries our tags, so
         # adopt it, whatever the replica's status; a replica going away must be able to terminate it.
-        replica = dataclasses.replace(replica, instance_id=instance.instance_id, region=instance.region,
+        replica = replace_replica(replica, instance_id=instance.instance_id, region=instance.region,
                                       zone=instance.zone)
     if instance is not None and replica.seen_at is None and instance.state is not InstanceState.TERMINATED:
-        replica = dataclasses.replace(replica, seen_at=now)
+        replica = replace_replica(replica, seen_at=now)
     if replica.status is ReplicaStatus.SHUTTING_DOWN:
         if instance is None and maybe_unlisted:
             # Launched moments ago: the inventory may simply not list it yet. Keep the row (so the launch
@@ -91,7 +90,7 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
         # RunInstances returned it, the inventory does not list it yet (eventual consistency): wait.
         reason = "launched; the cloud's inventory does not list the instance yet"
         if replica.status_reason != reason and replica.status is ReplicaStatus.PROVISIONING:
-            return ReplicaStep(dataclasses.replace(replica, status_reason=reason))
+            return ReplicaStep(replace_replica(replica, status_reason=reason))
         return ReplicaStep(replica)
     if instance is None or instance.state is InstanceState.TERMINATED:
         return _fail(replica, ReplicaStatus.FAILED, now, "the instance disappeared")
@@ -108,12 +107,12 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
 
     # RUNNING from here on.
     if replica.status in (ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING):
-        replica = dataclasses.replace(replica, status=ReplicaStatus.STARTING, status_since=now,
+        replica = replace_replica(replica, status=ReplicaStatus.STARTING, status_since=now,
                                       url=instance.url, status_reason=None)
         if probe is None:
             return ReplicaStep(replica, event="instance running, waiting for the readiness probe")
     elif instance.url != replica.url:
-        replica = dataclasses.replace(replica, url=instance.url)
+        replica = replace_replica(replica, url=instance.url)
     return _apply_probe(replica, probe, readiness, now, settings, instance.phase)
 
 
@@ -163,7 +162,7 @@ def _apply_probe(replica: ReplicaRecord, probe: ProbeResult | None, readiness: R
     if probe.ok:
         if status is ReplicaStatus.READY:
             return ReplicaStep(replica)
-        ready = dataclasses.replace(
+        ready = replace_replica(
             replica, status=ReplicaStatus.READY, status_since=now, probe_failing_since=None,
             first_ready_at=replica.first_ready_at if replica.first_ready_at is not None else now,
             status_reason=None)
@@ -176,17 +175,17 @@ def _apply_probe(replica: ReplicaRecord, probe: ProbeResult | None, readiness: R
                          f"(last probe: {probe.detail})")
         reason = compute_starting_reason(phase, replica.url, probe.detail)
         if replica.status_reason != reason:
-            return ReplicaStep(dataclasses.replace(replica, status_reason=reason))
+            return ReplicaStep(replace_replica(replica, status_reason=reason))
         return ReplicaStep(replica)
     if status is ReplicaStatus.READY:
-        not_ready = dataclasses.replace(replica, status=ReplicaStatus.NOT_READY, status_since=now,
+        not_ready = replace_replica(replica, status=ReplicaStatus.NOT_READY, status_since=now,
                                         probe_failing_since=now, status_reason=probe.detail)
         return ReplicaStep(not_ready, event=f"probe failed: {probe.detail}")
     failing_since = replica.probe_failing_since if replica.probe_failing_since is not None else now
     if now - failing_since > settings.probe_failure_grace_seconds:
         return _fail(replica, ReplicaStatus.FAILED_PROBING, now,
                      f"probe failing for {now - failing_since:.0f}s (last: {probe.detail})")
-    return ReplicaStep(dataclasses.replace(replica, probe_failing_since=failing_since,
+    return ReplicaStep(replace_replica(replica, probe_failing_since=failing_since,
                                            status_reason=probe.detail))
 
 
@@ -197,11 +196,11 @@ def _is_gone(instance: Instance | None) -> bool:
 
 
 def _fail(replica: ReplicaRecord, status: ReplicaStatus, now: float, reason: str) -> ReplicaStep:
-    failed = dataclasses.replace(replica, status=status, status_since=now, status_reason=reason)
+    failed = replace_replica(replica, status=status, status_since=now, status_reason=reason)
     return ReplicaStep(failed, terminate=True, event=f"{status.value}: {reason}")
 
 
 def _changed(replica: ReplicaRecord, status: ReplicaStatus, now: float) -> ReplicaStep:
     if replica.status is status:
         return ReplicaStep(replica)
-    return ReplicaStep(dataclasses.replace(replica, status=status, status_since=now))
+    return ReplicaStep(replace_replica(replica, status=status, status_since=now))

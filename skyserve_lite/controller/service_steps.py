@@ -23,6 +23,7 @@ from skyserve_lite.state.models import (
     ReplicaRecord,
     ReplicaStatus,
     ServiceStatus,
+    replace_replica,
 )
 
 
@@ -37,7 +38,7 @@ def plan_shut_down(step: ReplicaStep, now: float, settings: ControllerSettings) 
     if record.status is ReplicaStatus.SHUTTING_DOWN:
         # The load balancer is going away too: no need to wait for the drain.
         return step._replace(terminate=not step.remove)
-    down = dataclasses.replace(record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
+    down = replace_replica(record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
                                status_reason="service is shutting down")
     # A launch recorded but never confirmed: plan_replica adopted its instance if the inventory lists it.
     # If not, the row stays (SHUTTING_DOWN) while the instance may just not be listed yet, so the service is
@@ -110,7 +111,7 @@ def plan_reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[Repl
     for step in steps:
         record = step.record
         if record.status.is_live and not step.remove and record.version in reusable:
-            step = step._replace(record=dataclasses.replace(record, version=version),
+            step = step._replace(record=replace_replica(record, version=version),
                                        event=f"reused for version {version} (same replica config)")
         result.append(step)
     return result
@@ -132,7 +133,7 @@ def plan_requested_terminations(snapshot: ServiceSnapshot, steps: list[ReplicaSt
 
 def _shut_down_step(step: ReplicaStep, now: float, reason: str) -> ReplicaStep:
     """Take a replica out of traffic now; ``plan_replica`` terminates it once it has drained."""
-    down = dataclasses.replace(step.record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
+    down = replace_replica(step.record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
                                status_reason=reason)
     return ReplicaStep(down, event=f"draining: {reason}")
 

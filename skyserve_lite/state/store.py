@@ -52,6 +52,7 @@ from skyserve_lite.state.models import (
     ServiceRecord,
     ServiceStatus,
     VersionRecord,
+    replace_replica,
 )
 from skyserve_lite.state.schema import MIGRATIONS
 
@@ -635,7 +636,7 @@ class Store:
             if row is None:
                 raise NotFoundError(f"no service named {service!r}")
             first = int(row[0])
-            records = [dataclasses.replace(template, service=service, replica_id=first + offset)
+            records = [replace_replica(template, service=service, replica_id=first + offset)
                        for offset in range(count)]
             db.execute("UPDATE services SET next_replica_id = ? WHERE name = ?", (first + count, service))
             _put_replicas(db, records)
