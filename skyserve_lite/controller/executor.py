@@ -115,11 +115,9 @@ class Executor:
             self._store.delete_replica_terminations(plan.requests_done)
         self._terminate(plan)
         self._store.delete_replicas(plan.removals)
-        for batch in plan.launches:
-            self._launch(batch, events)
+        self._launch_all(plan.launches, events)
         self._apply_load_balancers(plan, events)
-        for name, status, reason in plan.status_changes:
-            self._store.set_service_status(name, status, reason)
+        self._store.set_service_statuses(plan.status_changes)
         self._store.put_autoscaler_states([u for u in plan.autoscaler_updates if u[0] not in plan.deletions])
         for name in plan.deletions:
             self._delete_service(name)
@@ -177,28 +175,42 @@ class Executor:
             raise StateConflictError("this controller has no secret store: the task's secrets cannot be read")
         return tuple((name, self._secrets.get(digest)) for name, digest in spec.secrets)
 
-    def _launch(self, batch: LaunchBatch, events: list[Event]) -> None:
+    def _launch_all(self, batches: Sequence[LaunchBatch], events: list[Event]) -> None:
+        """Record the intent of every batch (one transaction, before any provider is asked), launch each
+        batch, and store every outcome (one transaction). A crash in between leaves rows with no instance
+        id: the next pass adopts their instances by tags, or re-sends them with the same launch token."""
+        if not batches:
+            return
         now = self._clock.now()
-        rows = list(batch.retry)
-        if batch.count:
-            template = ReplicaRecord(
-                service=batch.service, replica_id=0, version=batch.version,
-                status=ReplicaStatus.PROVISIONING, cloud=batch.cloud, launched_at=now, status_since=now,
-                launch_token=self._new_token(), is_spot=batch.is_spot,
-            )
-            added = self._store.add_replicas(batch.service, batch.count, template)
-            rows.extend(added)
-            events.extend(Event(batch.service, r.replica_id, "replica",
-                                f"launching version {batch.version} on {batch.cloud}") for r in added)
+        fresh = [(b.service, b.count, ReplicaRecord(
+            service=b.service, replica_id=0, version=b.version, status=ReplicaStatus.PROVISIONING, cloud=b.cloud,
+            launched_at=now, status_since=now, launch_token=self._new_token(), is_spot=b.is_spot,
+        )) for b in batches if b.count]
+        added = iter(self._store.add_replica_batches(fresh))
+        outcomes: list[ReplicaRecord] = []
+        try:
+            for batch in batches:
+                rows = list(batch.retry)
+                if batch.count:
+                    new = next(added) or []  # none: the service was deleted since the pass read it
+                    rows.extend(new)
+                    events.extend(Event(batch.service, r.replica_id, "replica",
+                                        f"launching version {batch.version} on {batch.cloud}") for r in new)
+                if rows:
+                    outcomes.extend(self._launch(batch, rows, now, events))
+        finally:  # what was launched before a batch that raised is stored all the same
+            self._store.put_replicas(outcomes)
+
+    def _launch(self, batch: LaunchBatch, rows: list[ReplicaRecord], now: float,
+                events: list[Event]) -> list[ReplicaRecord]:
+        """Ask the batch's provider for ``rows`` (recorded already); the rows as the outcomes leave them."""
         provider = self._providers.get(batch.cloud)
         if provider is None:
             reason = f"no provider for cloud {batch.cloud!r}"
-            failed = [replace_replica(r, status=ReplicaStatus.FAILED_PROVISION, status_since=now,
-                                          status_reason=reason) for r in rows]
-            self._store.put_replicas(failed)
             events.extend(Event(r.service, r.replica_id, "replica", f"FAILED_PROVISION: {reason}", warning=True)
                           for r in rows)
-            return
+            return [replace_replica(r, status=ReplicaStatus.FAILED_PROVISION, status_since=now, status_reason=reason)
+                    for r in rows]
         specs = {r.version: batch.specs.get(r.version) or self._store.get_version(r.service, r.version).spec
                  for r in rows}
         try:
@@ -220,22 +232,22 @@ class Executor:
                 status = (ReplicaStatus.PROVISIONING if instance.state is InstanceState.PENDING
                           else row.status)
                 updated.append(replace_replica(row, instance_id=instance.instance_id, status=status,
-                                                   region=instance.region, zone=instance.zone,
-                                                   instance_type=instance.instance_type or row.instance_type,
-                                                   accelerator=instance.accelerator or row.accelerator,
-                                                   status_reason=None))
+                                               region=instance.region, zone=instance.zone,
+                                               instance_type=instance.instance_type or row.instance_type,
+                                               accelerator=instance.accelerator or row.accelerator,
+                                               status_reason=None))
                 if instance.detail:  # e.g. "launched in us-east-1b; no capacity in us-east-1a: ..."
                     events.append(Event(row.service, row.replica_id, "provider", instance.detail))
             elif outcome.permanent:
                 updated.append(replace_replica(row, status=ReplicaStatus.FAILED_PROVISION,
-                                                   status_since=now, status_reason=outcome.error))
+                                               status_since=now, status_reason=outcome.error))
                 events.append(Event(row.service, row.replica_id, "replica",
                                     f"FAILED_PROVISION: {outcome.error}", warning=True))
             else:
                 updated.append(replace_replica(row, status_reason=f"launch will be retried: {outcome.error}"))
                 events.append(Event(row.service, row.replica_id, "provider", f"launch failed: {outcome.error}",
                                     warning=True))
-        self._store.put_replicas(updated)
+        return updated
 
     def _lb_port(self, name: str, port: int, events: list[Event]) -> int | None:
         """The service's port, or a new one when another process took it since `serve up` chose it: a

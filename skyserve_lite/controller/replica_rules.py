@@ -63,7 +63,7 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
         # Launched just before a crash (or its confirmation was lost): the instance carries our tags, so
         # adopt it, whatever the replica's status; a replica going away must be able to terminate it.
         replica = replace_replica(replica, instance_id=instance.instance_id, region=instance.region,
-                                      zone=instance.zone)
+                                  zone=instance.zone)
     if instance is not None and replica.seen_at is None and instance.state is not InstanceState.TERMINATED:
         replica = replace_replica(replica, seen_at=now)
     if replica.status is ReplicaStatus.SHUTTING_DOWN:
@@ -108,7 +108,7 @@ def plan_replica(replica: ReplicaRecord, instance: Instance | None, probe: Probe
     # RUNNING from here on.
     if replica.status in (ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING):
         replica = replace_replica(replica, status=ReplicaStatus.STARTING, status_since=now,
-                                      url=instance.url, status_reason=None)
+                                  url=instance.url, status_reason=None)
         if probe is None:
             return ReplicaStep(replica, event="instance running, waiting for the readiness probe")
     elif instance.url != replica.url:
@@ -179,14 +179,14 @@ def _apply_probe(replica: ReplicaRecord, probe: ProbeResult | None, readiness: R
         return ReplicaStep(replica)
     if status is ReplicaStatus.READY:
         not_ready = replace_replica(replica, status=ReplicaStatus.NOT_READY, status_since=now,
-                                        probe_failing_since=now, status_reason=probe.detail)
+                                    probe_failing_since=now, status_reason=probe.detail)
         return ReplicaStep(not_ready, event=f"probe failed: {probe.detail}")
     failing_since = replica.probe_failing_since if replica.probe_failing_since is not None else now
     if now - failing_since > settings.probe_failure_grace_seconds:
         return _fail(replica, ReplicaStatus.FAILED_PROBING, now,
                      f"probe failing for {now - failing_since:.0f}s (last: {probe.detail})")
     return ReplicaStep(replace_replica(replica, probe_failing_since=failing_since,
-                                           status_reason=probe.detail))
+                                       status_reason=probe.detail))
 
 
 def _is_gone(instance: Instance | None) -> bool:

@@ -39,7 +39,7 @@ def plan_shut_down(step: ReplicaStep, now: float, settings: ControllerSettings) 
         # The load balancer is going away too: no need to wait for the drain.
         return step._replace(terminate=not step.remove)
     down = replace_replica(record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
-                               status_reason="service is shutting down")
+                           status_reason="service is shutting down")
     # A launch recorded but never confirmed: plan_replica adopted its instance if the inventory lists it.
     # If not, the row stays (SHUTTING_DOWN) while the instance may just not be listed yet, so the service is
     # not deleted with an instance still starting somewhere; plan_replica removes it once the grace passed.
@@ -134,7 +134,7 @@ def plan_requested_terminations(snapshot: ServiceSnapshot, steps: list[ReplicaSt
 def _shut_down_step(step: ReplicaStep, now: float, reason: str) -> ReplicaStep:
     """Take a replica out of traffic now; ``plan_replica`` terminates it once it has drained."""
     down = replace_replica(step.record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now,
-                               status_reason=reason)
+                           status_reason=reason)
     return ReplicaStep(down, event=f"draining: {reason}")
 
 

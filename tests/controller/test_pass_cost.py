@@ -14,7 +14,7 @@ from skyserve_lite.providers.base import InstanceState
 from skyserve_lite.state.models import LbReport, ReplicaStatus
 from skyserve_lite.state.store import Store
 
-from .conftest import Harness
+from .conftest import TASK, Harness
 
 
 def settled(tmp_path: Path, services: int, replicas: int) -> Harness:
@@ -63,6 +63,26 @@ def test_the_first_pass_writes_its_launches_in_transactions_that_do_not_grow_wit
         return counts.transactions, counts.reads
 
     assert launch_pass(10) == launch_pass(300)  # a batch is a transaction, whatever its size
+
+
+def test_an_update_of_every_service_is_written_in_transactions_that_do_not_grow_with_services(
+        tmp_path: Path) -> None:
+    def launch_transactions(services: int) -> int:
+        harness = Harness(tmp_path / f"home-{services}-services")
+        for index in range(services):
+            harness.create(f"svc-{index}", replicas=3)
+        harness.tick()  # the first pass starts the load balancers and writes statuses: counted apart
+        for index in range(services):
+            harness.update(TASK.format(replicas=5), name=f"svc-{index}")
+        with harness.store.counting() as counts:
+            plan = harness.tick()
+        assert sum(batch.count for batch in plan.launches) == 2 * services
+        assert all(len(harness.replicas(f"svc-{index}")) == 5 for index in range(services))
+        harness.store.close()
+        return counts.transactions
+
+    # The intents of every batch in one transaction, every outcome in another, the statuses in a third.
+    assert launch_transactions(2) == launch_transactions(12)
 
 
 def test_replicas_read_again_once_another_process_changed_one(tmp_path: Path) -> None:

@@ -94,6 +94,32 @@ def test_replica_ids_are_never_reused(tmp_path: Path) -> None:
     assert [r.replica_id for r in first + second] == [1, 2, 3]
 
 
+def test_batches_of_several_services_are_recorded_in_one_transaction(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    store.create_service("a", task(), 30001, now=5.0)
+    store.create_service("b", task(), 30002, now=5.0)
+    with store.counting() as counts:
+        added = store.add_replica_batches([("a", 2, template()), ("gone", 3, template()), ("b", 1, template()),
+                                           ("a", 1, template(version=2))])
+    assert counts.transactions == 1
+    # None for a service that no longer exists; the same service twice takes its ids in order.
+    assert [None if rows is None else [(r.service, r.replica_id, r.version) for r in rows] for rows in added] == [
+        [("a", 1, 1), ("a", 2, 1)], None, [("b", 1, 1)], [("a", 3, 2)]]
+    assert [r.replica_id for r in store.list_replicas("a")] == [1, 2, 3]
+    with pytest.raises(NotFoundError, match="no service named 'gone'"):
+        store.add_replicas("gone", 1, template())
+
+
+def test_put_replicas_changes_a_row_in_place_and_adds_a_new_one(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    store.create_service("svc", task(), 30001, now=5.0)
+    (row,) = store.add_replicas("svc", 1, template())
+    ready = ReplicaRecord(**{**row.__dict__, "status": ReplicaStatus.READY, "url": "http://127.0.0.1:9"})
+    other = ReplicaRecord(**{**row.__dict__, "replica_id": 7})
+    store.put_replicas([ready, other])
+    assert store.list_replicas("svc") == [ready, other]
+
+
 def test_replica_rows_round_trip_as_typed_values(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     store.create_service("svc", task(), 30001, now=5.0)
