@@ -118,3 +118,6 @@ class PassPlan:
     @property
     def is_empty(self) -> bool:
         return not any(getattr(self, f.name) for f in dataclasses.fields(self))
+
+
+EMPTY_PLAN = PassPlan()  # a plan that decides nothing; planners return this one rather than a new one

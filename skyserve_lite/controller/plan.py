@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.autoscalers.dispatch import compute_target_replicas
 from skyserve_lite.controller.pass_types import (
+    EMPTY_PLAN,
     Event,
     LaunchBatch,
     Observation,
@@ -105,6 +106,9 @@ def find_probe_targets(snapshots: Sequence[ServiceSnapshot], index: InstanceInde
 
 def merge_plans(parts: Sequence[PassPlan]) -> PassPlan:
     """One plan holding every part's decisions, in order; terminations once each."""
+    parts = [p for p in parts if p is not EMPTY_PLAN]  # most services' parts in a steady pass
+    if not parts:
+        return EMPTY_PLAN
     return PassPlan(
         replica_updates=tuple(r for p in parts for r in p.replica_updates),
         removals=tuple(k for p in parts for k in p.removals),
@@ -227,6 +231,9 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
         if status is not service.status:
             events.append(Event(service.name, None, "service", f"{status.value}" + (f": {reason}" if reason else ""),
                                 warning=status is ServiceStatus.FAILED))
+    if not (updates or removals or terminations or launches or start_lbs or stop_lbs or policy_changes
+            or status_changes or deletions or events or active_changes or autoscaler_updates or requests_done):
+        return EMPTY_PLAN  # nothing decided (most services of a steady pass): one shared plan, not a new one
     return PassPlan(
         replica_updates=tuple(updates), removals=tuple(removals), terminations=tuple(terminations),
         launches=tuple(launches),

@@ -169,15 +169,15 @@ def plan_autoscale(snapshot: ServiceSnapshot, census: StepCensus, now: float,
     policy = snapshot.spec.service.replica_policy
     autoscaler = make_autoscaler(policy, settings.autoscaler_period_seconds)
     state = carry_over(snapshot.autoscaler, policy, snapshot.service.current_version)
-    metrics = snapshot.metrics or Metrics(now=now)
-    in_flight = metrics.ongoing_requests_by_url
+    reported = snapshot.metrics or Metrics(now=now)
+    in_flight = reported.ongoing_requests_by_url
     ongoing: tuple[float, ...] = ()
     if in_flight:  # what the load balancer reported, for the replicas READY now (one not reported is idle)
         counts = dict(in_flight)
         ongoing = tuple(float(counts.get(url or "", 0)) for url in census.ready_urls)
     else:
         ongoing = (0.0,) * len(census.ready_urls)
-    metrics = dataclasses.replace(metrics, now=now, ongoing_requests=ongoing)
+    metrics = dataclasses.replace(reported, now=now, ongoing_requests=ongoing)
     decision = autoscaler.decide(state, metrics)
     if not decision.decided and snapshot.observed is not None and snapshot.autoscaler == decision.state:
         return decision, snapshot.observed  # between decisions: nothing new to record
