@@ -38,6 +38,7 @@ from skyserve_lite.controller.service_steps import (
     plan_shut_down,
 )
 from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.controller.settled import SettledServices
 from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.state.models import (
     AutoscalerObservation,
@@ -150,12 +151,34 @@ def plan_orphans(table: ReplicaTable, observation: Observation, unknown_services
 
 def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
                       probes: Mapping[ReplicaKey, ProbeResult], now: float,
-                      settings: ControllerSettings) -> PassPlan:
+                      settings: ControllerSettings, settled: SettledServices | None = None) -> PassPlan:
     """Everything one pass does for one service: each replica's next step, reuse, the autoscaler, scaling
-    per market, one rollout step, launches, the load balancer and the service status."""
-    service = snapshot.service
+    per market, one rollout step, launches, the load balancer and the service status.
+
+    ``settled`` (the controller's, kept across passes) remembers services whose pass decided nothing: when
+    this pass reads the very same rows for one and leaves every replica and the autoscaler as they were, it
+    decides nothing again, and the steps after the replicas' own are not taken (``controller.settled``).
+    """
+    steps = plan_replica_steps(snapshot, index, probes, now, settings)
+    known = index.known_clouds
+    if settled is not None and not snapshot.service.deleting and is_every_step_unchanged(steps, snapshot.replicas):
+        census = settled.find(snapshot, known)
+        if census is not None:
+            decision, observed = plan_autoscale(snapshot, census, now, settings)
+            if (decision.state, observed) == (snapshot.autoscaler, snapshot.observed):
+                settled.carry(snapshot)
+                return EMPTY_PLAN
+    plan, census = _plan_service_steps(snapshot, steps, known, now, settings)
+    if settled is not None and plan is EMPTY_PLAN and census is not None:
+        settled.remember(snapshot, known, census)  # EMPTY_PLAN: every step was unchanged
+    return plan
+
+
+def plan_replica_steps(snapshot: ServiceSnapshot, index: InstanceIndex, probes: Mapping[ReplicaKey, ProbeResult],
+                       now: float, settings: ControllerSettings) -> list[ReplicaStep]:
+    """Each replica's own next step (``plan_replica``), in the order of ``snapshot.replicas``."""
     steps: list[ReplicaStep] = []
-    known, name = index.known_clouds, service.name
+    known, name = index.known_clouds, snapshot.service.name
     readiness = {version: spec.service.readiness_probe for version, spec in snapshot.versions.items()}
     for replica, instance in zip(snapshot.replicas, index.find_all(snapshot.replicas), strict=True):
         if replica.cloud not in known:
@@ -163,7 +186,20 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
             continue
         steps.append(plan_replica(replica, instance, probes.get((name, replica.replica_id)),
                                   readiness[replica.version], now, settings))
+    return steps
 
+
+def is_every_step_unchanged(steps: Sequence[ReplicaStep], replicas: Sequence[ReplicaRecord]) -> bool:
+    """Whether every step keeps its replica's very row and asks for nothing."""
+    return all(s.record is r and not (s.terminate or s.remove or s.relaunch or s.event)
+               for s, r in zip(steps, replicas, strict=True))
+
+
+def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], known: frozenset[str], now: float,
+                        settings: ControllerSettings) -> tuple[PassPlan, StepCensus | None]:
+    """The rest of ``plan_service_pass`` after the replicas' own steps; with the census of the final steps
+    (None for a service going down)."""
+    service, name = snapshot.service, snapshot.service.name
     active_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     autoscaler_updates: tuple[tuple[str, AutoscalerState, AutoscalerObservation], ...] = ()
     target = 0
@@ -173,7 +209,7 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     else:
         # Each phase returns the very steps it was given when it changes none (most passes), and the
         # census of the steps is counted again only after a phase that changed some.
-        steps = plan_requested_terminations(snapshot, plan_reuse(snapshot, steps), now, index.known_clouds)
+        steps = plan_requested_terminations(snapshot, plan_reuse(snapshot, steps), now, known)
         census = StepCensus.of(steps, service.current_version)
         decision, observed = plan_autoscale(snapshot, census, now, settings)
         target = compute_target_replicas(snapshot.spec.service.replica_policy, decision.state)
@@ -233,7 +269,7 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
                                 warning=status is ServiceStatus.FAILED))
     if not (updates or removals or terminations or launches or start_lbs or stop_lbs or policy_changes
             or status_changes or deletions or events or active_changes or autoscaler_updates or requests_done):
-        return EMPTY_PLAN  # nothing decided (most services of a steady pass): one shared plan, not a new one
+        return EMPTY_PLAN, census  # nothing decided (most services of a steady pass): one shared plan
     return PassPlan(
         replica_updates=tuple(updates), removals=tuple(removals), terminations=tuple(terminations),
         launches=tuple(launches),
@@ -241,7 +277,7 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
         status_changes=status_changes, deletions=deletions, events=tuple(events),
         active_version_changes=active_changes, autoscaler_updates=autoscaler_updates,
         requests_done=requests_done,
-    )
+    ), census
 
 
 def is_failing_step(record: ReplicaRecord, old: ReplicaRecord) -> bool:

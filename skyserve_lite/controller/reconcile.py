@@ -23,6 +23,7 @@ from skyserve_lite.controller.plan import (
 from skyserve_lite.controller.probe import Prober
 from skyserve_lite.controller.replica_table import ReplicaTable, ReplicaTables
 from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.controller.settled import SettledServices
 from skyserve_lite.controller.snapshots import ServiceReads, VersionCache, read_snapshot
 from skyserve_lite.errors import ProviderError
 from skyserve_lite.files.blobs import BlobStore
@@ -53,6 +54,7 @@ class Reconciler:
         self._executor = Executor(store, self._providers, lb_runner, clock, blobs=blobs, secrets=secrets)
         self._versions = VersionCache()
         self._tables = ReplicaTables()
+        self._settled = SettledServices()
 
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
@@ -97,9 +99,11 @@ class Reconciler:
         instances are not orphans) while the others are planned."""
         now = self._clock.now()
         parts = []
+        self._settled.next_pass()
         for snapshot in snapshots:
             try:
-                parts.append(plan_service_pass(snapshot, index, observation.probes, now, self._settings))
+                parts.append(plan_service_pass(snapshot, index, observation.probes, now, self._settings,
+                                               self._settled))
             except Exception:  # a planning bug for one service must not stop the others' passes
                 log.exception("planning service %s failed; leaving it alone this pass", snapshot.service.name)
                 unreadable.add(snapshot.service.name)

@@ -1,16 +1,20 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.controller import plan as plan_module
+from skyserve_lite.controller import reconcile as reconcile_module
 from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
-from skyserve_lite.controller.plan import PassPlan
+from skyserve_lite.controller.plan import InstanceIndex, PassPlan, ReplicaKey, ServiceSnapshot
 from skyserve_lite.controller.probe import FakeProber
 from skyserve_lite.controller.reconcile import Reconciler
+from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.controller.settled import SettledServices
 from skyserve_lite.providers.fake import FakeProvider
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
@@ -71,3 +75,19 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     h = Harness(tmp_path / "home")
     yield h
     h.store.close()
+
+
+@pytest.fixture(autouse=True)
+def settled_services_plan_what_a_whole_pass_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In every controller test, each service's plan as the controller makes it (skipping what a settled
+    service would decide again) is checked against the plan of the whole pass over the same inputs."""
+    whole = plan_module.plan_service_pass
+
+    def checked(snapshot: ServiceSnapshot, index: InstanceIndex, probes: Mapping[ReplicaKey, ProbeResult],
+                now: float, settings: ControllerSettings, settled: SettledServices | None = None) -> PassPlan:
+        made = whole(snapshot, index, probes, now, settings, settled)
+        if settled is not None:
+            assert made == whole(snapshot, index, probes, now, settings), snapshot.service.name
+        return made
+
+    monkeypatch.setattr(reconcile_module, "plan_service_pass", checked)
