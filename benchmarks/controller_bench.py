@@ -4,7 +4,7 @@ Uses the in-package fake provider, fake prober and fake load balancer runner, so
 controller itself: reading the store, planning, and writing what changed. Each size runs in a process of
 its own (so its peak RSS is its own), and one command prints the whole table:
 
-    python benchmarks/controller_bench.py                      # every size of docs/benchmarks.md
+    python benchmarks/controller_bench.py                      # every size of docs/benchmarks.md, and growth
     python benchmarks/controller_bench.py --sizes 100x100      # one size: SERVICESxREPLICAS_PER_SERVICE
 
 Passes: *launch* (every replica launched), *readiness* (every replica probed READY), *steady* (the median of
@@ -38,7 +38,11 @@ from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.store import StatementCounts, Store
 
 TASK = "service:\n  readiness_probe: /health\n  replicas: {replicas}\nrun: python -m http.server $PORT\n"
-SIZES = ("10x100", "100x100", "500x100", "1x10000", "1000x10")
+SIZES = ("10x100", "100x100", "500x100", "1x1000", "1x10000", "100x10", "1000x10")
+# (smaller, larger): the growth the table's second part shows; each shape against its own smaller size, and
+# the 10,000-replica shapes against 1,000 replicas in 10 services of 100 too.
+GROWTH = (("10x100", "100x100"), ("100x100", "500x100"), ("1x1000", "1x10000"), ("100x10", "1000x10"),
+          ("10x100", "1x10000"), ("10x100", "1000x10"))
 
 
 def measure(store: Store, func: Callable[[], object]) -> dict[str, float]:
@@ -98,6 +102,16 @@ def _table(results: list[dict[str, Any]]) -> str:
                      f"| {r['ready']['cpu_ms']:,.0f} ms | {s['cpu_ms']:,.1f} ms "
                      f"| {s['reads']:.0f} / {s['writes']:.0f} / {s['rows_written']:.0f} "
                      f"({r['steady_rows_written_max']:.0f}) | {r['rss_mb']:.0f} MB |")
+    by_size = {r["size"]: r for r in results}
+    growth = [(small, large) for small, large in GROWTH if small in by_size and large in by_size]
+    if growth:
+        lines += ["", "| growth (replicas) | launch pass | readiness pass | steady pass |",
+                  "| --- | ---: | ---: | ---: |"]
+    for small, large in growth:
+        a, b = by_size[small], by_size[large]
+        factor = b["replicas"] / a["replicas"]
+        ratios = [b[kind]["cpu_ms"] / a[kind]["cpu_ms"] for kind in ("launch", "ready", "steady")]
+        lines.append(f"| {small} -> {large} ({factor:g}x) | " + " | ".join(f"{r:.1f}x" for r in ratios) + " |")
     return "\n".join(lines)
 
 

@@ -163,15 +163,22 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     known = index.known_clouds
     if settled is not None and not snapshot.service.deleting and is_every_step_unchanged(steps, snapshot.replicas):
         census = settled.find(snapshot, known)
-        if census is not None:
-            decision, observed = plan_autoscale(snapshot, census, now, settings)
-            if (decision.state, observed) == (snapshot.autoscaler, snapshot.observed):
-                settled.carry(snapshot)
-                return EMPTY_PLAN
+        if census is not None and (not snapshot.spec.service.replica_policy.is_autoscaling
+                                   or _is_decision_stored(snapshot, census, now, settings)):
+            # A fixed policy decides from nothing the key leaves out (its version's policy): as last pass.
+            settled.carry(snapshot)
+            return EMPTY_PLAN
     plan, census = _plan_service_steps(snapshot, steps, known, now, settings)
     if settled is not None and plan is EMPTY_PLAN and census is not None:
         settled.remember(snapshot, known, census)  # EMPTY_PLAN: every step was unchanged
     return plan
+
+
+def _is_decision_stored(snapshot: ServiceSnapshot, census: StepCensus, now: float,
+                        settings: ControllerSettings) -> bool:
+    """Whether the autoscaler's decision this pass is the one the store holds (no update to write)."""
+    decision, observed = plan_autoscale(snapshot, census, now, settings)
+    return (decision.state, observed) == (snapshot.autoscaler, snapshot.observed)
 
 
 def plan_replica_steps(snapshot: ServiceSnapshot, index: InstanceIndex, probes: Mapping[ReplicaKey, ProbeResult],
