@@ -35,14 +35,6 @@ from skyserve_lite.errors import (
     UsageError,
     WaitTimeoutError,
 )
-from skyserve_lite.files.blobs import BlobStore, blob_store_of
-from skyserve_lite.files.capture import (
-    capture_task_files,
-    check_task_sources,
-    find_task_dir,
-    format_size,
-    needs_capture,
-)
 from skyserve_lite.logview import select_lines
 from skyserve_lite.providers.base import ReplicaLog
 from skyserve_lite.spec.config import find_config_changes, find_service_changes
@@ -62,14 +54,15 @@ from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
 
 if TYPE_CHECKING:
+    from skyserve_lite.files.blobs import BlobStore
     from skyserve_lite.forcedown import ForceDownReport
     from skyserve_lite.plan.placement import LaunchPlan
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.plan.update import UpdatePlan
     from skyserve_lite.spec.placement import Resolution
 
-# What only some calls need is imported by them (forecasting, providers, force-down): a status read, which
-# a controller host answers in a process of its own per call, stays cheap to start.
+# What only some calls need is imported by them (forecasting, providers, force-down, capturing files): a status
+# read, which a controller host answers in a process of its own per call, stays cheap to start.
 
 
 @dataclass(frozen=True)
@@ -311,6 +304,8 @@ class LocalController:
         snapshot (and no secret value left in it), its inputs to store, the store and the settings. The blob
         store's writing lock is held from the first blob written until the ``with`` body has stored the
         version that needs them (see ``files.blobs``)."""
+        from skyserve_lite.files.blobs import blob_store_of
+
         task, inputs = bind_submission(task, previous, SecretStore(self.home), keep_secrets=True)
         settings = check_submission(task)
         blobs = blob_store_of(self.home)
@@ -455,6 +450,8 @@ class LocalController:
                                              f"update {name} TASK.yaml`")
             finally:
                 store.close()
+        from skyserve_lite.files.capture import check_task_sources, find_task_dir, format_size, needs_capture
+
         task, _ = bind_submission(task, None, SecretStore(self.home), keep_secrets=False)
         notes: list[str] = []
         settings = check_submission(task, notes)
@@ -697,6 +694,8 @@ def _capture_lock(task: SubmittedTask, blobs: BlobStore) -> Iterator[None]:
     """Hold the blob store's writing lock for a task with files, from its first blob (or the check that
     its snapshot's blobs are all here) until its version is stored; a missing source is refused first,
     before anything is written."""
+    from skyserve_lite.files.capture import check_task_sources, find_task_dir, needs_capture
+
     if needs_capture(task.spec):
         check_task_sources(task.spec, find_task_dir(task.source), task.source)
     elif task.spec.files is None:
@@ -773,6 +772,8 @@ def _join_in_chunks(lines: Iterable[bytes]) -> Iterator[bytes]:
 
 def _with_files(task: SubmittedTask, settings: ControllerSettings, blobs: BlobStore | None) -> SubmittedTask:
     """``task`` with the snapshot of its local files (hashed, and stored in ``blobs`` when given)."""
+    from skyserve_lite.files.capture import capture_task_files, find_task_dir, needs_capture
+
     if not needs_capture(task.spec):
         return task
     files = capture_task_files(task.spec, find_task_dir(task.source), task.source, blobs,
@@ -781,6 +782,8 @@ def _with_files(task: SubmittedTask, settings: ControllerSettings, blobs: BlobSt
 
 
 def _describe_files(task: SubmittedTask) -> str:
+    from skyserve_lite.files.capture import format_size
+
     files = task.spec.files
     return "" if files is None else f", files sha256 {files.digest[:12]} ({format_size(files.size)})"
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.spec.inputs import BoundInputs, bind
@@ -204,6 +204,17 @@ def replace_replica(record: ReplicaRecord, /, **changes: Unpack[ReplicaChanges])
     state.update(record.__dict__)
     state.update(changes)
     return new
+
+
+def replica_from_fields(values: dict[str, Any]) -> ReplicaRecord:
+    """``ReplicaRecord(**values)`` for a row the store decodes (10,000 of them whenever replica rows
+    changed), in half the time: the dict becomes the row's own attributes, without ``__init__``'s twenty
+    frozen assignments. ``values`` must hold every field, each of its field's type."""
+    if len(values) != len(_REPLICA_FIELDS):
+        raise TypeError(f"a replica row has {len(_REPLICA_FIELDS)} fields, not {len(values)}")
+    record = object.__new__(ReplicaRecord)
+    object.__setattr__(record, "__dict__", values)
+    return record
 
 
 @dataclass(frozen=True)

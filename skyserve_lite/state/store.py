@@ -53,6 +53,7 @@ from skyserve_lite.state.models import (
     ServiceStatus,
     VersionRecord,
     replace_replica,
+    replica_from_fields,
 )
 from skyserve_lite.state.schema import MIGRATIONS
 
@@ -864,16 +865,13 @@ def _autoscaler(row: tuple[Any, ...]) -> tuple[AutoscalerState, AutoscalerObserv
 
 
 def _replica(row: tuple[Any, ...]) -> ReplicaRecord:
-    # Positional, in _REPLICA_COLUMNS order (the dataclass field order): ~3x faster than building a dict,
-    # which matters for a pass that reads 1,000 rows.
-    values = list(row)
-    values[_STATUS_INDEX] = REPLICA_STATUS_BY_VALUE[values[_STATUS_INDEX]]
-    values[_SPOT_INDEX] = bool(values[_SPOT_INDEX])
-    return ReplicaRecord(*values)
+    values = dict(zip(_REPLICA_COLUMNS, row, strict=True))
+    values["status"] = REPLICA_STATUS_BY_VALUE[values["status"]]
+    values["is_spot"] = bool(values["is_spot"])
+    return replica_from_fields(values)
 
 
 _STATUS_INDEX = _REPLICA_COLUMNS.index("status")
-_SPOT_INDEX = _REPLICA_COLUMNS.index("is_spot")
 
 
 # An upsert, not INSERT OR REPLACE: a replaced row is deleted and inserted again (both b-trees touched, the

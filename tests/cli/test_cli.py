@@ -189,6 +189,35 @@ def test_help_imports_none_of_what_the_commands_use(argv: list[str]) -> None:
     assert result.stdout.strip() == "[]"
 
 
+# What `serve status` (the command run most, and answered per call on a controller host) leaves to the commands
+# that need it: capturing files, blobs, TLS (ssl), forecasting, providers and their SDKs, the load balancer.
+STATUS_UNNEEDED = ("skyserve_lite.files.capture", "skyserve_lite.files.blobs", "skyserve_lite.files.tls",
+                   "skyserve_lite.controller.forecast", "skyserve_lite.providers.local", "skyserve_lite.providers.aws",
+                   "skyserve_lite.providers.gcp", "skyserve_lite.lb", "ssl", "aiohttp", "boto3", "google.cloud")
+
+
+def test_status_imports_none_of_what_other_commands_use(tmp_path: Path) -> None:
+    from skyserve_lite.spec.model import SubmittedTask
+    from skyserve_lite.spec.parse import parse_task
+    from skyserve_lite.state.store import Store
+
+    store = Store.open(tmp_path / "home")
+    store.create_service("svc", SubmittedTask(TASK, str(tmp_path / "svc.yaml"), parse_task(TASK)), 30001, 0.0)
+    store.close()
+    code = ("import io, sys, contextlib; from skyserve_lite.cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "    assert main(['serve', 'status'], standalone_mode=False) in (0, None)\n"
+            f"print(sorted(m for m in sys.modules if m in {STATUS_UNNEEDED!r} or m.startswith("
+            f"tuple(n + '.' for n in {STATUS_UNNEEDED!r}))))")
+    env = {**os.environ, "SKY_LITE_HOME": str(tmp_path / "home")}
+    env.pop("SKY_LITE_CONTROLLER", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert result.stdout.strip() == "[]"
+    shown = subprocess.run([sys.executable, "-m", "skyserve_lite", "serve", "status"], capture_output=True, text=True,
+                           check=True, env=env)
+    assert "svc" in shown.stdout  # the status the modules were counted for showed the service
+
+
 def test_the_update_modes_offered_are_the_rollout_modes() -> None:
     """``--mode`` takes its choices from ``defaults`` (light to import); ``UpdateMode`` is what runs them."""
     from skyserve_lite.defaults import UPDATE_MODES

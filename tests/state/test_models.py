@@ -13,6 +13,7 @@ from skyserve_lite.state.models import (
     ReplicaRecord,
     ReplicaStatus,
     replace_replica,
+    replica_from_fields,
 )
 
 # status: (live, terminal, a failure of the workload itself)
@@ -71,3 +72,13 @@ def test_replace_replica_gives_what_dataclasses_replace_gives() -> None:
 def test_replace_replica_refuses_a_field_the_row_has_not() -> None:
     with pytest.raises(TypeError, match="no field 'statuss'"):
         replace_replica(_row(), statuss=ReplicaStatus.READY)  # type: ignore[call-arg]
+
+
+def test_a_row_from_its_fields_is_the_row_the_dataclass_makes() -> None:
+    row = _row()
+    made = replica_from_fields(dict(row.__dict__))
+    assert made == row and hash(made) == hash(row) and type(made) is ReplicaRecord
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.status = ReplicaStatus.READY  # type: ignore[misc]
+    with pytest.raises(TypeError, match="19 fields, not 18"):
+        replica_from_fields({k: v for k, v in row.__dict__.items() if k != "zone"})
