@@ -115,9 +115,10 @@ class Reconciler:
         """What the providers list and the probes answer, and the index of those instances (built once:
         probing and planning both look every replica's instance up in it)."""
         instances: dict[str, Sequence[Instance]] = {}
-        for cloud in self._clouds_in_use(snapshots, table.regions):
+        wanted = _find_spec_regions(snapshots)
+        for cloud in self._clouds_in_use(wanted, table.regions):
             provider = self._providers[cloud]
-            regions = self._regions_in_use(snapshots, cloud, table.regions)
+            regions = sorted(r for r in wanted.get(cloud, set()) | table.regions.get(cloud, frozenset()) if r)
             try:
                 found = provider.list_instances(regions)
             except ProviderError as exc:
@@ -145,18 +146,20 @@ class Reconciler:
             log.warning("looking up %d unlisted %s instances failed this pass: %s", len(missing), cloud, exc)
             return []
 
-    @staticmethod
-    def _regions_in_use(snapshots: Sequence[ServiceSnapshot], cloud: str,
-                        replica_regions: Mapping[str, frozenset[str | None]]) -> list[str]:
-        specs = [spec for s in snapshots for spec in (s.spec, *s.versions.values()) if spec.cloud.value == cloud]
-        regions = {c.region for spec in specs for c in spec.resource_candidates}
-        regions |= replica_regions.get(cloud, set())
-        return sorted(region for region in regions if region)
-
-    def _clouds_in_use(self, snapshots: Sequence[ServiceSnapshot],
+    def _clouds_in_use(self, spec_regions: Mapping[str, set[str | None]],
                        replica_regions: Mapping[str, frozenset[str | None]]) -> list[str]:
-        """Every configured cloud that a service or replica uses; local is always listed (it is cheap)
-        so that processes left by a crashed controller are found even with no service left."""
-        used = {s.spec.cloud.value for s in snapshots} | set(replica_regions)
+        """Every configured cloud that a service's version or a replica uses; local is always listed (it is
+        cheap) so that processes left by a crashed controller are found even with no service left."""
+        used = set(spec_regions) | set(replica_regions)
         return sorted(cloud for cloud in self._providers if cloud in used or cloud == "local")
+
+
+def _find_spec_regions(snapshots: Sequence[ServiceSnapshot]) -> dict[str, set[str | None]]:
+    """The regions every version a service or its replicas run may use, by the version's cloud: one scan
+    for every cloud's questions (whether to list it, and where)."""
+    regions: dict[str, set[str | None]] = {}
+    for snapshot in snapshots:
+        for spec in snapshot.versions.values():  # the current version and every one a replica runs
+            regions.setdefault(spec.cloud.value, set()).update(c.region for c in spec.resource_candidates)
+    return regions
 
