@@ -17,6 +17,7 @@ from typing import Protocol
 
 from skyserve_lite.api import ServiceView
 from skyserve_lite.clock import Clock, SystemClock
+from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.errors import WaitTimeoutError
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 
@@ -196,6 +197,10 @@ def _waiting_for(mine: Sequence[ReplicaRecord], old_live: Sequence[ReplicaRecord
     return f"{_which(old_live)} of older versions to leave traffic"
 
 
+# Beyond one load balancer refresh: its loop may run a little late on a busy machine.
+LB_REFRESH_MARGIN_SECONDS = 0.25
+
+
 def wait_for_rollout(controller: StatusReader, name: str, version: int | None, timeout_seconds: float,
                      on_progress: Callable[[RolloutProgress, ServiceView], None] = lambda _p, _v: None,
                      poll_seconds: float = 0.5, clock: Clock | None = None) -> RolloutProgress:
@@ -216,6 +221,10 @@ def wait_for_rollout(controller: StatusReader, name: str, version: int | None, t
         progress = find_rollout_progress(view, version)
         on_progress(progress, view)
         if progress.outcome is RolloutOutcome.DONE:
+            if any(r.version < version and r.status is ReplicaStatus.SHUTTING_DOWN for r in view.replicas):
+                # Drained in the store; the load balancer reads that within a refresh: wait for it, so that
+                # no request sent after the wait returns reaches an old replica.
+                clock.sleep(LB_REFRESH_SECONDS + LB_REFRESH_MARGIN_SECONDS)
             return progress
         if progress.outcome is RolloutOutcome.FAILED:
             raise WaitTimeoutError(f"{name}: version {version} did not roll out: {progress.detail}")

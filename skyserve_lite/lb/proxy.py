@@ -41,6 +41,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 from skyserve_lite.clock import Clock
+from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.settings import DEFAULT_HOLD_SECONDS
@@ -293,7 +294,7 @@ class LoadBalancer:
         source: TargetSource,
         sink: MetricsSink | None,
         clock: Clock,
-        refresh_seconds: float = 0.5,
+        refresh_seconds: float = LB_REFRESH_SECONDS,
         hold_seconds: float = DEFAULT_HOLD_SECONDS,
         max_waiting: int = DEFAULT_MAX_WAITING,
         upstream: Callable[[], UpstreamClient] = PooledUpstream,

@@ -12,9 +12,16 @@ import pytest
 from skyserve_lite.api import LocalController, ServiceView
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.errors import WaitTimeoutError
 from skyserve_lite.state.models import AutoscalerObservation, ReplicaRecord, ReplicaStatus, ServiceRecord, ServiceStatus
-from skyserve_lite.waits import RolloutOutcome, find_rollout_progress, wait_for_rollout, wait_until_replicas_gone
+from skyserve_lite.waits import (
+    LB_REFRESH_MARGIN_SECONDS,
+    RolloutOutcome,
+    find_rollout_progress,
+    wait_for_rollout,
+    wait_until_replicas_gone,
+)
 
 from ..controller.conftest import TASK, Harness
 
@@ -119,7 +126,15 @@ def test_the_wait_follows_the_current_version_until_done() -> None:
                             poll_seconds=1, clock=clock)
     assert (done.version, done.outcome, done.ready) == (2, RolloutOutcome.DONE, 2)
     assert seen == [RolloutOutcome.IN_PROGRESS, RolloutOutcome.IN_PROGRESS, RolloutOutcome.DONE]
-    assert clock.sleeps == [1, 1]
+    # Replica 1 drains: one load balancer refresh (and a margin) more, so that it no longer gets requests.
+    assert clock.sleeps == [1, 1, LB_REFRESH_SECONDS + LB_REFRESH_MARGIN_SECONDS]
+
+
+def test_a_rollout_with_nothing_old_left_returns_at_once() -> None:
+    clock = FakeClock()
+    done = wait_for_rollout(Scripted([view([replica(3, 2, R.READY), replica(4, 2, R.READY)])]), "web", 2, 60,
+                            clock=clock)
+    assert done.outcome is RolloutOutcome.DONE and clock.sleeps == []
 
 
 def test_the_wait_gives_up_at_its_deadline_naming_the_stuck_replica() -> None:

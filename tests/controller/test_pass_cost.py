@@ -51,6 +51,19 @@ def test_statements_per_pass_do_not_grow_with_replicas(tmp_path: Path, services:
     assert few == many, f"{few} statements with 2 replicas a service, {many} with 200"
 
 
+def test_statements_per_pass_do_not_grow_with_services(tmp_path: Path) -> None:
+    def steady_reads(services: int) -> int:
+        harness = settled(tmp_path, services, 2)
+        harness.tick(10)
+        with harness.store.counting() as counts:
+            harness.tick(1)
+        harness.store.close()
+        return counts.reads
+
+    few, many = steady_reads(2), steady_reads(30)
+    assert few == many, f"{few} statements with 2 services, {many} with 30"
+
+
 def test_the_first_pass_writes_its_launches_in_transactions_that_do_not_grow_with_replicas(
         tmp_path: Path) -> None:
     def launch_pass(replicas: int) -> tuple[int, int]:
