@@ -211,6 +211,7 @@ def wait_for_rollout(controller: StatusReader, name: str, version: int | None, t
     (from the controller) for an unknown service."""
     clock = clock or SystemClock()
     deadline = clock.now() + timeout_seconds
+    saw_old = False  # an older replica was live or draining at some poll of this wait
     while True:
         (view,) = controller.get_status([name])
         if version is None:
@@ -220,10 +221,13 @@ def wait_for_rollout(controller: StatusReader, name: str, version: int | None, t
                                    f"{view.service.current_version})")
         progress = find_rollout_progress(view, version)
         on_progress(progress, view)
+        saw_old = saw_old or any(r.version < version and (r.status.is_live or r.status is ReplicaStatus.SHUTTING_DOWN)
+                                 for r in view.replicas)
         if progress.outcome is RolloutOutcome.DONE:
-            if any(r.version < version and r.status is ReplicaStatus.SHUTTING_DOWN for r in view.replicas):
-                # Drained in the store; the load balancer reads that within a refresh: wait for it, so that
-                # no request sent after the wait returns reaches an old replica.
+            if saw_old:
+                # Old replicas left traffic in the store during this wait (draining, or gone already); the
+                # load balancer reads that within a refresh: wait for it, so that no request sent after the
+                # wait returns reaches one.
                 clock.sleep(LB_REFRESH_SECONDS + LB_REFRESH_MARGIN_SECONDS)
             return progress
         if progress.outcome is RolloutOutcome.FAILED:

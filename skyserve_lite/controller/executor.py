@@ -192,14 +192,19 @@ class Executor:
             for batch in batches:
                 rows = list(batch.retry)
                 if batch.count:
-                    new = next(added) or []  # none: the service was deleted since the pass read it
+                    new = next(added)
+                    if new is None:  # the service was deleted since the pass read it: launch none of it
+                        continue
                     rows.extend(new)
                     events.extend(Event(batch.service, r.replica_id, "replica",
                                         f"launching version {batch.version} on {batch.cloud}") for r in new)
                 if rows:
                     outcomes.extend(self._launch(batch, rows, now, events))
-        finally:  # what was launched before a batch that raised is stored all the same
-            self._store.put_replicas(outcomes)
+        finally:
+            # What was launched before a batch that raised is stored all the same; rows of a service deleted
+            # meanwhile are left out (their instances are orphans, terminated by the next pass), so that one
+            # such row does not lose every other outcome of the pass.
+            self._store.put_replicas(outcomes, skip_deleted_services=True)
 
     def _launch(self, batch: LaunchBatch, rows: list[ReplicaRecord], now: float,
                 events: list[Event]) -> list[ReplicaRecord]:

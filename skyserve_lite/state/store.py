@@ -670,12 +670,18 @@ class Store:
         return added
 
     def put_replicas(self, records: Sequence[ReplicaRecord],
-                     active_versions: Mapping[str, tuple[int, ...]] | None = None) -> None:
+                     active_versions: Mapping[str, tuple[int, ...]] | None = None, *,
+                     skip_deleted_services: bool = False) -> None:
         """Write whole replica rows (insert or replace) and services' active versions in one transaction,
-        so a load balancer never sees replicas leave traffic before the versions replacing them arrive."""
+        so a load balancer never sees replicas leave traffic before the versions replacing them arrive.
+        ``skip_deleted_services``: leave out the rows of services that no longer exist (else writing one
+        fails the whole transaction)."""
         if not records and not active_versions:
             return
         with self._write() as db:
+            if skip_deleted_services and records:
+                existing = {row[0] for row in db.execute("SELECT name FROM services")}
+                records = [r for r in records if r.service in existing]
             _put_replicas(db, records)
             for name, versions in (active_versions or {}).items():
                 db.execute("UPDATE services SET active_versions = ? WHERE name = ?", (json.dumps(list(versions)), name))

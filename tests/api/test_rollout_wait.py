@@ -130,6 +130,14 @@ def test_the_wait_follows_the_current_version_until_done() -> None:
     assert clock.sleeps == [1, 1, LB_REFRESH_SECONDS + LB_REFRESH_MARGIN_SECONDS]
 
 
+def test_old_replicas_gone_between_two_polls_still_leave_the_load_balancer_its_refresh() -> None:
+    clock = FakeClock()
+    script = Scripted([view([replica(1, 1, R.READY), replica(3, 2, R.READY)]),  # drained and removed unseen
+                       view([replica(3, 2, R.READY), replica(4, 2, R.READY)])])
+    wait_for_rollout(script, "web", 2, 60, poll_seconds=1, clock=clock)
+    assert clock.sleeps == [1, LB_REFRESH_SECONDS + LB_REFRESH_MARGIN_SECONDS]
+
+
 def test_a_rollout_with_nothing_old_left_returns_at_once() -> None:
     clock = FakeClock()
     done = wait_for_rollout(Scripted([view([replica(3, 2, R.READY), replica(4, 2, R.READY)])]), "web", 2, 60,
