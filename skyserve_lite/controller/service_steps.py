@@ -16,7 +16,7 @@ from skyserve_lite.controller.pass_types import LaunchBatch, ServiceSnapshot
 from skyserve_lite.controller.replica_rules import ReplicaStep, is_maybe_unlisted
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.plan.rollout import plan_rollout_step
-from skyserve_lite.plan.scaling import find_recent_failures, find_scale_down_order
+from skyserve_lite.plan.scaling import find_recent_failures, find_scale_down_order, is_launch_blocked
 from skyserve_lite.spec.config import is_same_replica_config
 from skyserve_lite.state.models import (
     AutoscalerObservation,
@@ -94,7 +94,7 @@ class StepCensus:
 
     def is_launch_blocked(self, failure_limit: int) -> bool:
         """``plan.scaling.is_launch_blocked`` of the kept rows, for the current version."""
-        return len(self.recent_failures) >= failure_limit
+        return is_launch_blocked(self.recent_failures, failure_limit)
 
 
 def plan_reuse(snapshot: ServiceSnapshot, steps: list[ReplicaStep]) -> list[ReplicaStep]:

@@ -18,42 +18,31 @@ whose pass decided something).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.controller.pass_types import ServiceSnapshot
 from skyserve_lite.controller.service_steps import StepCensus
-from skyserve_lite.plan.rollout import UpdateMode
-from skyserve_lite.spec.model import TaskSpec
-from skyserve_lite.state.models import AutoscalerObservation, ReplicaRecord, ServiceRecord
 
 
 @dataclass(frozen=True, slots=True)
 class _Settled:
-    """What a pass that decided nothing read of one service, and the census of its steps."""
+    """The snapshot a pass that decided nothing read of one service, and the census of its steps."""
 
-    service: ServiceRecord
-    versions: Mapping[int, TaskSpec]
-    replicas: tuple[ReplicaRecord, ...]
-    lb_alive: bool
-    mode: UpdateMode
-    autoscaler: AutoscalerState | None
-    observed: AutoscalerObservation | None
-    reuse_identical_files: bool
-    terminate_requested: frozenset[int]
+    snapshot: ServiceSnapshot
     known_clouds: frozenset[str]
     census: StepCensus
 
     def holds_for(self, snapshot: ServiceSnapshot, known_clouds: frozenset[str]) -> bool:
-        versions = snapshot.versions
-        return (snapshot.service is self.service and snapshot.replicas is self.replicas
-                and len(versions) == len(self.versions)
-                and all(versions.get(number) is spec for number, spec in self.versions.items())
-                and snapshot.lb_alive == self.lb_alive and snapshot.mode is self.mode
-                and snapshot.autoscaler == self.autoscaler and snapshot.observed == self.observed
-                and snapshot.reuse_identical_files == self.reuse_identical_files
-                and snapshot.terminate_requested == self.terminate_requested
+        """Whether ``snapshot`` holds what the later steps read, as this one did (its metrics are the
+        autoscaler's, asked again every pass)."""
+        last, versions = self.snapshot, snapshot.versions
+        return (snapshot.service is last.service and snapshot.replicas is last.replicas
+                and len(versions) == len(last.versions)
+                and all(versions.get(number) is spec for number, spec in last.versions.items())
+                and snapshot.lb_alive == last.lb_alive and snapshot.mode is last.mode
+                and snapshot.autoscaler == last.autoscaler and snapshot.observed == last.observed
+                and snapshot.reuse_identical_files == last.reuse_identical_files
+                and snapshot.terminate_requested == last.terminate_requested
                 and known_clouds == self.known_clouds)
 
 
@@ -82,11 +71,4 @@ class SettledServices:
 
     def remember(self, snapshot: ServiceSnapshot, known_clouds: frozenset[str], census: StepCensus) -> None:
         """This pass decided nothing for the service, over ``snapshot``: every step kept its row."""
-        self._this[snapshot.service.name] = _Settled(
-            service=snapshot.service, versions=snapshot.versions, replicas=snapshot.replicas,
-            lb_alive=snapshot.lb_alive, mode=snapshot.mode, autoscaler=snapshot.autoscaler,
-            observed=snapshot.observed, reuse_identical_files=snapshot.reuse_identical_files,
-            terminate_requested=snapshot.terminate_requested, known_clouds=known_clouds, census=census)
-
-    def __len__(self) -> int:
-        return len(self._this)
+        self._this[snapshot.service.name] = _Settled(snapshot, known_clouds, census)

@@ -32,12 +32,13 @@ def find_recent_failures(replicas: Sequence[ReplicaRecord], version: int) -> lis
     return [r for r in failed if last_ready is None or r.launched_at > last_ready]
 
 
-def is_launch_blocked(replicas: Sequence[ReplicaRecord], version: int, failure_limit: int) -> bool:
+def is_launch_blocked(recent_failures: Sequence[ReplicaRecord], failure_limit: int) -> bool:
     """True once ``failure_limit`` replicas of the version failed before ever becoming ready, counting
-    since a replica of the version last became ready.
+    since a replica of the version last became ready (``recent_failures``: ``find_recent_failures`` of the
+    version's replicas, which the controller counts once per pass).
 
     With the default limit 3: a `run` that exits at once fails replicas 1, 2 and 3, then launching stops
     instead of starting a fourth copy of a broken command every pass. Replicas of older versions that
     still serve do not lift the block: an update to a broken version must not relaunch forever.
     """
-    return len(find_recent_failures(replicas, version)) >= failure_limit
+    return len(recent_failures) >= failure_limit

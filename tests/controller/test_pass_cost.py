@@ -37,30 +37,24 @@ def test_a_steady_pass_writes_nothing(tmp_path: Path) -> None:
     harness.store.close()
 
 
+def steady_reads(tmp_path: Path, services: int, replicas: int) -> int:
+    """The statements a steady pass sends over ``services`` settled services of ``replicas`` each."""
+    harness = settled(tmp_path, services, replicas)
+    harness.tick(10)
+    with harness.store.counting() as counts:
+        harness.tick(1)
+    harness.store.close()
+    return counts.reads
+
+
 @pytest.mark.parametrize("services", [1, 4])
 def test_statements_per_pass_do_not_grow_with_replicas(tmp_path: Path, services: int) -> None:
-    def steady_reads(replicas: int) -> int:
-        harness = settled(tmp_path, services, replicas)
-        harness.tick(10)
-        with harness.store.counting() as counts:
-            harness.tick(1)
-        harness.store.close()
-        return counts.reads
-
-    few, many = steady_reads(2), steady_reads(200)
+    few, many = steady_reads(tmp_path, services, 2), steady_reads(tmp_path, services, 200)
     assert few == many, f"{few} statements with 2 replicas a service, {many} with 200"
 
 
 def test_statements_per_pass_do_not_grow_with_services(tmp_path: Path) -> None:
-    def steady_reads(services: int) -> int:
-        harness = settled(tmp_path, services, 2)
-        harness.tick(10)
-        with harness.store.counting() as counts:
-            harness.tick(1)
-        harness.store.close()
-        return counts.reads
-
-    few, many = steady_reads(2), steady_reads(30)
+    few, many = steady_reads(tmp_path, 2, 2), steady_reads(tmp_path, 30, 2)
     assert few == many, f"{few} statements with 2 services, {many} with 30"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skyserve_lite.plan.scaling import find_scale_down_order, is_launch_blocked
+from skyserve_lite.plan.scaling import find_recent_failures, find_scale_down_order, is_launch_blocked
 from skyserve_lite.state.models import ReplicaRecord
 from skyserve_lite.state.models import ReplicaStatus as S
 
@@ -51,4 +51,4 @@ def test_scale_down_order(replicas: list[ReplicaRecord], expected: list[int]) ->
     ],
 )
 def test_launch_blocked(replicas: list[ReplicaRecord], blocked: bool) -> None:
-    assert is_launch_blocked(replicas, version=1, failure_limit=3) is blocked
+    assert is_launch_blocked(find_recent_failures(replicas, version=1), failure_limit=3) is blocked
