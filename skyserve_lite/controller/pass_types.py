@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
-from skyserve_lite.autoscalers.base import AutoscalerState, Metrics
+from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.providers.base import Instance
@@ -23,8 +24,24 @@ ReplicaKey = tuple[str, int]  # (service, replica_id)
 
 
 @dataclass(frozen=True)
+class ServiceLoad:
+    """What the store says of a service's load at the start of a pass: the request window's count, and what
+    the load balancer reported if its report is fresh. No clock reading in it: the autoscaler's ``Metrics``
+    are these with the pass's time, so that a snapshot read again over unchanged rows equals the last one."""
+
+    requests_in_window: int = 0
+    window_seconds: float = 60.0
+    waiting_requests: int = 0  # requests the load balancer holds because no replica is READY
+    ongoing_requests_by_url: tuple[tuple[str, int], ...] = ()  # in-flight requests, as reported, by replica url
+
+
+@dataclass(frozen=True)
 class ServiceSnapshot:
-    """A service as the store holds it at the start of a pass."""
+    """A service as the store holds it at the start of a pass.
+
+    Values only, no clock reading: a pass that reads the very same rows of a service as the last pass did is
+    handed the last pass's snapshot (``snapshots.read_snapshot``), and what is derived from it (the
+    ``cached_property`` values) is kept with it."""
 
     service: ServiceRecord
     versions: Mapping[int, TaskSpec]  # the current version and every version a replica runs
@@ -33,7 +50,7 @@ class ServiceSnapshot:
     mode: UpdateMode = UpdateMode.ROLLING  # how the current version rolls out
     autoscaler: AutoscalerState | None = None  # None before the first decision
     observed: AutoscalerObservation | None = None
-    metrics: Metrics | None = None  # what the load balancer reported; None: nothing yet
+    load: ServiceLoad | None = None  # the request window and the load balancer's report; None: nothing yet
     # The current version's update reuses replicas whose files are identical (`--reuse-identical-files`).
     reuse_identical_files: bool = False
     # Replicas an operator asked to terminate (`serve down NAME --replica-id N`) and not yet acted on.
@@ -42,6 +59,11 @@ class ServiceSnapshot:
     @property
     def spec(self) -> TaskSpec:
         return self.versions[self.service.current_version]
+
+    @cached_property
+    def readiness_probes(self) -> Mapping[int, ReadinessProbe]:
+        """The readiness probe of each version in ``versions``."""
+        return {version: spec.service.readiness_probe for version, spec in self.versions.items()}
 
 
 @dataclass(frozen=True)

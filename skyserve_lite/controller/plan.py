@@ -95,7 +95,7 @@ def find_probe_targets(snapshots: Sequence[ServiceSnapshot], index: InstanceInde
     targets = []
     known, running = index.known_clouds, InstanceState.RUNNING
     for snapshot in snapshots:
-        probes = {version: spec.service.readiness_probe for version, spec in snapshot.versions.items()}
+        probes = snapshot.readiness_probes
         for replica, instance in zip(snapshot.replicas, index.find_all(snapshot.replicas), strict=True):
             if not replica.status.is_live or replica.cloud not in known:
                 continue
@@ -186,7 +186,7 @@ def plan_replica_steps(snapshot: ServiceSnapshot, index: InstanceIndex, probes: 
     """Each replica's own next step (``plan_replica``), in the order of ``snapshot.replicas``."""
     steps: list[ReplicaStep] = []
     known, name = index.known_clouds, snapshot.service.name
-    readiness = {version: spec.service.readiness_probe for version, spec in snapshot.versions.items()}
+    readiness = snapshot.readiness_probes
     for replica, instance in zip(snapshot.replicas, index.find_all(snapshot.replicas), strict=True):
         if replica.cloud not in known:
             steps.append(ReplicaStep(replica))  # inventory unknown this pass: decide nothing

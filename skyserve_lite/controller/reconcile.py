@@ -55,6 +55,7 @@ class Reconciler:
         self._versions = VersionCache()
         self._tables = ReplicaTables()
         self._settled = SettledServices()
+        self._snapshots: dict[str, ServiceSnapshot] = {}  # the last pass's, handed back while nothing changed
 
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
@@ -84,13 +85,16 @@ class Reconciler:
         except Exception:  # one service's undecodable row must not stop the others: read each alone
             log.exception("cannot read every service's state at once; reading each service alone this pass")
             reads = None
+        last = self._snapshots
         for service in self._store.list_services():
             try:
                 snapshots.append(read_snapshot(self._store, service, table.by_service.get(service.name, ()), now,
-                                               self._settings, self._lb_runner.is_alive, self._versions, reads))
+                                               self._settings, self._lb_runner.is_alive, self._versions, reads,
+                                               last.get(service.name)))
             except Exception:  # one service's unreadable state must not stop the others' passes
                 log.exception("cannot read service %s; leaving it alone this pass", service.name)
                 unreadable.add(service.name)
+        self._snapshots = {snapshot.service.name: snapshot for snapshot in snapshots}
         return snapshots, unreadable
 
     def _plan(self, snapshots: Sequence[ServiceSnapshot], unreadable: set[str], observation: Observation,

@@ -5,14 +5,13 @@ Pure functions over ``ReplicaStep`` lists; ``controller.plan`` composes them int
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from skyserve_lite.autoscalers.base import Decision, Metrics
 from skyserve_lite.autoscalers.dispatch import carry_over, make_autoscaler
 from skyserve_lite.autoscalers.fallback import MarketTargets, plan_market_targets
-from skyserve_lite.controller.pass_types import LaunchBatch, ServiceSnapshot
+from skyserve_lite.controller.pass_types import LaunchBatch, ServiceLoad, ServiceSnapshot
 from skyserve_lite.controller.replica_rules import ReplicaStep, is_maybe_unlisted
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.plan.rollout import plan_rollout_step
@@ -169,15 +168,17 @@ def plan_autoscale(snapshot: ServiceSnapshot, census: StepCensus, now: float,
     policy = snapshot.spec.service.replica_policy
     autoscaler = make_autoscaler(policy, settings.autoscaler_period_seconds)
     state = carry_over(snapshot.autoscaler, policy, snapshot.service.current_version)
-    reported = snapshot.metrics or Metrics(now=now)
-    in_flight = reported.ongoing_requests_by_url
+    load = snapshot.load or ServiceLoad()
+    in_flight = load.ongoing_requests_by_url
     ongoing: tuple[float, ...] = ()
     if in_flight:  # what the load balancer reported, for the replicas READY now (one not reported is idle)
         counts = dict(in_flight)
         ongoing = tuple(float(counts.get(url or "", 0)) for url in census.ready_urls)
     else:
         ongoing = (0.0,) * len(census.ready_urls)
-    metrics = dataclasses.replace(reported, now=now, ongoing_requests=ongoing)
+    metrics = Metrics(now=now, requests_in_window=load.requests_in_window, window_seconds=load.window_seconds,
+                      ongoing_requests=ongoing, waiting_requests=load.waiting_requests,
+                      ongoing_requests_by_url=in_flight)
     decision = autoscaler.decide(state, metrics)
     if not decision.decided and snapshot.observed is not None and snapshot.autoscaler == decision.state:
         return decision, snapshot.observed  # between decisions: nothing new to record

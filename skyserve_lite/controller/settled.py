@@ -36,6 +36,8 @@ class _Settled:
         """Whether ``snapshot`` holds what the later steps read, as this one did (its metrics are the
         autoscaler's, asked again every pass)."""
         last, versions = self.snapshot, snapshot.versions
+        if snapshot is last:  # read again over the very same rows (``snapshots.read_snapshot``)
+            return known_clouds == self.known_clouds
         return (snapshot.service is last.service and snapshot.replicas is last.replicas
                 and len(versions) == len(last.versions)
                 and all(versions.get(number) is spec for number, spec in last.versions.items())

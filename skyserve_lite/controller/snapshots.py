@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from skyserve_lite.autoscalers.base import AutoscalerState, Metrics
-from skyserve_lite.controller.pass_types import ServiceSnapshot
+from skyserve_lite.autoscalers.base import AutoscalerState
+from skyserve_lite.controller.pass_types import ServiceLoad, ServiceSnapshot
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.state.models import AutoscalerObservation, LbReport, ReplicaRecord, ServiceRecord, VersionRecord
@@ -74,33 +74,49 @@ class ServiceReads:
 
 def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[ReplicaRecord], now: float,
                   settings: ControllerSettings, is_lb_alive: Callable[[int], bool],
-                  versions: VersionCache, reads: ServiceReads | None = None) -> ServiceSnapshot:
-    """``service`` with the versions it and its replicas run, its autoscaler state and load metrics
-    (from ``reads``, or read for this service alone when None).
+                  versions: VersionCache, reads: ServiceReads | None = None,
+                  last: ServiceSnapshot | None = None) -> ServiceSnapshot:
+    """``service`` with the versions it and its replicas run, its autoscaler state and its load (from
+    ``reads``, or read for this service alone when None).
+
+    ``last``: the snapshot the previous pass read of this service. When this read finds the very same rows
+    (the store hands back the same decoded values while a row is unchanged) and equal values besides, it is
+    returned itself: a settled service costs a pass a few comparisons, not a snapshot built again, and what
+    a pass keeps by a snapshot's identity (``controller.settled``) holds.
 
     Raises what the store raises (a version row that is missing or cannot be parsed): the caller decides
     whether that stops one service or everything.
     """
     if reads is None:
         reads = ServiceReads.read_one(store, service.name, now, settings)
-    records = {v: versions.get(store, service, v) for v in {service.current_version, *(r.version for r in replicas)}}
     lb_alive = service.lb_pid is not None and is_lb_alive(service.lb_pid)
-    mode = UpdateMode.of_version(records[service.current_version].mode)
     stored = reads.autoscalers.get(service.name)
+    load = compute_load(reads, service.name, now, settings)
+    terminate = reads.terminate_requested.get(service.name, frozenset())
+    if (last is not None and last.service is service and _is_same_rows(last.replicas, replicas)
+            and last.lb_alive == lb_alive and (last.autoscaler, last.observed) == (stored or (None, None))
+            and last.load == load and last.terminate_requested == terminate):
+        return last
+    records = {v: versions.get(store, service, v) for v in {service.current_version, *(r.version for r in replicas)}}
+    mode = UpdateMode.of_version(records[service.current_version].mode)
     return ServiceSnapshot(
         service, {v: record.spec for v, record in records.items()}, tuple(replicas), lb_alive, mode,
-        autoscaler=stored[0] if stored else None, observed=stored[1] if stored else None,
-        metrics=compute_metrics(reads, service.name, now, settings),
+        autoscaler=stored[0] if stored else None, observed=stored[1] if stored else None, load=load,
         reuse_identical_files=records[service.current_version].reuse_identical_files,
-        terminate_requested=reads.terminate_requested.get(service.name, frozenset()))
+        terminate_requested=terminate)
 
 
-def compute_metrics(reads: ServiceReads, service: str, now: float, settings: ControllerSettings) -> Metrics:
+def _is_same_rows(last: Sequence[ReplicaRecord], replicas: Sequence[ReplicaRecord]) -> bool:
+    """Whether ``replicas`` are the very rows of ``last``, in order (by identity: no field is compared)."""
+    return last is replicas or (len(last) == len(replicas) and all(a is b for a, b in zip(last, replicas, strict=True)))
+
+
+def compute_load(reads: ServiceReads, service: str, now: float, settings: ControllerSettings) -> ServiceLoad:
     """Requests of the request window, and the load balancer's report if it is fresh."""
     window = settings.autoscaler_window_seconds
     requests = reads.requests.get(service, 0)
     report = reads.reports.get(service)
     if report is None or now - report.reported_at > REPORT_STALE_SECONDS:
-        return Metrics(now=now, requests_in_window=requests, window_seconds=window)
-    return Metrics(now=now, requests_in_window=requests, window_seconds=window, waiting_requests=report.waiting,
-                   ongoing_requests_by_url=report.in_flight)
+        return ServiceLoad(requests_in_window=requests, window_seconds=window)
+    return ServiceLoad(requests_in_window=requests, window_seconds=window, waiting_requests=report.waiting,
+                       ongoing_requests_by_url=report.in_flight)

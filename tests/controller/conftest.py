@@ -2,12 +2,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.controller import plan as plan_module
 from skyserve_lite.controller import reconcile as reconcile_module
+from skyserve_lite.controller import snapshots as snapshots_module
 from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
 from skyserve_lite.controller.plan import InstanceIndex, PassPlan, ReplicaKey, ServiceSnapshot
 from skyserve_lite.controller.probe import FakeProber
@@ -91,3 +93,20 @@ def settled_services_plan_what_a_whole_pass_plans(monkeypatch: pytest.MonkeyPatc
         return made
 
     monkeypatch.setattr(reconcile_module, "plan_service_pass", checked)
+
+
+@pytest.fixture(autouse=True)
+def snapshots_handed_back_equal_what_a_fresh_read_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In every controller test, a snapshot a pass is handed back from the last pass (nothing it reads
+    changed) is checked against the snapshot read afresh from the same rows."""
+    read = snapshots_module.read_snapshot
+
+    def checked(*args: Any, **kwargs: Any) -> ServiceSnapshot:
+        made = read(*args, **kwargs)
+        last = kwargs.get("last", args[8] if len(args) > 8 else None)
+        if made is last:
+            fresh = read(*args[:8], **{k: v for k, v in kwargs.items() if k != "last"})
+            assert fresh is not last and fresh == made, made.service.name
+        return made
+
+    monkeypatch.setattr(reconcile_module, "read_snapshot", checked)

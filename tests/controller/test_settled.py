@@ -10,11 +10,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from skyserve_lite.autoscalers.base import AutoscalerState
+from skyserve_lite.controller import reconcile as reconcile_module
 from skyserve_lite.controller.pass_types import ServiceSnapshot
 from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.settled import SettledServices
+from skyserve_lite.controller.snapshots import REPORT_STALE_SECONDS
 from skyserve_lite.providers.base import InstanceState
-from skyserve_lite.state.models import AutoscalerObservation, ReplicaStatus, ServiceStatus
+from skyserve_lite.state.models import AutoscalerObservation, LbReport, ReplicaStatus, ServiceStatus
 
 from .conftest import TASK, Harness
 
@@ -31,6 +33,25 @@ def carried(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     monkeypatch.setattr(SettledServices, "carry", recording)
     yield names
+
+
+@pytest.fixture
+def read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ServiceSnapshot]]:
+    """Every snapshot the passes read, in order."""
+    snapshots: list[ServiceSnapshot] = []
+    read_snapshot = vars(reconcile_module)["read_snapshot"]  # as the autouse check wraps it
+
+    def recording(*args: object, **kwargs: object) -> ServiceSnapshot:
+        snapshot: ServiceSnapshot = read_snapshot(*args, **kwargs)
+        snapshots.append(snapshot)
+        return snapshot
+
+    monkeypatch.setattr(reconcile_module, "read_snapshot", recording)
+    yield snapshots
+
+
+def of(snapshots: list[ServiceSnapshot], name: str) -> list[ServiceSnapshot]:
+    return [s for s in snapshots if s.service.name == name]
 
 
 def settle(harness: Harness, names: tuple[str, ...] = ("svc", "other")) -> None:
@@ -142,3 +163,61 @@ def test_an_autoscaled_service_settles_between_decisions_and_follows_a_new_targe
     carried.clear()
     harness.tick()
     assert carried == [] and len(harness.replicas()) == 2
+
+
+def _requests_counted(h: Harness) -> None:
+    h.store.record_request_counts("svc", {int(h.clock.now()): 3})
+
+
+def _load_balancer_reports(h: Harness) -> None:
+    h.store.record_lb_report("svc", LbReport(reported_at=h.clock.now(), in_flight=(("http://127.0.0.1:1", 2),)))
+
+
+# What a snapshot holds besides the replicas' observations (probes and instances are not in it).
+SNAPSHOT_CHANGES: dict[str, Callable[[Harness], None]] = {
+    "load balancer dies": _load_balancer_dies,
+    "update": _scaled_by_update,
+    "operator terminates": _operator_terminates_a_replica,
+    "service row": _service_row_changed_elsewhere,
+    "autoscaler row": _autoscaler_row_changed_elsewhere,
+    "requests counted": _requests_counted,
+    "load balancer reports": _load_balancer_reports,
+}
+
+
+def test_a_pass_over_unchanged_rows_is_handed_the_last_snapshot(harness: Harness, read: list[ServiceSnapshot]) -> None:
+    settle(harness)
+    harness.tick()
+    read.clear()
+    for _ in range(3):
+        harness.tick()
+    for name in ("svc", "other"):
+        first, *rest = of(read, name)
+        assert len(rest) == 2 and all(s is first for s in rest), name
+
+
+@pytest.mark.parametrize("change", SNAPSHOT_CHANGES, ids=list(SNAPSHOT_CHANGES))
+def test_a_change_to_what_a_snapshot_holds_reads_a_new_one(harness: Harness, read: list[ServiceSnapshot],
+                                                            change: str) -> None:
+    settle(harness)
+    harness.tick()
+    read.clear()
+    harness.tick()
+    SNAPSHOT_CHANGES[change](harness)
+    harness.tick()
+    before, after = of(read, "svc")
+    assert after is not before and after != before
+    assert of(read, "other")[0] is of(read, "other")[1]  # the other service's rows did not change
+
+
+def test_a_load_balancer_report_going_stale_reads_a_new_snapshot(harness: Harness,
+                                                                 read: list[ServiceSnapshot]) -> None:
+    settle(harness)
+    _load_balancer_reports(harness)
+    harness.tick()
+    read.clear()
+    harness.tick()
+    harness.tick(seconds=REPORT_STALE_SECONDS)
+    fresh, stale = of(read, "svc")
+    assert fresh.load is not None and fresh.load.ongoing_requests_by_url == (("http://127.0.0.1:1", 2),)
+    assert stale.load is not None and stale.load.ongoing_requests_by_url == ()
