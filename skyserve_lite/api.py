@@ -23,7 +23,6 @@ from skyserve_lite.controller.daemon import controller_log_path, ensure_controll
 from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START, find_lb_port, lb_log_path
 from skyserve_lite.controller.pidfile import read_controller_pid
-from skyserve_lite.controller.replica_rules import describe_starting
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.defaults import DEFAULT_EVENTS as DEFAULT_EVENTS  # re-exported: the clients import it here
 from skyserve_lite.errors import (
@@ -35,9 +34,7 @@ from skyserve_lite.errors import (
     UsageError,
     WaitTimeoutError,
 )
-from skyserve_lite.logview import select_lines
 from skyserve_lite.providers.base import ReplicaLog
-from skyserve_lite.spec.config import find_config_changes, find_service_changes
 from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
 from skyserve_lite.spec.model import SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import is_valid_service_name, parse_task, to_service_name
@@ -50,7 +47,6 @@ from skyserve_lite.state.models import (
     ServiceRecord,
     VersionRecord,
 )
-from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
 
 if TYPE_CHECKING:
@@ -60,9 +56,11 @@ if TYPE_CHECKING:
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.plan.update import UpdatePlan
     from skyserve_lite.spec.placement import Resolution
+    from skyserve_lite.state.secrets import SecretStore
 
-# What only some calls need is imported by them (forecasting, providers, force-down, capturing files): a status
-# read, which a controller host answers in a process of its own per call, stays cheap to start.
+# What only some calls need is imported by them (forecasting, providers, force-down, capturing files, secrets,
+# config comparisons, log selection): a status read, which a controller host answers in a process of its own
+# per call, stays cheap to start.
 
 
 @dataclass(frozen=True)
@@ -306,7 +304,7 @@ class LocalController:
         version that needs them (see ``files.blobs``)."""
         from skyserve_lite.files.blobs import blob_store_of
 
-        task, inputs = bind_submission(task, previous, SecretStore(self.home), keep_secrets=True)
+        task, inputs = bind_submission(task, previous, _secret_store(self.home), keep_secrets=True)
         settings = check_submission(task)
         blobs = blob_store_of(self.home)
         with _capture_lock(task, blobs):
@@ -407,6 +405,8 @@ class LocalController:
         starting = ReplicaStatus.STARTING
         for replica in replicas:
             if replica.status is starting and replica.status_reason:
+                from skyserve_lite.controller.replica_rules import describe_starting  # only when one starts
+
                 if replica.version not in delays:
                     spec = store.get_version(service.name, replica.version).spec
                     delays[replica.version] = spec.service.readiness_probe.initial_delay_seconds
@@ -452,7 +452,7 @@ class LocalController:
                 store.close()
         from skyserve_lite.files.capture import check_task_sources, find_task_dir, format_size, needs_capture
 
-        task, _ = bind_submission(task, None, SecretStore(self.home), keep_secrets=False)
+        task, _ = bind_submission(task, None, _secret_store(self.home), keep_secrets=False)
         notes: list[str] = []
         settings = check_submission(task, notes)
         if needs_capture(task.spec):
@@ -473,7 +473,7 @@ class LocalController:
         try:
             service = store.get_service(name)
             previous = store.get_version(name, service.current_version)
-            task, _ = bind_submission(task, previous, SecretStore(self.home), keep_secrets=False)
+            task, _ = bind_submission(task, previous, _secret_store(self.home), keep_secrets=False)
             check_submission(task)
             task = _with_files(task, settings, blobs=None)  # hashed only: a plan stores nothing
             now = self._clock.now()
@@ -569,6 +569,8 @@ class LocalController:
         if log.path is None:
             text = (log.text or "").encode()
             if since is not None or tail is not None:
+                from skyserve_lite.logview import select_lines
+
                 text = b"".join(select_lines(text.splitlines(keepends=True), since=since, tail=tail))
             return iter([text])
         return read_file_chunks(log.path, follow, self._clock, since=since, tail=tail)
@@ -610,6 +612,12 @@ class LocalController:
         from skyserve_lite.forcedown import force_down
 
         return force_down(self.home, regions=regions)
+
+
+def _secret_store(home: Path) -> SecretStore:
+    from skyserve_lite.state.secrets import SecretStore
+
+    return SecretStore(home)
 
 
 def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets: SecretStore, *,
@@ -728,6 +736,8 @@ def read_file_chunks(path: Path, follow: bool, clock: Clock, poll_seconds: float
     def chunks() -> Iterator[bytes]:
         with stream:
             if since is not None or tail is not None:
+                from skyserve_lite.logview import select_lines
+
                 present = _read_lines(stream, os.fstat(stream.fileno()).st_size)
                 yield from _join_in_chunks(select_lines(present, since=since, tail=tail))
             while True:
@@ -827,6 +837,8 @@ def describe_history(versions: Sequence[VersionRecord]) -> list[HistoryEntry]:
 def summarize_change(previous: VersionRecord | None, record: VersionRecord) -> str:
     if previous is None:
         return "initial version"
+    from skyserve_lite.spec.config import find_config_changes, find_service_changes
+
     replaced = find_config_changes(previous.spec, record.spec, reuse_identical_files=record.reuse_identical_files)
     settings = find_service_changes(previous.spec, record.spec)
     details = "; ".join(c.describe() for c in (*replaced, *settings))

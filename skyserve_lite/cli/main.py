@@ -415,7 +415,9 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
             [view] = _controller().get_status(names)
             click.echo(view.service.endpoint)
             return
-        report = _controller().get_status_report(names, events=events)
+        # The table shows events only of services named: for the whole fleet they are not read.
+        shown_events = events if output == "json" or names else 0
+        report = _controller().get_status_report(names, events=shown_events)
         views, state = list(report.services), report.controller
         unverified = state.unverified_for
         if output == "json":  # without the renderers: scripts polling a fleet's JSON do not import rich

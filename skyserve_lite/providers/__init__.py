@@ -6,7 +6,6 @@ fast and works without them installed.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 def available_clouds() -> tuple[str, ...]:
     """Clouds this installation can run; `serve up` rejects the others before storing anything."""
     clouds = ["local"]
-    if importlib.util.find_spec("boto3") is not None:
+    if _has_module("boto3"):
         clouds.append("aws")
     if _has_module("google.cloud.compute_v1"):
         clouds.append("gcp")
@@ -32,6 +31,8 @@ def available_clouds() -> tuple[str, ...]:
 
 
 def _has_module(name: str) -> bool:
+    import importlib.util
+
     try:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # a parent package is missing

@@ -16,11 +16,11 @@ from skyserve_lite.remote.config import (
     known_hosts_path,
 )
 from skyserve_lite.remote.ssh import SshTarget, control_dir, ssh_argv, ssh_options
-from skyserve_lite.remote.transport import CommandTransport
 
 if TYPE_CHECKING:
     from skyserve_lite.remote.bootstrap import RemoteShell
     from skyserve_lite.remote.client import RemoteController
+    from skyserve_lite.remote.transport import CommandTransport
 
 
 def open_controller(home: Path, env: Mapping[str, str]) -> api.Controller:
@@ -43,6 +43,8 @@ def open_remote(home: Path, record: ControllerRecord) -> RemoteController:
 
 def ssh_transport(home: Path, choice: Choice) -> CommandTransport:
     """``ssh ... HOST 'SKY_LITE_HOME=... exec <venv>/bin/sky-lite controller rpc'`` for the chosen host."""
+    from skyserve_lite.remote.transport import CommandTransport  # not for a local controller
+
     if choice.record is not None:
         target: SshTarget = choice.record.target
         options = ssh_options(target, known_hosts_path(home), control_dir(home))

@@ -1,39 +1,6 @@
-"""Task and service spec: parsing, validation, typed values and the replica-config comparison."""
+"""Task and service spec: parsing (``parse``), validation, typed values (``model``) and the replica-config
+comparison (``config``).
 
-from skyserve_lite.spec.config import (
-    FieldChange,
-    compute_config_fingerprint,
-    compute_replica_config,
-    find_config_changes,
-    is_same_replica_config,
-)
-from skyserve_lite.spec.model import (
-    Cloud,
-    LoadBalancingPolicy,
-    ReadinessProbe,
-    ReplicaPolicy,
-    Resources,
-    ServiceSpec,
-    SubmittedTask,
-    TaskSpec,
-)
-from skyserve_lite.spec.parse import is_valid_service_name, load_task_file, parse_task
-
-__all__ = [
-    "Cloud",
-    "FieldChange",
-    "LoadBalancingPolicy",
-    "ReadinessProbe",
-    "ReplicaPolicy",
-    "Resources",
-    "ServiceSpec",
-    "SubmittedTask",
-    "TaskSpec",
-    "compute_config_fingerprint",
-    "compute_replica_config",
-    "find_config_changes",
-    "is_same_replica_config",
-    "is_valid_service_name",
-    "load_task_file",
-    "parse_task",
-]
+Nothing is imported here: each caller imports the module it uses, so that reading a version's spec
+(``parse``, ``model``) does not load the file manifests and hashing that only comparing configs needs.
+"""

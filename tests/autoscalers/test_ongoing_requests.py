@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from skyserve_lite.autoscalers import (
+from skyserve_lite.autoscalers.base import AutoscalerState, Metrics
+from skyserve_lite.autoscalers.ongoing_requests import (
     CONTROL_LOOP_PERIOD_S,
     AutoscalingConfig,
     BasicAutoscalingPolicy,
+    OngoingRequestsAutoscaler,
     calculate_desired_num_replicas,
 )
-from skyserve_lite.autoscalers.base import AutoscalerState, Metrics
-from skyserve_lite.autoscalers.ongoing_requests import OngoingRequestsAutoscaler
 
 
 def test_example_from_the_docs() -> None:

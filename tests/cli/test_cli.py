@@ -8,13 +8,14 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
 import pytest
 
 from skyserve_lite import procs
-from skyserve_lite.api import ControllerStatus, LocalController
+from skyserve_lite.api import DEFAULT_EVENTS, ControllerStatus, LocalController, StatusReport
 from skyserve_lite.cli.main import main
 from skyserve_lite.cli.params import FiniteFloatRange
 from skyserve_lite.clock import FakeClock
@@ -144,6 +145,33 @@ def test_status_table_names_services(cli: Cli, home: Path, tmp_path: Path) -> No
     assert "alpha" in stdout and "CONTROLLER_INIT" in stdout and "Fixed 1 replica" in stdout
 
 
+class _StatusCalls(LocalController):
+    """A local controller that records the ``events`` each status read asked for."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home, start_daemon=False)
+        self.events_asked: list[int] = []
+
+    def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
+        self.events_asked.append(events)
+        return super().get_status_report(names, events=events)
+
+
+@pytest.mark.parametrize(("args", "events"), [
+    (["serve", "status"], 0),  # the fleet's table shows no events: none read
+    (["serve", "status", "alpha"], DEFAULT_EVENTS),
+    (["serve", "status", "-o", "json"], DEFAULT_EVENTS),
+    (["serve", "status", "--events", "3", "-o", "json"], 3),
+])
+def test_status_reads_events_only_where_it_shows_them(home: Path, tmp_path: Path, args: list[str],
+                                                      events: int) -> None:
+    add_service(home, tmp_path, "alpha")
+    controller = _StatusCalls(home)
+    exit_code, stdout, _ = Cli(controller)(*args)
+    assert exit_code == 0 and "alpha" in stdout
+    assert controller.events_asked == [events]
+
+
 def test_status_without_services_says_how_to_start_one(cli: Cli, home: Path) -> None:
     exit_code, stdout, _ = cli("serve", "status")
     assert exit_code == 0
@@ -193,7 +221,10 @@ def test_help_imports_none_of_what_the_commands_use(argv: list[str]) -> None:
 # that need it: capturing files, blobs, TLS (ssl), forecasting, providers and their SDKs, the load balancer.
 STATUS_UNNEEDED = ("skyserve_lite.files.capture", "skyserve_lite.files.blobs", "skyserve_lite.files.tls",
                    "skyserve_lite.controller.forecast", "skyserve_lite.providers.local", "skyserve_lite.providers.aws",
-                   "skyserve_lite.providers.gcp", "skyserve_lite.lb", "ssl", "aiohttp", "boto3", "google.cloud")
+                   "skyserve_lite.providers.gcp", "skyserve_lite.lb", "skyserve_lite.spec.config",
+                   "skyserve_lite.state.secrets", "skyserve_lite.logview", "skyserve_lite.controller.replica_rules",
+                   "skyserve_lite.remote.transport", "skyserve_lite.remote.client", "ssl", "aiohttp", "boto3",
+                   "google.cloud")
 
 
 def test_status_imports_none_of_what_other_commands_use(tmp_path: Path) -> None:

@@ -218,7 +218,7 @@ def test_instance_aware_rates_that_do_not_parse_are_refused(name: str) -> None:
     ("round_robin", "round_robin"),
 ])
 def test_the_policy_a_load_balancer_reads_carries_the_rates(policy: str, expected: str) -> None:
-    from skyserve_lite.spec import parse_task
+    from skyserve_lite.spec.parse import parse_task
 
     spec = parse_task(f"resources:\n  accelerators: {{A100: 1, L4: 1}}\nrun: x\nservice:\n  load_balancing_policy: "
                       f"{policy}\n  replica_policy:\n    min_replicas: 1\n    max_replicas: 3\n"

@@ -11,7 +11,7 @@ import yaml
 from skyserve_lite.catalog import load_catalog
 from skyserve_lite.errors import SpecError
 from skyserve_lite.plan.placement import DEFAULT_IMAGES, plan_launch, resolve_placements
-from skyserve_lite.spec import parse_task
+from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.spec.placement import Placement, Resolution
 
 NO_DEFAULTS: Mapping[str, str | None] = {}

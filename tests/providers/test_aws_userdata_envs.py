@@ -13,7 +13,7 @@ import yaml
 
 from skyserve_lite.providers.aws_userdata import render_user_data
 from skyserve_lite.providers.boot_script import BOOT_ROOT, BootBatch
-from skyserve_lite.spec import parse_task
+from skyserve_lite.spec.parse import parse_task
 
 # Each would create a file in the working directory if any part of it ran as shell text.
 HOSTILE = {

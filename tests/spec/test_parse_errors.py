@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from skyserve_lite.errors import SpecError
-from skyserve_lite.spec import parse_task
+from skyserve_lite.spec.parse import parse_task
 
 SOURCE = "task.yaml"
 

@@ -9,14 +9,8 @@ import pytest
 import yaml
 
 from skyserve_lite.errors import SpecError
-from skyserve_lite.spec import (
-    Cloud,
-    LoadBalancingPolicy,
-    ReplicaPolicy,
-    is_valid_service_name,
-    load_task_file,
-    parse_task,
-)
+from skyserve_lite.spec.model import Cloud, LoadBalancingPolicy, ReplicaPolicy
+from skyserve_lite.spec.parse import is_valid_service_name, load_task_file, parse_task
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "serve").glob("*.yaml"))
 

@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from skyserve_lite.files.manifest import EntryKind, Manifest, ManifestEntry, TaskFiles
-from skyserve_lite.spec import (
+from skyserve_lite.spec.config import (
     FieldChange,
-    TaskSpec,
     compute_config_fingerprint,
     find_config_changes,
     is_same_replica_config,
-    parse_task,
 )
+from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.spec.parse import parse_task
 
 REMOVE = object()
 NO_SNAPSHOT = "contents cannot be compared (no snapshot of them was taken)"

@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from skyserve_lite.errors import SpecError
-from skyserve_lite.spec import parse_task
 from skyserve_lite.spec.config import find_config_changes
 from skyserve_lite.spec.model import (
     Accelerator,
@@ -23,7 +22,7 @@ from skyserve_lite.spec.model import (
     Resources,
     TlsFiles,
 )
-from skyserve_lite.spec.parse import parse_infra, read_task, to_service_name
+from skyserve_lite.spec.parse import parse_infra, parse_task, read_task, to_service_name
 
 
 def task(**fields: object) -> str:
