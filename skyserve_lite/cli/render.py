@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from skyserve_lite.autoscalers.simulator import SimulatedDecision
     from skyserve_lite.plan.placement import LaunchPlan
     from skyserve_lite.plan.update import UpdatePlan
+    from skyserve_lite.state.models import ReplicaStatus
 
 _STATUS_STYLE = {
     "READY": "green", "REPLICA_INIT": "yellow", "CONTROLLER_INIT": "yellow", "STARTING": "yellow",
@@ -51,9 +52,12 @@ def styled_status(status: str) -> Text:
 def format_age(since: float, now: float) -> str:
     """``42s``, ``3m``, ``5h``, ``2d``: the largest whole unit."""
     seconds = max(0, int(now - since))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
+    if seconds >= 86400:
+        return f"{seconds // 86400}d"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h"
+    if seconds >= 60:
+        return f"{seconds // 60}m"
     return f"{seconds}s"
 
 
@@ -114,13 +118,13 @@ def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Gr
     table = FitTable(replica_columns(views))
     # One Text per status, shared by its rows (a table only reads its cells): at 10,000 rows a Text each
     # was a tenth of building the table.
-    statuses: dict[str, Text] = {}
+    statuses: dict[ReplicaStatus, Text] = {}
     for view in views:
         name = view.service.name
         for r in view.replicas:
-            status = statuses.get(r.status.value)
+            status = statuses.get(r.status)
             if status is None:
-                status = statuses[r.status.value] = styled_status(r.status.value)
+                status = statuses[r.status] = styled_status(r.status.value)
             where = f"{r.cloud}/{r.region}" if r.region else r.cloud
             landed = f"{r.instance_type} {r.accelerator}" if r.instance_type and r.accelerator else (
                 r.instance_type or r.accelerator)

@@ -555,6 +555,13 @@ class Store:
         except NotFoundError:
             return None
 
+    def list_current_versions(self) -> dict[str, VersionRecord]:
+        """Every service's current version, by service name, in one query."""
+        rows = self._db.execute(
+            f"SELECT {_VERSION_SELECT} JOIN services c ON c.name = v.service AND c.current_version = v.version"
+        ).fetchall()
+        return {record.service: record for record in map(_version, rows)}
+
     def list_versions(self, name: str) -> list[VersionRecord]:
         rows = self._db.execute(
             f"SELECT {_VERSION_SELECT} WHERE v.service = ? ORDER BY v.version", (name,)).fetchall()

@@ -35,6 +35,8 @@ def test_autoscaler_column(autoscaler: tuple[AutoscalerState, AutoscalerObservat
     assert describe_autoscaler(view(autoscaler)) == text
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(0, "0s"), (59, "59s"), (60, "1m"), (7200, "2h"), (172800, "2d")])
+@pytest.mark.parametrize(("seconds", "text"), [
+    (-5, "0s"), (0, "0s"), (59, "59s"), (60, "1m"), (3599, "59m"), (3600, "1h"), (7200, "2h"), (86399, "23h"),
+    (172800, "2d")])
 def test_age(seconds: float, text: str) -> None:
     assert format_age(1000.0, 1000.0 + seconds) == text

@@ -67,6 +67,19 @@ def test_version_text_is_stored_exactly_as_submitted(tmp_path: Path) -> None:
     assert store.get_service("svc").status is ServiceStatus.CONTROLLER_INIT
 
 
+def test_current_versions_are_each_services_current_one(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    assert store.list_current_versions() == {}
+    store.create_service("a", task(), 30001, now=5.0)
+    store.create_service("b", task(), 30002, now=5.0)
+    updated = "service:\n  replicas: 3\nrun: echo hi\n"
+    store.add_version("b", task(updated), "rolling", now=6.0)
+    current = store.list_current_versions()
+    assert {name: (record.version, record.text) for name, record in current.items()} == {
+        "a": (1, TEXT), "b": (2, updated)}
+    assert current["b"] == store.get_version("b", 2)
+
+
 def test_existing_name_is_a_conflict_and_changes_nothing(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     store.create_service("svc", task(), 30001, now=5.0)
