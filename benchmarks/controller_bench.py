@@ -9,7 +9,9 @@ its own (so its peak RSS is its own), and one command prints the whole table:
 
 Passes: *launch* (every replica launched), *readiness* (every replica probed READY), *steady* (the median of
 ``--passes`` passes over unchanged state; the clock moves 1 s per pass, so the heartbeat's one row every 5 s
-and the replica history's one sample per service and minute are in the figures).
+and the replica history's one sample per service and minute are in the figures), and *one change* (the
+median of ``--passes`` passes in each of which one replica's probe turns, failing then passing again, so
+that the pass writes that one replica: what a busy fleet costs besides its steady passes).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from skyserve_lite.clock import FakeClock
 from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
 from skyserve_lite.controller.memory import PassCollector
 from skyserve_lite.controller.probe import FakeProber
+from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.providers.fake import FakeProvider
@@ -62,7 +65,8 @@ def run_size(services: int, per_service: int, passes: int) -> dict[str, Any]:
         store = Store.open(Path(home))
         clock = FakeClock()
         provider = FakeProvider(name="local")
-        reconciler = Reconciler(store, {"local": provider}, FakeProber(), FakeLoadBalancerRunner(), clock,
+        prober = FakeProber()
+        reconciler = Reconciler(store, {"local": provider}, prober, FakeLoadBalancerRunner(), clock,
                                 ControllerSettings())
         text = TASK.format(replicas=per_service)
         for index in range(services):
@@ -82,35 +86,42 @@ def run_size(services: int, per_service: int, passes: int) -> dict[str, Any]:
         for _ in range(passes):
             clock.advance(1)
             steady.append(measure(store, one_pass))
+        changed = []
+        for index in range(passes):  # replica 1 of one service after another fails its probe, then passes
+            key = (f"svc-{(index // 2) % services}", 1)
+            prober.results[key] = ProbeResult(ok=index % 2 == 1, detail="HTTP 200" if index % 2 else "HTTP 503")
+            clock.advance(1)
+            changed.append(measure(store, one_pass))
         replicas = len(store.list_replicas())
         store.close()
     median = {key: statistics.median(p[key] for p in steady) for key in steady[0]}
     return {"size": f"{services}x{per_service}", "replicas": replicas, "launch": launch, "ready": ready,
-            "steady": median, "steady_max_cpu_ms": max(p["cpu_ms"] for p in steady),
+            "steady": median, "change": {key: statistics.median(p[key] for p in changed) for key in changed[0]},
+            "steady_max_cpu_ms": max(p["cpu_ms"] for p in steady),
             "steady_rows_written_max": max(p["rows_written"] for p in steady),
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _table(results: list[dict[str, Any]]) -> str:
     lines = ["| replicas (services x per service) | launch pass CPU | readiness pass CPU | steady pass CPU (median) "
-             "| steady reads / writes / rows written (median, max rows) | peak RSS |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| steady reads / writes / rows written (median, max rows) | one change CPU (median) | peak RSS |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         services, per = r["size"].split("x")
         s = r["steady"]
         lines.append(f"| {r['replicas']:,} ({services} x {per}) | {r['launch']['cpu_ms']:,.0f} ms "
                      f"| {r['ready']['cpu_ms']:,.0f} ms | {s['cpu_ms']:,.1f} ms "
                      f"| {s['reads']:.0f} / {s['writes']:.0f} / {s['rows_written']:.0f} "
-                     f"({r['steady_rows_written_max']:.0f}) | {r['rss_mb']:.0f} MB |")
+                     f"({r['steady_rows_written_max']:.0f}) | {r['change']['cpu_ms']:,.1f} ms | {r['rss_mb']:.0f} MB |")
     by_size = {r["size"]: r for r in results}
     growth = [(small, large) for small, large in GROWTH if small in by_size and large in by_size]
     if growth:
-        lines += ["", "| growth (replicas) | launch pass | readiness pass | steady pass |",
-                  "| --- | ---: | ---: | ---: |"]
+        lines += ["", "| growth (replicas) | launch pass | readiness pass | steady pass | one change |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
     for small, large in growth:
         a, b = by_size[small], by_size[large]
         factor = b["replicas"] / a["replicas"]
-        ratios = [b[kind]["cpu_ms"] / a[kind]["cpu_ms"] for kind in ("launch", "ready", "steady")]
+        ratios = [b[kind]["cpu_ms"] / a[kind]["cpu_ms"] for kind in ("launch", "ready", "steady", "change")]
         lines.append(f"| {small} -> {large} ({factor:g}x) | " + " | ".join(f"{r:.1f}x" for r in ratios) + " |")
     return "\n".join(lines)
 

@@ -33,7 +33,10 @@ class ReplicaTable:
     watched: Mapping[str, frozenset[str]]
 
     @classmethod
-    def of(cls, replicas: tuple[ReplicaRecord, ...]) -> ReplicaTable:
+    def of(cls, replicas: tuple[ReplicaRecord, ...], last: ReplicaTable | None = None) -> ReplicaTable:
+        """The table of ``replicas``. With ``last`` (the table of the previous read), a service whose rows
+        are the very rows it had there keeps its very tuple: the store hands back unchanged rows as the same
+        values, so a pass after one replica changed finds every other service's rows as they were."""
         by_service: dict[str, list[ReplicaRecord]] = {}
         regions: dict[str, set[str | None]] = {}
         claimed: dict[str, set[str]] = {}
@@ -49,12 +52,20 @@ class ReplicaTable:
             claimed.setdefault(r.cloud, set()).add(r.instance_id)
             if r.status.is_live or r.status is departing:
                 watched.setdefault(r.cloud, set()).add(r.instance_id)
+        before = last.by_service if last is not None else {}
         return cls(replicas=replicas,
-                   by_service={name: tuple(rows) for name, rows in by_service.items()},
+                   by_service={name: _kept(before.get(name), rows) for name, rows in by_service.items()},
                    regions={cloud: frozenset(found) for cloud, found in regions.items()},
                    claimed={cloud: frozenset(ids) for cloud, ids in claimed.items()},
                    adoptable=frozenset(adoptable),
                    watched={cloud: frozenset(ids) for cloud, ids in watched.items()})
+
+
+def _kept(before: tuple[ReplicaRecord, ...] | None, rows: list[ReplicaRecord]) -> tuple[ReplicaRecord, ...]:
+    """``before`` when it holds the very rows of ``rows``, in order; else ``rows`` as a new tuple."""
+    if before is not None and len(before) == len(rows) and all(a is b for a, b in zip(before, rows, strict=True)):
+        return before
+    return tuple(rows)
 
 
 class ReplicaTables:
@@ -65,5 +76,5 @@ class ReplicaTables:
 
     def table(self, replicas: tuple[ReplicaRecord, ...]) -> ReplicaTable:
         if self._last is None or self._last.replicas is not replicas:
-            self._last = ReplicaTable.of(replicas)
+            self._last = ReplicaTable.of(replicas, self._last)
         return self._last

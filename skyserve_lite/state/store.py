@@ -287,6 +287,10 @@ class Store:
         self._identity = _file_identity(path)
         # Every replica as last read, with the ``replicas_generation`` it was read at (``list_replicas``).
         self._all_replicas: tuple[object, tuple[ReplicaRecord, ...]] | None = None
+        # The replica rows of that read, by their raw row: when some rows changed, the others are handed back
+        # as the very same values (what was derived from them, a snapshot or a settled service, holds), and
+        # a pass after one replica changed decodes one row, not 10,000.
+        self._replicas_by_row: dict[tuple[Any, ...], ReplicaRecord] = {}
         # The services and autoscaler states of the last full read, by their raw rows: a row read again
         # unchanged is not decoded again (a pass reads every service's, 1,000 of each at fleet scale).
         self._services_by_row: dict[tuple[Any, ...], ServiceRecord] = {}
@@ -642,8 +646,10 @@ class Store:
         if generation is not None and self._all_replicas is not None and self._all_replicas[0] == generation[0]:
             return self._all_replicas[1]
         columns = ", ".join(_REPLICA_COLUMNS)
-        rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id")
-        records = tuple(_replica(row) for row in rows.fetchall())
+        rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id").fetchall()
+        known = self._replicas_by_row
+        self._replicas_by_row = {row: known.get(row) or _replica(row) for row in rows}  # rows are unique
+        records = tuple(self._replicas_by_row.values())
         self._all_replicas = (generation[0], records) if generation is not None else None
         return records
 

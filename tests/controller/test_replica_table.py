@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from skyserve_lite.controller.replica_table import ReplicaTable, ReplicaTables
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, replace_replica
 
 from .conftest import Harness
 
@@ -46,6 +47,12 @@ def test_the_same_rows_give_the_same_table_and_new_rows_a_new_one() -> None:
     changed = (*ROWS[:4], row("web", 1, ReplicaStatus.READY, cloud="local", region=None, instance_id="pid-8"))
     second = tables.table(changed)
     assert second is not first and second.claimed["local"] == {"pid-8"}
+    # The service whose rows are the very same keeps its very tuple; the other gets its new rows.
+    assert second.by_service["api"] is first.by_service["api"]
+    assert second.by_service["web"] == (changed[4],) and second.by_service["web"] is not first.by_service["web"]
+    # Equal rows that are other objects are not the same rows: a new tuple.
+    copied = tuple(dataclasses.replace(r) for r in changed)
+    assert tables.table(copied).by_service["api"] is not first.by_service["api"]
 
 
 def test_a_steady_store_hands_back_the_very_same_rows(tmp_path: Path) -> None:
@@ -59,4 +66,10 @@ def test_a_steady_store_hands_back_the_very_same_rows(tmp_path: Path) -> None:
     harness.store.put_replicas([rows[0]])  # any replica write is a new generation: read again
     again = harness.store.all_replicas()
     assert again is not rows and again == rows
+    assert all(a is b for a, b in zip(again, rows, strict=True))  # each row unchanged: the very same value
+    changed = replace_replica(rows[1], status_reason="changed elsewhere")
+    harness.store.put_replicas([changed])
+    third = harness.store.all_replicas()
+    assert third[1] == changed and third[1] is not rows[1]
+    assert third[0] is rows[0] and third[2] is rows[2]  # only the changed row is decoded again
     harness.store.close()

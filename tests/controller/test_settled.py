@@ -221,3 +221,18 @@ def test_a_load_balancer_report_going_stale_reads_a_new_snapshot(harness: Harnes
     fresh, stale = of(read, "svc")
     assert fresh.load is not None and fresh.load.ongoing_requests_by_url == (("http://127.0.0.1:1", 2),)
     assert stale.load is not None and stale.load.ongoing_requests_by_url == ()
+
+
+def test_a_replica_written_for_one_service_leaves_the_others_settled(harness: Harness, carried: list[str],
+                                                                    read: list[ServiceSnapshot]) -> None:
+    settle(harness)
+    harness.tick()
+    _probe_fails(harness)
+    harness.tick()  # svc's replica 1 is written NOT_READY
+    assert harness.statuses()[1] == "NOT_READY"
+    carried.clear()
+    harness.tick()
+    # The pass after the write reads other's rows as the very same values: still settled, its snapshot kept.
+    assert "other" in carried
+    before, after = of(read, "other")[-2:]
+    assert after is before
