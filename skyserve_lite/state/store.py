@@ -289,8 +289,9 @@ class Store:
         self._all_replicas: tuple[object, tuple[ReplicaRecord, ...]] | None = None
         # The replica rows of that read, by their raw row: when some rows changed, the others are handed back
         # as the very same values (what was derived from them, a snapshot or a settled service, holds), and
-        # a pass after one replica changed decodes one row, not 10,000.
-        self._replicas_by_row: dict[tuple[Any, ...], ReplicaRecord] = {}
+        # a pass after one replica changed decodes one row, not 10,000. Each entry holds the row it was
+        # decoded from, which shares its values with the record: the row read again is let go.
+        self._replicas_by_row: dict[tuple[Any, ...], tuple[tuple[Any, ...], ReplicaRecord]] = {}
         # The services and autoscaler states of the last full read, by their raw rows: a row read again
         # unchanged is not decoded again (a pass reads every service's, 1,000 of each at fleet scale).
         self._services_by_row: dict[tuple[Any, ...], ServiceRecord] = {}
@@ -648,8 +649,9 @@ class Store:
         columns = ", ".join(_REPLICA_COLUMNS)
         rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id").fetchall()
         known = self._replicas_by_row
-        self._replicas_by_row = {row: known.get(row) or _replica(row) for row in rows}  # rows are unique
-        records = tuple(self._replicas_by_row.values())
+        kept = [known.get(row) or (row, _replica(row)) for row in rows]
+        self._replicas_by_row = {entry[0]: entry for entry in kept}  # rows are unique (their key is)
+        records = tuple(entry[1] for entry in kept)
         self._all_replicas = (generation[0], records) if generation is not None else None
         return records
 
