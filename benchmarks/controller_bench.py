@@ -32,8 +32,8 @@ from skyserve_lite.clock import FakeClock
 from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
 from skyserve_lite.controller.memory import PassCollector
 from skyserve_lite.controller.probe import FakeProber
-from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.reconcile import Reconciler
+from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.providers.fake import FakeProvider
 from skyserve_lite.spec.model import SubmittedTask
