@@ -65,6 +65,12 @@ class ServiceSnapshot:
         """The readiness probe of each version in ``versions``."""
         return {version: spec.service.readiness_probe for version, spec in self.versions.items()}
 
+    @cached_property
+    def regions(self) -> tuple[tuple[str, str | None], ...]:
+        """(cloud, region) of every candidate of every version in ``versions``: where its replicas may run."""
+        return tuple({(spec.cloud.value, c.region): None for spec in self.versions.values()
+                      for c in spec.resource_candidates})
+
 
 @dataclass(frozen=True)
 class Observation:

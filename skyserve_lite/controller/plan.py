@@ -159,9 +159,9 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     this pass reads the very same rows for one and leaves every replica and the autoscaler as they were, it
     decides nothing again, and the steps after the replicas' own are not taken (``controller.settled``).
     """
-    steps = plan_replica_steps(snapshot, index, probes, now, settings)
+    steps, unchanged = plan_replica_steps(snapshot, index, probes, now, settings)
     known = index.known_clouds
-    if settled is not None and not snapshot.service.deleting and is_every_step_unchanged(steps, snapshot.replicas):
+    if settled is not None and not snapshot.service.deleting and unchanged:
         census = settled.find(snapshot, known)
         if census is not None and (not snapshot.spec.service.replica_policy.is_autoscaling
                                    or _is_decision_stored(snapshot, census, now, settings)):
@@ -182,24 +182,25 @@ def _is_decision_stored(snapshot: ServiceSnapshot, census: StepCensus, now: floa
 
 
 def plan_replica_steps(snapshot: ServiceSnapshot, index: InstanceIndex, probes: Mapping[ReplicaKey, ProbeResult],
-                       now: float, settings: ControllerSettings) -> list[ReplicaStep]:
-    """Each replica's own next step (``plan_replica``), in the order of ``snapshot.replicas``."""
+                       now: float, settings: ControllerSettings) -> tuple[list[ReplicaStep], bool]:
+    """Each replica's own next step (``plan_replica``), in the order of ``snapshot.replicas``, and whether
+    every step keeps its replica's very row and asks for nothing (told in the same loop: it is asked of
+    every service of every pass)."""
     steps: list[ReplicaStep] = []
+    unchanged = True
     known, name = index.known_clouds, snapshot.service.name
     readiness = snapshot.readiness_probes
     for replica, instance in zip(snapshot.replicas, index.find_all(snapshot.replicas), strict=True):
         if replica.cloud not in known:
             steps.append(ReplicaStep(replica))  # inventory unknown this pass: decide nothing
             continue
-        steps.append(plan_replica(replica, instance, probes.get((name, replica.replica_id)),
-                                  readiness[replica.version], now, settings))
-    return steps
-
-
-def is_every_step_unchanged(steps: Sequence[ReplicaStep], replicas: Sequence[ReplicaRecord]) -> bool:
-    """Whether every step keeps its replica's very row and asks for nothing."""
-    return all(s.record is r and not (s.terminate or s.remove or s.relaunch or s.event)
-               for s, r in zip(steps, replicas, strict=True))
+        step = plan_replica(replica, instance, probes.get((name, replica.replica_id)), readiness[replica.version],
+                            now, settings)
+        if unchanged and (step.record is not replica or step.terminate or step.remove or step.relaunch
+                          or step.event):
+            unchanged = False
+        steps.append(step)
+    return steps, unchanged
 
 
 def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], known: frozenset[str], now: float,

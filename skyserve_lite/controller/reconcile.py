@@ -163,7 +163,7 @@ def _find_spec_regions(snapshots: Sequence[ServiceSnapshot]) -> dict[str, set[st
     for every cloud's questions (whether to list it, and where)."""
     regions: dict[str, set[str | None]] = {}
     for snapshot in snapshots:
-        for spec in snapshot.versions.values():  # the current version and every one a replica runs
-            regions.setdefault(spec.cloud.value, set()).update(c.region for c in spec.resource_candidates)
+        for cloud, region in snapshot.regions:  # of the current version and every one a replica runs
+            regions.setdefault(cloud, set()).add(region)
     return regions
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.controller.pass_types import ServiceLoad, ServiceSnapshot
@@ -95,7 +96,7 @@ def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[Repli
     terminate = reads.terminate_requested.get(service.name, frozenset())
     if (last is not None and last.service is service and _is_same_rows(last.replicas, replicas)
             and last.lb_alive == lb_alive and (last.autoscaler, last.observed) == (stored or (None, None))
-            and last.load == load and last.terminate_requested == terminate):
+            and (last.load is load or last.load == load) and last.terminate_requested == terminate):
         return last
     records = {v: versions.get(store, service, v) for v in {service.current_version, *(r.version for r in replicas)}}
     mode = UpdateMode.of_version(records[service.current_version].mode)
@@ -117,6 +118,13 @@ def compute_load(reads: ServiceReads, service: str, now: float, settings: Contro
     requests = reads.requests.get(service, 0)
     report = reads.reports.get(service)
     if report is None or now - report.reported_at > REPORT_STALE_SECONDS:
-        return ServiceLoad(requests_in_window=requests, window_seconds=window)
+        return _reported_by_requests(requests, window)
     return ServiceLoad(requests_in_window=requests, window_seconds=window, waiting_requests=report.waiting,
                        ongoing_requests_by_url=report.in_flight)
+
+
+@lru_cache(maxsize=1024)
+def _reported_by_requests(requests: int, window: float) -> ServiceLoad:
+    """The load of a service without a fresh report: one value per count (values are frozen), so that a
+    pass over 1,000 quiet services builds none and compares each with its last by identity."""
+    return ServiceLoad(requests_in_window=requests, window_seconds=window)
