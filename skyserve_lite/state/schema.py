@@ -171,4 +171,23 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX request_counts_by_second ON request_counts (second);
     """,
+    # 14: a counter that moves with every write to a service row or an autoscaler row, whichever process
+    #    writes (triggers, so no writer can forget it): a controller reading every service each pass reuses
+    #    what it read last while it stands (1,000 service and autoscaler rows fetched per pass were a tenth
+    #    of a steady pass over 1,000 services).
+    """
+    INSERT OR IGNORE INTO meta (key, value) VALUES ('services_generation', '0');
+    CREATE TRIGGER services_inserted AFTER INSERT ON services BEGIN
+        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
+    CREATE TRIGGER services_updated AFTER UPDATE ON services BEGIN
+        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
+    CREATE TRIGGER services_deleted AFTER DELETE ON services BEGIN
+        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
+    CREATE TRIGGER autoscaler_state_inserted AFTER INSERT ON autoscaler_state BEGIN
+        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
+    CREATE TRIGGER autoscaler_state_updated AFTER UPDATE ON autoscaler_state BEGIN
+        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
+    CREATE TRIGGER autoscaler_state_deleted AFTER DELETE ON autoscaler_state BEGIN
+        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
+    """,
 )

@@ -296,6 +296,9 @@ class Store:
         # unchanged is not decoded again (a pass reads every service's, 1,000 of each at fleet scale).
         self._services_by_row: dict[tuple[Any, ...], ServiceRecord] = {}
         self._autoscalers_by_row: dict[tuple[Any, ...], tuple[AutoscalerState, AutoscalerObservation]] = {}
+        # The ``services_generation`` each was read at (None: never read, or a store without the counter).
+        self._services_read_at: str | None = None
+        self._autoscalers_read_at: str | None = None
 
     @classmethod
     def open(cls, home: Path, *, create: bool = True) -> Store:
@@ -383,9 +386,8 @@ class Store:
         with self._write() as db:
             current = db.execute("PRAGMA user_version").fetchone()[0]
             for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
-                for statement in script.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in _statements(script):
+                    db.execute(statement)
                 db.execute(f"PRAGMA user_version = {number}")
             db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('controller_id', ?)",
                        (uuid.uuid4().hex[:12],))
@@ -538,10 +540,20 @@ class Store:
         return service
 
     def list_services(self) -> list[ServiceRecord]:
-        rows = self._db.execute(f"SELECT {_SERVICE_SELECT} FROM services ORDER BY name").fetchall()
-        known = self._services_by_row
-        self._services_by_row = {row: known.get(row) or _service(row) for row in rows}  # names are unique
+        """Every service, by name. Read from the database only when a service or autoscaler row changed since
+        this store last read them (``services_generation``, moved by triggers); each unchanged row is the
+        value it was."""
+        generation = self._services_generation()
+        if generation is None or generation != self._services_read_at:
+            rows = self._db.execute(f"SELECT {_SERVICE_SELECT} FROM services ORDER BY name").fetchall()
+            known = self._services_by_row
+            self._services_by_row = {row: known.get(row) or _service(row) for row in rows}  # names are unique
+            self._services_read_at = generation
         return list(self._services_by_row.values())
+
+    def _services_generation(self) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'services_generation'").fetchone()
+        return None if row is None else str(row[0])
 
     def used_lb_ports(self) -> set[int]:
         return {row[0] for row in self._db.execute("SELECT lb_port FROM services")}
@@ -766,12 +778,16 @@ class Store:
                                  in_flight=tuple(sorted(json.loads(row[3]).items()))) for row in rows}
 
     def list_autoscaler_states(self) -> dict[str, tuple[AutoscalerState, AutoscalerObservation]]:
-        """Every service's autoscaler state, in one query."""
-        rows = self._db.execute(
-            "SELECT service, version, target, upscale_count, downscale_count, last_decision_at, observed_json"
-            " FROM autoscaler_state").fetchall()
-        known = self._autoscalers_by_row
-        self._autoscalers_by_row = {row: known.get(row) or _autoscaler(row[1:]) for row in rows}
+        """Every service's autoscaler state, in one query; not even that while ``services_generation`` stands
+        (as ``list_services``)."""
+        generation = self._services_generation()
+        if generation is None or generation != self._autoscalers_read_at:
+            rows = self._db.execute(
+                "SELECT service, version, target, upscale_count, downscale_count, last_decision_at, observed_json"
+                " FROM autoscaler_state").fetchall()
+            known = self._autoscalers_by_row
+            self._autoscalers_by_row = {row: known.get(row) or _autoscaler(row[1:]) for row in rows}
+            self._autoscalers_read_at = generation
         return {row[0]: decoded for row, decoded in self._autoscalers_by_row.items()}
 
     def count_requests_since(self, since_second: int) -> dict[str, int]:
@@ -918,6 +934,20 @@ def _put_replicas(db: sqlite3.Connection, records: Sequence[ReplicaRecord]) -> N
         return
     db.executemany(_PUT_REPLICA, map(_replica_values, records))
     _bump_replicas_generation(db)
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of ``script``, each whole: a trigger's body holds statements of its own (and its
+    semicolons), which ``executescript`` would run outside the migration's transaction."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending
+            pending = ""
+    if pending.strip(" \n;"):
+        raise ValueError(f"an incomplete statement at the end of a migration: {pending.strip()!r}")
 
 
 def _bump_replicas_generation(db: sqlite3.Connection) -> None:

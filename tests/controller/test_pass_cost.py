@@ -11,7 +11,9 @@ import pytest
 
 from skyserve_lite.controller.snapshots import ServiceReads, VersionCache, read_snapshot
 from skyserve_lite.providers.base import InstanceState
-from skyserve_lite.state.models import LbReport, ReplicaStatus
+from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.spec.parse import parse_task
+from skyserve_lite.state.models import LbReport, ReplicaStatus, ServiceStatus
 from skyserve_lite.state.store import Store
 
 from .conftest import TASK, Harness
@@ -104,6 +106,31 @@ def test_replicas_read_again_once_another_process_changed_one(tmp_path: Path) ->
     assert harness.store.list_replicas()[0].status_reason == "changed elsewhere"
     other.delete_replicas([("svc-0", first[1].replica_id)])
     assert [r.replica_id for r in harness.store.list_replicas()] == [first[0].replica_id, first[2].replica_id]
+    other.close()
+    harness.store.close()
+
+
+def test_services_and_autoscaler_states_read_again_once_another_process_changed_one(tmp_path: Path) -> None:
+    harness = settled(tmp_path, 2, 1)
+    services, states = harness.store.list_services(), harness.store.list_autoscaler_states()
+    with harness.store.counting() as counts:
+        again, states_again = harness.store.list_services(), harness.store.list_autoscaler_states()
+    assert counts.reads == 2  # the generation, once for each: nothing changed
+    assert all(a is b for a, b in zip(again, services, strict=True)) and states_again == states
+    other = Store.open(harness.home)  # another process's connection, each kind of write
+    other.set_service_status("svc-0", ServiceStatus.REPLICA_INIT, "changed elsewhere")
+    changed = harness.store.list_services()
+    assert changed[0].status_reason == "changed elsewhere" and changed[1] is services[1]
+    state, observed = states["svc-1"]
+    other.put_autoscaler_states([("svc-1", dataclasses.replace(state, target=5), observed)])
+    assert harness.store.list_autoscaler_states()["svc-1"][0].target == 5
+    other.mark_deleting(["svc-1"])
+    assert harness.store.list_services()[1].deleting
+    text = TASK.format(replicas=1)
+    other.create_service("svc-2", SubmittedTask(text=text, source="/t.yaml", spec=parse_task(text)), 30099, 0.0)
+    assert [s.name for s in harness.store.list_services()] == ["svc-0", "svc-1", "svc-2"]
+    other.delete_service("svc-2")
+    assert [s.name for s in harness.store.list_services()] == ["svc-0", "svc-1"]
     other.close()
     harness.store.close()
 
