@@ -374,11 +374,17 @@ class LocalController:
             for replica in store.list_replicas():
                 replicas.setdefault(replica.service, []).append(replica)
             versions = store.list_current_versions()
-        autoscalers = store.list_autoscaler_states()
+        # Named services: their own rows only (another service's undecodable row must not fail this status).
+        autoscalers = store.list_autoscaler_states() if not names else {
+            service.name: state for service in services if (state := store.get_autoscaler_state(service.name))}
         views = []
         for service in services:
-            # (A version missing from the batch is asked for alone: the store's error names it.)
-            spec = (versions.get(service.name) or store.get_version(service.name, service.current_version)).spec
+            # A version missing from the batch, or not the service's current one, is asked for alone: the
+            # store's error names it.
+            record = versions.get(service.name)
+            if record is None or record.version != service.current_version:
+                record = store.get_version(service.name, service.current_version)
+            spec = record.spec
             autoscaler = autoscalers.get(service.name)
             decided = autoscaler is not None and autoscaler[0].version == service.current_version
             target = compute_target_replicas(spec.service.replica_policy, autoscaler[0]) \

@@ -379,6 +379,10 @@ class Store:
         except BaseException:
             if self._db.in_transaction:  # SQLite rolls back on its own after some errors (a full disk)
                 self._db.execute("ROLLBACK")
+            # What was read inside may be rows that never were, at a generation another commit will reach
+            # again: read everything afresh.
+            self._all_replicas = None
+            self._services_read_at = self._autoscalers_read_at = None
             raise
         self._db.execute("COMMIT")
 
@@ -940,14 +944,21 @@ def _statements(script: str) -> Iterator[str]:
     """The statements of ``script``, each whole: a trigger's body holds statements of its own (and its
     semicolons), which ``executescript`` would run outside the migration's transaction."""
     pending = ""
-    for piece in script.split(";"):
-        pending += piece + ";"
+    pieces = script.split(";")
+    for index, piece in enumerate(pieces):
+        pending += piece if index == len(pieces) - 1 else piece + ";"
         if sqlite3.complete_statement(pending):
-            if pending.strip(" \n;"):
-                yield pending
+            yield pending
             pending = ""
-    if pending.strip(" \n;"):
-        raise ValueError(f"an incomplete statement at the end of a migration: {pending.strip()!r}")
+    if pending.strip() and not _is_comment_only(pending):
+        if not sqlite3.complete_statement(pending + "\n;"):
+            raise ValueError(f"an incomplete statement at the end of a migration: {pending.strip()!r}")
+        yield pending  # a last statement without its semicolon
+
+
+def _is_comment_only(text: str) -> bool:
+    """Whether ``text`` is only whitespace and SQL comments."""
+    return all(not line.strip() or line.strip().startswith("--") for line in text.splitlines())
 
 
 def _bump_replicas_generation(db: sqlite3.Connection) -> None:

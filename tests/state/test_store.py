@@ -25,7 +25,7 @@ from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 from skyserve_lite.state.schema import MIGRATIONS
-from skyserve_lite.state.store import HOME_MARKER, Store, prepare_home
+from skyserve_lite.state.store import HOME_MARKER, Store, _statements, prepare_home
 
 TEXT = "# my service\nservice:\n  replicas: 2   # two of them\nrun: echo hi\n"
 
@@ -65,6 +65,49 @@ def test_version_text_is_stored_exactly_as_submitted(tmp_path: Path) -> None:
     assert version.text == TEXT
     assert version.spec == parse_task(TEXT)
     assert store.get_service("svc").status is ServiceStatus.CONTROLLER_INIT
+
+
+@pytest.mark.parametrize(("script", "statements"), [
+    ("CREATE TABLE a (x TEXT DEFAULT ';'); -- a; comment\nCREATE TABLE b (y);\n  \t\r\n",
+     ["CREATE TABLE a (x TEXT DEFAULT ';');", " -- a; comment\nCREATE TABLE b (y);"]),
+    ("CREATE TRIGGER t AFTER INSERT ON a BEGIN UPDATE a SET x = 1; DELETE FROM b; END;",
+     ["CREATE TRIGGER t AFTER INSERT ON a BEGIN UPDATE a SET x = 1; DELETE FROM b; END;"]),
+    ("SELECT 1; SELECT 2 -- no semicolon after the last", ["SELECT 1;", " SELECT 2 -- no semicolon after the last"]),
+    ("SELECT 1;\n-- only a comment after", ["SELECT 1;"]),
+])
+def test_a_migration_script_is_split_into_whole_statements(script: str, statements: list[str]) -> None:
+    assert list(_statements(script)) == statements
+
+
+def test_a_migration_script_ending_inside_a_statement_is_refused() -> None:
+    with pytest.raises(ValueError, match="incomplete statement"):
+        list(_statements("SELECT 1; CREATE TRIGGER t AFTER INSERT ON a BEGIN UPDATE a SET x = 1;"))
+
+
+def test_the_services_counter_has_its_triggers(tmp_path: Path) -> None:
+    """A migration that rebuilt ``services`` or ``autoscaler_state`` would drop their triggers, and the
+    counter would never move again: the controller would read those rows once and never again."""
+    store = Store.open(tmp_path)
+    triggers = {row[0]: row[1] for row in store._db.execute("SELECT name, tbl_name FROM sqlite_master "
+                                                            "WHERE type = 'trigger'")}
+    assert triggers == {f"{table}_{event}": table for table in ("services", "autoscaler_state")
+                        for event in ("inserted", "updated", "deleted")}
+    store.close()
+
+
+def test_a_rolled_back_write_leaves_no_read_of_its_rows_behind(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    store.create_service("svc", task(), 30001, now=5.0)
+    assert store.list_services()[0].status_reason is None
+    with pytest.raises(RuntimeError), store._write() as db:
+        db.execute("UPDATE services SET status_reason = 'never committed'")
+        assert store.list_services()[0].status_reason == "never committed"  # read inside, at counter G+1
+        raise RuntimeError("rolled back")
+    other = Store.open(tmp_path)  # another process's commit brings the counter to G+1 again
+    other.set_service_status("svc", ServiceStatus.READY, "committed elsewhere")
+    other.close()
+    assert store.list_services()[0].status_reason == "committed elsewhere"
+    store.close()
 
 
 def test_current_versions_are_each_services_current_one(tmp_path: Path) -> None:
