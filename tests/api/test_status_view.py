@@ -34,3 +34,18 @@ def test_a_starting_replica_shows_how_long_of_its_initial_delay_it_has_waited(tm
     assert [r.status_reason for r in stored] == ["running setup",
                                                  "running, waiting for the readiness probe on :8080; HTTP 503"]
     harness.store.close()
+
+
+def test_a_named_status_reads_the_named_services_rows_only(tmp_path: Path) -> None:
+    """Another service's autoscaler row that cannot be decoded does not fail the status of a service named."""
+    harness = Harness(tmp_path / "home")
+    harness.create("svc", replicas=1)
+    harness.create("other", replicas=1)
+    harness.tick()
+    harness.tick()
+    with harness.store._write() as db:
+        db.execute("UPDATE autoscaler_state SET observed_json = '{\"unknown\": 1}' WHERE service = 'other'")
+    controller = LocalController(harness.home, FakeClock(harness.clock.now()), start_daemon=False)
+    (view,) = controller.get_status(["svc"])
+    assert view.service.name == "svc" and view.autoscaler is not None and view.autoscaler[0].target == 1
+    harness.store.close()
