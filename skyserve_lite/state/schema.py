@@ -5,6 +5,16 @@ Never edit a migration that has shipped; append a new one.
 
 from __future__ import annotations
 
+
+def _counting_triggers(counter: str, tables: tuple[str, ...]) -> str:
+    """Triggers ``<table>_inserted``, ``_updated`` and ``_deleted`` on each of ``tables`` that add one to the
+    ``meta`` row ``counter``. Part of shipped migrations: what it returns for their arguments must not change."""
+    return "".join(
+        f"CREATE TRIGGER {table}_{done} AFTER {event} ON {table} BEGIN\n"
+        f"    UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = '{counter}'; END;\n"
+        for table in tables for event, done in (("INSERT", "inserted"), ("UPDATE", "updated"), ("DELETE", "deleted")))
+
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: services, versions, replicas, events, request counts, and controller metadata.
     """
@@ -177,17 +187,5 @@ MIGRATIONS: tuple[str, ...] = (
     #    of a steady pass over 1,000 services).
     """
     INSERT OR IGNORE INTO meta (key, value) VALUES ('services_generation', '0');
-    CREATE TRIGGER services_inserted AFTER INSERT ON services BEGIN
-        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
-    CREATE TRIGGER services_updated AFTER UPDATE ON services BEGIN
-        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
-    CREATE TRIGGER services_deleted AFTER DELETE ON services BEGIN
-        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
-    CREATE TRIGGER autoscaler_state_inserted AFTER INSERT ON autoscaler_state BEGIN
-        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
-    CREATE TRIGGER autoscaler_state_updated AFTER UPDATE ON autoscaler_state BEGIN
-        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
-    CREATE TRIGGER autoscaler_state_deleted AFTER DELETE ON autoscaler_state BEGIN
-        UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'services_generation'; END;
-    """,
+    """ + _counting_triggers("services_generation", ("services", "autoscaler_state")),
 )
