@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from skyserve_lite import procs
 from skyserve_lite.autoscalers.base import AutoscalerState
-from skyserve_lite.autoscalers.dispatch import compute_target_replicas
+from skyserve_lite.autoscalers.target import compute_target_replicas
 from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
 from skyserve_lite.controller.host import load_host_settings
@@ -34,7 +34,6 @@ from skyserve_lite.errors import (
     UsageError,
     WaitTimeoutError,
 )
-from skyserve_lite.providers.base import ReplicaLog
 from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
 from skyserve_lite.spec.model import SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import is_valid_service_name, parse_task, to_service_name
@@ -55,12 +54,13 @@ if TYPE_CHECKING:
     from skyserve_lite.plan.placement import LaunchPlan
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.plan.update import UpdatePlan
+    from skyserve_lite.providers.base import ReplicaLog
     from skyserve_lite.spec.placement import Resolution
     from skyserve_lite.state.secrets import SecretStore
 
-# What only some calls need is imported by them (forecasting, providers, force-down, capturing files, secrets,
-# config comparisons, log selection): a status read, which a controller host answers in a process of its own
-# per call, stays cheap to start.
+# What only some calls need is imported by them (forecasting, providers and their log type, force-down,
+# capturing files, secrets, config comparisons, log selection): a status read, which a controller host
+# answers in a process of its own per call, stays cheap to start.
 
 
 @dataclass(frozen=True)
@@ -591,6 +591,8 @@ class LocalController:
     def find_log(self, name: str, replica_id: int | None, *, controller: bool = False,
                  load_balancer: bool = False) -> ReplicaLog:
         """Where the log is: a file on this machine, or its text (see ``stream_log``)."""
+        from skyserve_lite.providers.base import ReplicaLog
+
         store = self._open()
         try:
             store.get_service(name)  # NotFoundError for an unknown service

@@ -21,6 +21,7 @@ from skyserve_lite.cli import host_commands
 from skyserve_lite.cli.common import errors as _errors
 from skyserve_lite.cli.common import get_controller as _controller
 from skyserve_lite.cli.common import home_dir
+from skyserve_lite.cli.common import one_shot_collection as _one_shot_collection
 from skyserve_lite.cli.common import stderr as _stderr
 from skyserve_lite.cli.completion import complete_replica_ids, complete_service_names
 from skyserve_lite.cli.params import FiniteFloatRange
@@ -408,7 +409,7 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
               help="How many of the newest events to show per service named (and in the JSON).")
 def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, events: int) -> None:
     """Show services and their replicas (all services when no NAME is given)."""
-    with _errors():
+    with _errors(), _one_shot_collection():
         if endpoint_only:
             if len(names) != 1:
                 raise UsageError("--endpoint prints one service's URL: name exactly one service")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from skyserve_lite.autoscalers.dispatch import carry_over, compute_target_replicas
+from skyserve_lite.autoscalers.target import carry_over, compute_target_replicas
 from skyserve_lite.controller.pass_types import Observation, PassPlan, ServiceSnapshot
 from skyserve_lite.controller.plan import InstanceIndex, find_probe_targets, plan_service_pass
 from skyserve_lite.controller.replica_rules import ProbeResult

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from skyserve_lite.autoscalers.base import AutoscalerState
-from skyserve_lite.autoscalers.dispatch import compute_target_replicas
+from skyserve_lite.autoscalers.target import compute_target_replicas
 from skyserve_lite.controller.pass_types import (
     EMPTY_PLAN,
     Event,

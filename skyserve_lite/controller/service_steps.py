@@ -9,8 +9,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from skyserve_lite.autoscalers.base import Decision, Metrics
-from skyserve_lite.autoscalers.dispatch import carry_over, make_autoscaler
+from skyserve_lite.autoscalers.dispatch import make_autoscaler
 from skyserve_lite.autoscalers.fallback import MarketTargets, plan_market_targets
+from skyserve_lite.autoscalers.target import carry_over
 from skyserve_lite.controller.pass_types import LaunchBatch, ServiceLoad, ServiceSnapshot
 from skyserve_lite.controller.replica_rules import ReplicaStep, is_maybe_unlisted
 from skyserve_lite.controller.settings import ControllerSettings

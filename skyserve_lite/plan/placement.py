@@ -192,8 +192,8 @@ class LaunchPlan:
 def plan_launch(name: str, spec: TaskSpec, files: str | None = None) -> LaunchPlan:
     """The replicas a new service of ``spec`` (resolved: ``spec.resolution``) starts with: the policy's
     initial target, split between spot and on-demand as the controller splits it. Pure."""
-    from skyserve_lite.autoscalers.dispatch import compute_target_replicas
     from skyserve_lite.autoscalers.fallback import plan_market_targets
+    from skyserve_lite.autoscalers.target import compute_target_replicas
 
     assert spec.resolution is not None, "plan_launch needs a resolved spec"
     policy = spec.service.replica_policy

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from skyserve_lite.autoscalers.base import AutoscalerState
-from skyserve_lite.autoscalers.dispatch import carry_over, compute_target_replicas, make_autoscaler
+from skyserve_lite.autoscalers.dispatch import make_autoscaler
 from skyserve_lite.autoscalers.fallback import MarketTargets, plan_market_targets
+from skyserve_lite.autoscalers.target import carry_over, compute_target_replicas
 from skyserve_lite.spec.model import ReplicaPolicy
 
 FALLBACK = ReplicaPolicy(min_replicas=4, max_replicas=4, base_ondemand_fallback_replicas=1,
