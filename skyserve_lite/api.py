@@ -35,7 +35,7 @@ from skyserve_lite.errors import (
     WaitTimeoutError,
 )
 from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
-from skyserve_lite.spec.model import SubmittedTask, TaskInputs, TaskSpec
+from skyserve_lite.spec.model import ServiceSpec, SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import is_valid_service_name, parse_task, to_service_name
 from skyserve_lite.state.history import ServiceHistory, compute_service_history, history_start_minute
 from skyserve_lite.state.models import (
@@ -384,20 +384,19 @@ class LocalController:
             record = versions.get(service.name)
             if record is None or record.version != service.current_version:
                 record = store.get_version(service.name, service.current_version)
-            spec = record.spec
+            spec = record.service_spec  # as stored when accepted: no YAML parsed (``VersionRecord``)
             autoscaler = autoscalers.get(service.name)
             decided = autoscaler is not None and autoscaler[0].version == service.current_version
-            target = compute_target_replicas(spec.service.replica_policy, autoscaler[0]) \
+            target = compute_target_replicas(spec.replica_policy, autoscaler[0]) \
                 if autoscaler is not None and decided else None
             views.append(ServiceView(
-                service=self._shown(service, host, tls=spec.service.tls is not None),
-                policy=spec.service.replica_policy.describe(),
-                load_balancing_policy=spec.service.load_balancing_policy.value,
+                service=self._shown(service, host, tls=spec.tls is not None),
+                policy=spec.replica_policy.describe(),
+                load_balancing_policy=spec.load_balancing_policy.value,
                 replicas=self._shown_replicas(store, service, spec, replicas.get(service.name, ())),
                 events=tuple(store.list_events(service.name, limit=events)) if events > 0 else (),
                 autoscaler=autoscaler,
-                history=self._history(store, service.name) if spec.service.replica_policy.is_autoscaling
-                else None,
+                history=self._history(store, service.name) if spec.replica_policy.is_autoscaling else None,
                 target_replicas=target,
             ))
         return views
@@ -408,12 +407,12 @@ class LocalController:
         return compute_service_history(now, store.count_requests_by_minute(name, since),
                                        store.list_replica_samples(name, since))
 
-    def _shown_replicas(self, store: Store, service: ServiceRecord, current: TaskSpec,
+    def _shown_replicas(self, store: Store, service: ServiceRecord, current: ServiceSpec,
                         replicas: Sequence[ReplicaRecord]) -> tuple[ReplicaRecord, ...]:
         """The service's ``replicas``, a STARTING one's reason with how long it has waited (of its version's
         initial delay): stored without the seconds, so that waiting writes nothing."""
         now = self._clock.now()
-        delays = {service.current_version: current.service.readiness_probe.initial_delay_seconds}
+        delays = {service.current_version: current.readiness_probe.initial_delay_seconds}
         shown = []
         starting = ReplicaStatus.STARTING
         for replica in replicas:
@@ -421,8 +420,8 @@ class LocalController:
                 from skyserve_lite.controller.replica_rules import describe_starting  # only when one starts
 
                 if replica.version not in delays:
-                    spec = store.get_version(service.name, replica.version).spec
-                    delays[replica.version] = spec.service.readiness_probe.initial_delay_seconds
+                    spec = store.get_version(service.name, replica.version).service_spec
+                    delays[replica.version] = spec.readiness_probe.initial_delay_seconds
                 reason = describe_starting(replica.status_reason, now - replica.status_since, delays[replica.version])
                 replica = dataclasses.replace(replica, status_reason=reason)
             shown.append(replica)

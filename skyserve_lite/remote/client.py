@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from skyserve_lite.api import DEFAULT_EVENTS, ControllerStatus, RolloutState, ServiceView, StatusReport
 from skyserve_lite.clock import Clock, SystemClock
+from skyserve_lite.codec import decode, encode
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, HostKeyError, MissingBlobsError, SpecError
 from skyserve_lite.files.capture import capture_task_files, find_local_paths, find_task_dir, needs_capture
@@ -24,7 +25,6 @@ from skyserve_lite.plan.placement import LaunchPlan
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.remote import protocol
-from skyserve_lite.remote.codec import decode, encode
 from skyserve_lite.remote.transport import Channel, Transport
 from skyserve_lite.remote.wire import BlobHeader, HostInfo, WireTask
 from skyserve_lite.spec.inputs import fill_file_mounts

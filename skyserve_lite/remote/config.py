@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyserve_lite.codec import decode, encode
 from skyserve_lite.errors import ControllerError, UsageError
-from skyserve_lite.remote.codec import decode, encode
 from skyserve_lite.remote.ssh import SshTarget, parse_ssh_target
 
 RECORD_FILE = "controller.json"

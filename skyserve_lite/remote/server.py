@@ -18,11 +18,11 @@ from typing import IO, Any
 
 from skyserve_lite import __version__
 from skyserve_lite.api import DEFAULT_EVENTS, LocalController
+from skyserve_lite.codec import decode, encode
 from skyserve_lite.errors import ControllerVersionError, SkyLiteError, UsageError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.remote import protocol
-from skyserve_lite.remote.codec import decode, encode
 from skyserve_lite.remote.wire import BlobHeader, HostInfo, WireTask
 
 # At most this many bytes of one blob are held in memory while it is checked and stored.

@@ -12,9 +12,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
-
-import yaml
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from skyserve_lite.errors import SpecError
 from skyserve_lite.spec.model import (
@@ -40,6 +38,9 @@ from skyserve_lite.spec.model import (
     TaskSpec,
     TlsFiles,
 )
+
+if TYPE_CHECKING:
+    import yaml
 
 _T = TypeVar("_T")
 
@@ -73,35 +74,6 @@ _POLICY_KEYS = (
     "upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
     "dynamic_ondemand_fallback", "num_overprovision",
 )
-
-
-# libyaml's parser when PyYAML was built with it (the wheels are): the same documents and errors, parsed
-# six times faster, which `serve status` over 100 services (a parse per service) notices.
-_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _StrictLoader(_SafeLoader):  # type: ignore[valid-type,misc]
-    """A ``SafeLoader`` that rejects a key given twice in one mapping.
-
-    Plain YAML keeps the last value, so a second ``run:`` further down a file would silently replace the
-    first; here it is an error with the line of the repeated key.
-    """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[object] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *defaults` may be overridden by keys written out; that is its purpose
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, (str, int, float, bool)):
-                continue  # an unhashable key is reported by the base class
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
-        return mapping
 
 
 def is_valid_service_name(name: str) -> bool:
@@ -160,13 +132,9 @@ def parse_document(document: object, source: str) -> TaskSpec:
 
 
 def _load_yaml(text: str, source: str) -> object:
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(source, "", f"invalid YAML{where}: {problem}") from exc
+    from skyserve_lite.spec.yaml_doc import load_document  # what reads parsed versions only needs no YAML
+
+    return load_document(text, source)
 
 
 def split_secret_values(text: str, document: object, source: str) -> tuple[str, dict[str, str]]:
@@ -179,9 +147,13 @@ def split_secret_values(text: str, document: object, source: str) -> tuple[str, 
     """
     if not isinstance(document, dict) or not isinstance(document.get("secrets"), dict):
         return text, {}
+    import yaml
+
+    from skyserve_lite.spec.yaml_doc import StrictLoader
+
     values: dict[str, str] = {}
     spans: list[tuple[int, int]] = []
-    root = yaml.compose(text, Loader=_StrictLoader)
+    root = yaml.compose(text, Loader=StrictLoader)
     secrets_node = next((value for key, value in root.value if key.value == "secrets"), None) if root else None
     if not isinstance(secrets_node, yaml.MappingNode):
         raise SpecError(source, "secrets", "write the secrets as a block or flow mapping of names to values")
@@ -213,6 +185,8 @@ def split_secret_values(text: str, document: object, source: str) -> tuple[str, 
 
 def _count_uses(root: yaml.Node) -> dict[int, int]:
     """How many places of the document each node stands in (more than one: it is anchored and aliased)."""
+    import yaml
+
     uses: dict[int, int] = {}
     stack: list[yaml.Node] = [root]
     while stack:

@@ -9,9 +9,11 @@ from enum import Enum
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from skyserve_lite import __version__
+from skyserve_lite.codec import decode, encode
 from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.spec.inputs import BoundInputs, bind
-from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.spec.model import ServiceSpec, TaskSpec
 from skyserve_lite.spec.parse import parse_task
 
 if TYPE_CHECKING:  # Python 3.11's typing has it; 3.10 needs this, for the checker only
@@ -102,6 +104,14 @@ class ServiceRecord:
         return f"{'https' if self.endpoint_tls else 'http'}://{host}:{self.lb_port}"
 
 
+def parsed_spec_json(spec: TaskSpec) -> str:
+    """What a version stores of ``spec`` as parsed when it was accepted (without its files, which the
+    snapshot holds): the spec by the codec, with the sky-lite version that parsed it
+    (``VersionRecord.service_spec`` reads it)."""
+    document = {"parsed_by": __version__, "spec": encode(dataclasses.replace(spec, files=None))}
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class VersionRecord:
     """One accepted task YAML: the text exactly as submitted, its parsed form, and the snapshot of its
@@ -118,6 +128,7 @@ class VersionRecord:
     files_expired: bool = False  # the snapshot was dropped (SKY_LITE_KEEP_SNAPSHOT_VERSIONS): no rollback to it
     reuse_identical_files: bool = False  # its update reuses replicas whose files are identical
     inputs_json: str | None = None  # what the submission added to the text (``spec.inputs.BoundInputs``)
+    spec_json: str | None = None  # the spec as parsed when accepted (``parsed_spec_json``)
 
     @cached_property
     def inputs(self) -> BoundInputs:
@@ -136,6 +147,30 @@ class VersionRecord:
         parsed = bind(parse_task(self.text, source=source), self.inputs, source,
                       fill_mounts=self.inputs_json is not None)
         return dataclasses.replace(parsed, files=self.files) if self.files is not None else parsed
+
+    @cached_property
+    def service_spec(self) -> ServiceSpec:
+        """``spec.service`` without parsing the text when this sky-lite parsed the version and stored what
+        it parsed, in the shape of today's values (`serve status` of 100 services parsed 100 texts, and
+        loaded PyYAML, for their service sections alone). Otherwise (a version an earlier sky-lite
+        accepted, a stored form of another shape) it is parsed from the text, as the controller does."""
+        stored = _stored_service(self.spec_json)
+        return stored if stored is not None else self.spec.service
+
+
+def _stored_service(spec_json: str | None) -> ServiceSpec | None:
+    """The service section ``parsed_spec_json`` stored, when this sky-lite stored it and it decodes to
+    today's fields exactly; else None."""
+    if spec_json is None:
+        return None
+    try:
+        document = json.loads(spec_json)
+        if document.get("parsed_by") != __version__:
+            return None
+        service: ServiceSpec = decode(ServiceSpec, document["spec"]["service"], "service", exact=True)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return service
 
 
 @dataclass(frozen=True)

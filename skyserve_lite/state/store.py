@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,6 +51,7 @@ from skyserve_lite.state.models import (
     ServiceRecord,
     ServiceStatus,
     VersionRecord,
+    parsed_spec_json,
     replace_replica,
     replica_from_fields,
 )
@@ -439,8 +439,7 @@ class Store:
                         mode: str, now: float, note: str | None = None, reuse_identical_files: bool = False, *,
                         inputs: BoundInputs | None = None) -> None:
         files = task.spec.files
-        spec_json = json.dumps(dataclasses.asdict(dataclasses.replace(task.spec, files=None)),
-                               default=_json_default, sort_keys=True)
+        spec_json = parsed_spec_json(task.spec)
         if files is not None:
             db.execute("INSERT OR IGNORE INTO snapshots (digest, manifest_json, size) VALUES (?, ?, ?)",
                        (files.digest, json.dumps(files.to_json(), sort_keys=True, separators=(",", ":")),
@@ -867,7 +866,8 @@ _SERVICE_SELECT = (
 )
 _VERSION_SELECT = (
     "v.service, v.version, v.text, v.source, v.created_at, v.mode, v.note, s.manifest_json, v.files_expired,"
-    " v.reuse_identical_files, v.inputs_json FROM versions v LEFT JOIN snapshots s ON s.digest = v.files_digest"
+    " v.reuse_identical_files, v.inputs_json, v.spec_json"
+    " FROM versions v LEFT JOIN snapshots s ON s.digest = v.files_digest"
 )
 
 
@@ -885,9 +885,9 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 
 
 def _version(row: tuple[Any, ...]) -> VersionRecord:
-    service, version, text, source, created_at, mode, note, files_json, expired, reuse, inputs = row
+    service, version, text, source, created_at, mode, note, files_json, expired, reuse, inputs, spec_json = row
     return VersionRecord(service, version, text, source, created_at, mode, note, files_json, bool(expired),
-                         bool(reuse), inputs)
+                         bool(reuse), inputs, spec_json)
 
 
 def _service(row: tuple[Any, ...]) -> ServiceRecord:
@@ -964,8 +964,3 @@ def _is_comment_only(text: str) -> bool:
 def _bump_replicas_generation(db: sqlite3.Connection) -> None:
     db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'replicas_generation'")
 
-
-def _json_default(value: object) -> object:
-    if isinstance(value, Enum):
-        return value.value
-    raise TypeError(f"cannot store {type(value).__name__} as JSON")

@@ -219,13 +219,13 @@ def test_help_imports_none_of_what_the_commands_use(argv: list[str]) -> None:
 
 # What `serve status` (the command run most, and answered per call on a controller host) leaves to the commands
 # that need it: capturing files, blobs, TLS (ssl), forecasting, providers and their SDKs, the load balancer, the
-# autoscaling policies (a status reads their target only).
+# autoscaling policies (a status reads their target only), YAML (it reads each version's stored service section).
 STATUS_UNNEEDED = ("skyserve_lite.files.capture", "skyserve_lite.files.blobs", "skyserve_lite.files.tls",
                    "skyserve_lite.controller.forecast", "skyserve_lite.providers", "skyserve_lite.lb",
                    "skyserve_lite.autoscalers.dispatch", "skyserve_lite.autoscalers.fixed", "skyserve_lite.spec.config",
                    "skyserve_lite.state.secrets", "skyserve_lite.logview", "skyserve_lite.controller.replica_rules",
-                   "skyserve_lite.remote.transport", "skyserve_lite.remote.client", "ssl", "aiohttp", "boto3",
-                   "google.cloud")
+                   "skyserve_lite.remote.transport", "skyserve_lite.remote.client", "skyserve_lite.spec.yaml_doc",
+                   "yaml", "ssl", "aiohttp", "boto3", "google.cloud")
 
 
 def test_status_imports_none_of_what_other_commands_use(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@
 JSON values; ``decode(tp, data)`` builds the value of type ``tp`` again, checking shapes as it goes, so a
 message from a different sky-lite version fails with ``ValueError`` naming the field instead of producing
 a half-typed value. Only a dataclass's init fields travel: cached properties (``VersionRecord.spec``) are
-derived again on the receiving side.
+derived again on the receiving side. ``exact=True`` also refuses a dataclass whose data lacks one of its
+fields or has a key that is none of them: data written by another shape of the type (a field added,
+renamed or removed since) fails instead of taking defaults.
 """
 
 from __future__ import annotations
@@ -42,17 +44,18 @@ def encode(value: object) -> Json:
     raise TypeError(f"cannot encode a {type(value).__name__}: {value!r}")
 
 
-def decode(tp: Any, data: Json, where: str = "message") -> Any:
+def decode(tp: Any, data: Json, where: str = "message", *, exact: bool = False) -> Any:
     """The value of type ``tp`` that ``encode`` turned into ``data``. Raises ``ValueError`` naming the
-    field (``where``) whose data does not fit."""
-    return _decoder(tp)(data, where)
+    field (``where``) whose data does not fit (with ``exact``, also a field missing or a key unknown, at
+    every depth)."""
+    return _decoder(tp, exact)(data, where)
 
 
 _Decoder = Callable[[Json, str], Any]
 
 
 @cache
-def _decoder(tp: Any) -> _Decoder:
+def _decoder(tp: Any, exact: bool = False) -> _Decoder:
     if tp is Any:
         return lambda data, _where: data
     if tp is type(None) or tp is None:
@@ -68,18 +71,18 @@ def _decoder(tp: Any) -> _Decoder:
     if tp is Path:
         return lambda data, where: Path(_scalar(str)(data, where))
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _dataclass(tp)
+        return _dataclass(tp, exact)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
-        return _union(args)
+        return _union(args, exact)
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return _sequence(tuple, _decoder(args[0]))
-        return _fixed_tuple(tuple(_decoder(a) for a in args))
+            return _sequence(tuple, _decoder(args[0], exact))
+        return _fixed_tuple(tuple(_decoder(a, exact) for a in args))
     if origin is list:
-        return _sequence(list, _decoder(args[0]))
+        return _sequence(list, _decoder(args[0], exact))
     if origin is dict and args and args[0] is str:
-        item = _decoder(args[1])
+        item = _decoder(args[1], exact)
         return lambda data, where: {k: item(v, f"{where}.{k}") for k, v in _expect(dict, data, where).items()}
     raise TypeError(f"the codec cannot decode {tp!r}")
 
@@ -118,14 +121,17 @@ def _enum(tp: type[enum.Enum]) -> _Decoder:
     return decode_enum
 
 
-def _dataclass(tp: type) -> _Decoder:
+def _dataclass(tp: type, exact: bool) -> _Decoder:
     hints = typing.get_type_hints(tp)
-    fields = [(f.name, _decoder(hints[f.name]), f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING)
+    fields = [(f.name, _decoder(hints[f.name], exact), exact or (f.default is dataclasses.MISSING
+                                                               and f.default_factory is dataclasses.MISSING))
               for f in dataclasses.fields(tp) if f.init]
+    names = frozenset(name for name, _, _ in fields)
 
     def decode_dataclass(data: Json, where: str) -> Any:
         document = _expect(dict, data, where)
+        if exact and (unknown := sorted(set(document) - names)):
+            raise ValueError(f"{where}: unknown field {unknown[0]!r}")
         values = {}
         for name, decode_field, required in fields:
             if name in document:
@@ -136,8 +142,8 @@ def _dataclass(tp: type) -> _Decoder:
     return decode_dataclass
 
 
-def _union(args: tuple[Any, ...]) -> _Decoder:
-    decoders = [_decoder(a) for a in args]
+def _union(args: tuple[Any, ...], exact: bool) -> _Decoder:
+    decoders = [_decoder(a, exact) for a in args]
     optional = type(None) in args
 
     def decode_union(data: Json, where: str) -> Any:

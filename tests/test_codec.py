@@ -9,12 +9,12 @@ import pytest
 
 from skyserve_lite.api import ControllerStatus, ServiceView, StatusReport
 from skyserve_lite.autoscalers.base import AutoscalerState
+from skyserve_lite.codec import decode, encode
 from skyserve_lite.files.manifest import EntryKind, Manifest, ManifestEntry, TaskFiles
 from skyserve_lite.forcedown import ForceDownReport, StoppedProcesses
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import LaunchDecision, PlanStep, ReplicaAction, ReplicaDecision, UpdatePlan
 from skyserve_lite.providers.base import Instance, InstanceState
-from skyserve_lite.remote.codec import decode, encode
 from skyserve_lite.remote.wire import WireTask
 from skyserve_lite.spec.config import FieldChange
 from skyserve_lite.state.history import ServiceHistory
@@ -99,3 +99,18 @@ def test_data_that_does_not_fit_names_the_field(tp: Any, data: Any, message: str
 def test_unknown_values_are_refused_when_encoding() -> None:
     with pytest.raises(TypeError, match="cannot encode a set"):
         encode({1, 2})
+
+
+def test_exact_decoding_refuses_a_field_missing_or_unknown_at_any_depth() -> None:
+    report = StatusReport(services=(), controller=ControllerStatus(running=False, pid=None, services=0,
+                                                                   last_pass_at=None, checked_at=1.0))
+    data = encode(report)
+    assert decode(StatusReport, data, exact=True) == report
+    lenient = {**data, "controller": {k: v for k, v in data["controller"].items() if k != "stale_after"}}
+    assert decode(StatusReport, lenient).controller.stale_after == report.controller.stale_after  # a default
+    with pytest.raises(ValueError, match=r"message\.controller: missing field 'stale_after'"):
+        decode(StatusReport, lenient, exact=True)
+    unknown = {**data, "controller": {**data["controller"], "uptime": 3}}
+    assert decode(StatusReport, unknown) == report  # ignored
+    with pytest.raises(ValueError, match=r"message\.controller: unknown field 'uptime'"):
+        decode(StatusReport, unknown, exact=True)
