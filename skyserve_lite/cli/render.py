@@ -7,7 +7,9 @@ module, and at 10,000 replicas every import of its start-up is paid before the f
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -75,8 +77,10 @@ SERVICE_COLUMNS = (
 def services_table(views: Sequence[ServiceView], unverified_for: float | None = None) -> Group:
     table = FitTable(SERVICE_COLUMNS)
     for view in views:
-        ready = sum(1 for r in view.replicas if r.status.value == "READY")
-        live = sum(1 for r in view.replicas if r.status.is_live)
+        # Counted by status, then each status asked once: 10,000 replicas are asked nothing one by one.
+        by_status = Counter(map(_STATUS_OF, view.replicas))
+        ready = sum(count for status, count in by_status.items() if status.value == "READY")
+        live = sum(count for status, count in by_status.items() if status.is_live)
         status = styled_status(view.service.status.value)
         if unverified_for is not None:
             status.append(f" (unverified for {unverified_for:.0f}s)", style="red")
@@ -84,6 +88,10 @@ def services_table(views: Sequence[ServiceView], unverified_for: float | None = 
                       view.policy, view.load_balancing_policy, f"{ready}/{live} ready", describe_autoscaler(view),
                       view.service.status_reason or "")
     return _titled("Services", table)
+
+
+_STATUS_OF = attrgetter("status")
+_VERSION_OF = attrgetter("version")
 
 
 def describe_autoscaler(view: ServiceView) -> str:
@@ -105,7 +113,7 @@ def replica_columns(views: Sequence[ServiceView]) -> tuple[Column, ...]:
     """Many replicas, so what gives way is dropped (``-o json`` has it all), except the reason, which moves
     under its row. VERSION goes early when every replica runs its service's current version (the services
     table says which); during a rollout it is what tells old from new, and stays longest."""
-    one_version = all(r.version == view.service.current_version for view in views for r in view.replicas)
+    one_version = all(set(map(_VERSION_OF, view.replicas)) <= {view.service.current_version} for view in views)
     return (
         Column("SERVICE"), Column("ID"), Column("VERSION", _DROP, priority=2 if one_version else 5),
         Column("STATUS"), Column("CLOUD/REGION", _DROP, priority=3), Column("INSTANCE", _DROP, priority=1),
@@ -119,6 +127,7 @@ def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Gr
     # One Text per status, shared by its rows (a table only reads its cells): at 10,000 rows a Text each
     # was a tenth of building the table.
     statuses: dict[ReplicaStatus, Text] = {}
+    ages: dict[float, str] = {}  # by launch time: the replicas of a launch share it
     for view in views:
         name = view.service.name
         for r in view.replicas:
@@ -130,7 +139,8 @@ def replicas_table(views: Sequence[ServiceView], now: float | None = None) -> Gr
                 r.instance_type or r.accelerator)
             instance = f"{r.instance_id or '-'}\n{landed}" if landed else (r.instance_id or "-")
             table.add_row(name, str(r.replica_id), str(r.version), status, where, instance, r.url or "-",
-                          format_age(r.launched_at, now), r.status_reason or "")
+                          ages.get(r.launched_at) or ages.setdefault(r.launched_at, format_age(r.launched_at, now)),
+                          r.status_reason or "")
     return _titled("Replicas", table)
 
 
