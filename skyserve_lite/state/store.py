@@ -287,11 +287,12 @@ class Store:
         self._identity = _file_identity(path)
         # Every replica as last read, with the ``replicas_generation`` it was read at (``list_replicas``).
         self._all_replicas: tuple[object, tuple[ReplicaRecord, ...]] | None = None
-        # The replica rows of that read, by their raw row: when some rows changed, the others are handed back
-        # as the very same values (what was derived from them, a snapshot or a settled service, holds), and
-        # a pass after one replica changed decodes one row, not 10,000. Each entry holds the row it was
-        # decoded from, which shares its values with the record: the row read again is let go.
-        self._replicas_by_row: dict[tuple[Any, ...], tuple[tuple[Any, ...], ReplicaRecord]] = {}
+        # The raw rows of that read and their records: when some rows changed, the others are handed back as
+        # the very same values (what was derived from them, a snapshot or a settled service, holds), and a
+        # pass after one replica changed decodes one row, not 10,000. A row kept is the one its record was
+        # decoded from, which shares its values with the record: the row read again is let go. Looked up by
+        # row only when read again (a store read once, as `serve status`'s, hashes no row).
+        self._replica_rows: tuple[list[tuple[Any, ...]], tuple[ReplicaRecord, ...]] | None = None
         # The services and autoscaler states of the last full read, by their raw rows: a row read again
         # unchanged is not decoded again (a pass reads every service's, 1,000 of each at fleet scale).
         self._services_by_row: dict[tuple[Any, ...], ServiceRecord] = {}
@@ -663,10 +664,15 @@ class Store:
             return self._all_replicas[1]
         columns = ", ".join(_REPLICA_COLUMNS)
         rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id").fetchall()
-        known = self._replicas_by_row
-        kept = [known.get(row) or (row, _replica(row)) for row in rows]
-        self._replicas_by_row = {entry[0]: entry for entry in kept}  # rows are unique (their key is)
-        records = tuple(entry[1] for entry in kept)
+        if self._replica_rows is None:
+            records = tuple([_replica(row) for row in rows])
+        else:
+            last_rows, last_records = self._replica_rows
+            known = dict(zip(last_rows, zip(last_rows, last_records, strict=True), strict=True))  # rows are unique
+            kept = [known.get(row) or (row, _replica(row)) for row in rows]
+            rows = [entry[0] for entry in kept]
+            records = tuple(entry[1] for entry in kept)
+        self._replica_rows = (rows, records)
         self._all_replicas = (generation[0], records) if generation is not None else None
         return records
 
