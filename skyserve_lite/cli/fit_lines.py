@@ -83,11 +83,16 @@ class Cells:
                 styled = None
                 unusual: set[int] = set()
             else:
-                texts = [plain_of(cell) for cell in column]
-                kept = [cell.style if isinstance(cell, Text) else "" for cell in column]
-                styled = kept if any(kept) else None
-                unusual = {row for row, cell in enumerate(column)
+                # Each distinct cell read once: a column of Text cells shares them (one per replica status).
+                ids = list(map(id, column))
+                distinct = dict(zip(ids, column, strict=True))
+                plain = {key: plain_of(cell) for key, cell in distinct.items()}
+                style = {key: cell.style if isinstance(cell, Text) else "" for key, cell in distinct.items()}
+                spanned = {key for key, cell in distinct.items()
                            if isinstance(cell, Text) and (cell.spans or cell.justify is not None)}
+                texts = list(map(plain.__getitem__, ids))
+                styled = list(map(style.__getitem__, ids)) if any(style.values()) else None
+                unusual = {row for row, key in enumerate(ids) if key in spanned} if spanned else set()
             if _is_plain_ascii(texts):
                 widths.append(list(map(len, texts)))
             else:
