@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -170,6 +171,42 @@ def test_status_reads_events_only_where_it_shows_them(home: Path, tmp_path: Path
     exit_code, stdout, _ = Cli(controller)(*args)
     assert exit_code == 0 and "alpha" in stdout
     assert controller.events_asked == [events]
+
+
+class _CollectionSeen(LocalController):
+    """A local controller that records whether automatic garbage collection was on during the status read."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home, start_daemon=False)
+        self.collecting: list[bool] = []
+
+    def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
+        self.collecting.append(gc.isenabled())
+        return super().get_status_report(names, events=events)
+
+
+def test_status_reads_and_prints_without_automatic_collection_and_restores_it(home: Path, tmp_path: Path) -> None:
+    add_service(home, tmp_path, "alpha")
+    controller = _CollectionSeen(home)
+    assert gc.isenabled()
+    exit_code, stdout, _ = Cli(controller)("serve", "status")
+    assert exit_code == 0 and "alpha" in stdout
+    assert controller.collecting == [False]
+    assert gc.isenabled()  # restored for what runs after the command
+    exit_code, _, _ = Cli(controller)("serve", "status", "nosuch")  # an error on the way out restores it too
+    assert exit_code != 0 and controller.collecting == [False, False] and gc.isenabled()
+
+
+def test_one_shot_collection_leaves_collection_off_when_it_was_off() -> None:
+    from skyserve_lite.cli.common import one_shot_collection
+
+    gc.disable()
+    try:
+        with one_shot_collection():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_status_without_services_says_how_to_start_one(cli: Cli, home: Path) -> None:
