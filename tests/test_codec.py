@@ -65,7 +65,7 @@ VALUES: list[tuple[Any, Any]] = [
                                       notes=("n",), errors=("e",))),
     (VersionRecord, VersionRecord(service="web", version=2, text="run: x\n", source="/t.yaml", created_at=2.0,
                                   mode="rolling", note="rollback to version 1", files_json='{"mounts": {}}',
-                                  reuse_identical_files=True)),
+                                  reuse_identical_files=True, spec_json='{"parsed_by": "x", "spec": {}}')),
     (WireTask, WireTask(text="run: x\n", source="/t.yaml", files=FILES)),
 ]
 

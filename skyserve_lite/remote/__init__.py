@@ -1,6 +1,6 @@
 """A controller on another host: the same ``api.Controller`` spoken over the stdio of one remote command.
 
-- ``codec``: typed values (the api's frozen dataclasses and enums) to JSON and back;
+- values travel through ``skyserve_lite.codec``: the api's frozen dataclasses and enums to JSON and back;
 - ``protocol``: one JSON line per request and per answer, versioned, with raw byte payloads where bytes move
   (blob uploads, streamed logs);
 - ``server``: `sky-lite controller rpc`, one request against the host's ``LocalController``;

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
+from functools import cache, cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from skyserve_lite import __version__
@@ -106,10 +108,35 @@ class ServiceRecord:
 
 def parsed_spec_json(spec: TaskSpec) -> str:
     """What a version stores of ``spec`` as parsed when it was accepted (without its files, which the
-    snapshot holds): the spec by the codec, with the sky-lite version that parsed it
-    (``VersionRecord.service_spec`` reads it)."""
-    document = {"parsed_by": __version__, "spec": encode(dataclasses.replace(spec, files=None))}
+    snapshot holds): the spec by the codec, stamped with the parser that parsed it (``parser_stamp``;
+    ``VersionRecord.service_spec`` reads it)."""
+    document = {"parsed_by": parser_stamp(), "spec": encode(dataclasses.replace(spec, files=None))}
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+# The sources that decide what a task text parses to: the parser, the values and their defaults, the loader.
+_PARSER_SOURCES = ("parse.py", "model.py", "yaml_doc.py")
+
+
+def stamp_of_sources(folder: Path) -> str | None:
+    """The package version and a digest of the parser's sources in ``folder``; None when one cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        for name in _PARSER_SOURCES:
+            digest.update((folder / name).read_bytes())
+    except OSError:
+        return None
+    return f"{__version__}+{digest.hexdigest()[:16]}"
+
+
+@cache
+def parser_stamp() -> str | None:
+    """What identifies this sky-lite's parser: any change to its sources, within one version too, makes the
+    parsed forms stored before it parsed again from their texts. None (the sources cannot be read: nothing
+    stored is trusted) stores forms that no reader trusts."""
+    from skyserve_lite.spec import parse
+
+    return stamp_of_sources(Path(parse.__file__).parent)
 
 
 @dataclass(frozen=True)
@@ -128,7 +155,7 @@ class VersionRecord:
     files_expired: bool = False  # the snapshot was dropped (SKY_LITE_KEEP_SNAPSHOT_VERSIONS): no rollback to it
     reuse_identical_files: bool = False  # its update reuses replicas whose files are identical
     inputs_json: str | None = None  # what the submission added to the text (``spec.inputs.BoundInputs``)
-    spec_json: str | None = None  # the spec as parsed when accepted (``parsed_spec_json``)
+    spec_json: str | None = field(default=None, repr=False)  # the spec as parsed when accepted (``parsed_spec_json``)
 
     @cached_property
     def inputs(self) -> BoundInputs:
@@ -150,25 +177,27 @@ class VersionRecord:
 
     @cached_property
     def service_spec(self) -> ServiceSpec:
-        """``spec.service`` without parsing the text when this sky-lite parsed the version and stored what
-        it parsed, in the shape of today's values (`serve status` of 100 services parsed 100 texts, and
-        loaded PyYAML, for their service sections alone). Otherwise (a version an earlier sky-lite
-        accepted, a stored form of another shape) it is parsed from the text, as the controller does."""
+        """``spec.service`` without parsing the text when this sky-lite's parser (``parser_stamp``) parsed the
+        version and stored what it parsed, in the shape of today's values (`serve status` of 100 services
+        parsed 100 texts, and loaded PyYAML, for their service sections alone). Otherwise (a version another
+        sky-lite or another parser accepted, a stored form of another shape) it is parsed from the text, as
+        the controller does."""
         stored = _stored_service(self.spec_json)
         return stored if stored is not None else self.spec.service
 
 
 def _stored_service(spec_json: str | None) -> ServiceSpec | None:
-    """The service section ``parsed_spec_json`` stored, when this sky-lite stored it and it decodes to
-    today's fields exactly; else None."""
+    """The service section ``parsed_spec_json`` stored, when this sky-lite's parser stored it and it
+    decodes to today's fields exactly; else None (the text is parsed: always safe)."""
     if spec_json is None:
         return None
+    stamp = parser_stamp()
     try:
         document = json.loads(spec_json)
-        if document.get("parsed_by") != __version__:
+        if stamp is None or document.get("parsed_by") != stamp:
             return None
         service: ServiceSpec = decode(ServiceSpec, document["spec"]["service"], "service", exact=True)
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):  # a damaged row
         return None
     return service
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import skyserve_lite
 from skyserve_lite.errors import SpecError
 from skyserve_lite.spec.model import TaskSpec
 from skyserve_lite.spec.parse import load_task_file, parse_task, read_task
@@ -135,3 +136,38 @@ def test_the_stored_form_has_no_secret_value(tmp_path: Path) -> None:
     record = _stored(tmp_path, text)
     assert record.spec_json is not None and "hf_supersecretvalue" not in record.spec_json
     assert "HF_TOKEN" in record.spec_json
+
+
+def test_the_parser_stamp_moves_with_any_of_the_parsers_sources(tmp_path: Path) -> None:
+    from skyserve_lite.spec import parse
+
+    real = Path(parse.__file__).parent
+    assert models.parser_stamp() == models.stamp_of_sources(real)
+    assert str(models.parser_stamp()).startswith(f"{skyserve_lite.__version__}+")
+    for name in ("parse.py", "model.py", "yaml_doc.py"):
+        copy = tmp_path / name
+        for source in ("parse.py", "model.py", "yaml_doc.py"):
+            (copy / source).parent.mkdir(parents=True, exist_ok=True)
+            (copy / source).write_bytes((real / source).read_bytes())
+        assert models.stamp_of_sources(copy) == models.parser_stamp()
+        (copy / name).write_bytes((real / name).read_bytes() + b"\n# a default changed\n")
+        assert models.stamp_of_sources(copy) not in (None, models.parser_stamp())
+        (copy / name).unlink()
+        assert models.stamp_of_sources(copy) is None  # unreadable: nothing stored is trusted
+
+
+@pytest.mark.parametrize("stamp", ["0.1.0+another-parser", None])
+def test_a_form_stored_by_another_parser_is_parsed_again(stamp: str | None, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    record = _stored(tmp_path, EVERY_SERVICE_FIELD)
+    expected = record.spec.service
+    parses: list[str] = []
+
+    def counting(text: str, source: str = "<string>") -> TaskSpec:
+        parses.append(source)
+        return parse_task(text, source)
+
+    monkeypatch.setattr(models, "parse_task", counting)
+    monkeypatch.setattr(models, "parser_stamp", lambda: stamp)
+    assert _with_spec_json(record, record.spec_json).service_spec == expected
+    assert len(parses) == 1
