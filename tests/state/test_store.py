@@ -162,6 +162,8 @@ def test_batches_of_several_services_are_recorded_in_one_transaction(tmp_path: P
     assert [None if rows is None else [(r.service, r.replica_id, r.version) for r in rows] for rows in added] == [
         [("a", 1, 1), ("a", 2, 1)], None, [("b", 1, 1)], [("a", 3, 2)]]
     assert [r.replica_id for r in store.list_replicas("a")] == [1, 2, 3]
+    assert [r.replica_id for r in store.add_replicas("a", 1, template())] == [4]  # the counters were stored
+    assert [r.replica_id for r in store.add_replicas("b", 1, template())] == [2]
     with pytest.raises(NotFoundError, match="no service named 'gone'"):
         store.add_replicas("gone", 1, template())
 
