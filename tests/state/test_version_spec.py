@@ -59,6 +59,18 @@ def _texts() -> list[tuple[str, str]]:
     return [*accepted, ("every service field", EVERY_SERVICE_FIELD)]
 
 
+def count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sources of the texts ``VersionRecord`` parses from now on (it parses them still)."""
+    parses: list[str] = []
+
+    def counting(text: str, source: str = "<string>") -> TaskSpec:
+        parses.append(source)
+        return parse_task(text, source)
+
+    monkeypatch.setattr(models, "parse_task", counting)
+    return parses
+
+
 def _stored(tmp_path: Path, text: str) -> VersionRecord:
     store = Store.open(tmp_path / "home")
     try:
@@ -79,12 +91,9 @@ def test_the_stored_service_section_is_the_parsed_one_without_parsing(
     record = _stored(tmp_path, text)
     parsed = record.spec.service  # parsed from the text, as the controller does
     fresh = _with_spec_json(record, record.spec_json)  # nothing cached yet
-
-    def refuse(*_args: object, **_kwargs: object) -> None:
-        raise AssertionError("the text was parsed")
-
-    monkeypatch.setattr(models, "parse_task", refuse)
+    parses = count_parses(monkeypatch)
     assert fresh.service_spec == parsed
+    assert parses == []
 
 
 def _with_spec_json(record: VersionRecord, spec_json: str | None) -> VersionRecord:
@@ -115,13 +124,7 @@ def test_a_stored_form_not_of_this_sky_lite_is_not_trusted(edit: str, tmp_path: 
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     record = _stored(tmp_path, EVERY_SERVICE_FIELD)
     expected = record.spec.service
-    parses: list[str] = []
-
-    def counting(text: str, source: str = "<string>") -> TaskSpec:
-        parses.append(source)
-        return parse_task(text, source)
-
-    monkeypatch.setattr(models, "parse_task", counting)
+    parses = count_parses(monkeypatch)
     edited = _with_spec_json(record, _edited(record.spec_json, edit))
     assert edited.service_spec == expected
     assert len(parses) == 1  # from the text
@@ -161,13 +164,7 @@ def test_a_form_stored_by_another_parser_is_parsed_again(stamp: str | None, tmp_
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     record = _stored(tmp_path, EVERY_SERVICE_FIELD)
     expected = record.spec.service
-    parses: list[str] = []
-
-    def counting(text: str, source: str = "<string>") -> TaskSpec:
-        parses.append(source)
-        return parse_task(text, source)
-
-    monkeypatch.setattr(models, "parse_task", counting)
+    parses = count_parses(monkeypatch)
     monkeypatch.setattr(models, "parser_stamp", lambda: stamp)
     assert _with_spec_json(record, record.spec_json).service_spec == expected
     assert len(parses) == 1
