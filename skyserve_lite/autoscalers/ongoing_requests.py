@@ -9,7 +9,8 @@ Worked numbers: target 5, in-flight [7, 1, 8, 4] on 4 replicas: average 5, desir
 to the current 4, so nothing changes. In-flight [20, 20]: average 20, desired ceil(2 x 4) = 8.
 
 ``AutoscalingConfig``, ``BasicAutoscalingPolicy`` and ``calculate_desired_num_replicas`` keep the names and
-signatures of Ray Serve's policy, so tests written against Ray's policy run against this module unchanged.
+signatures of Ray Serve's policy, so tests written against Ray's policy run against this module unchanged;
+``get_decision_num_replicas`` takes both Ray 1.x's and Ray 2.x's argument orders (``ray_args``).
 The controller uses ``OngoingRequestsAutoscaler``, the same arithmetic with its state held in the store.
 """
 
@@ -18,8 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from skyserve_lite.autoscalers.base import AutoscalerState, Decision, Metrics, clip, is_due
+from skyserve_lite.autoscalers.ray_args import resolve_decision_args
 
 # The controller's decision period for this policy.
 CONTROL_LOOP_PERIOD_S = 10.0
@@ -85,16 +88,30 @@ class BasicAutoscalingPolicy:
         self.scale_down_consecutive_periods = int(config.downscale_delay_s / self.loop_period_s)
         self.decision_counter = 0
 
-    def get_decision_num_replicas(self, current_num_ongoing_requests: Sequence[float],
-                                  curr_target_num_replicas: int, current_handle_queued_queries: float = 0) -> int:
-        if len(current_num_ongoing_requests) == 0:
+    @overload
+    def get_decision_num_replicas(self, curr_target_num_replicas: int, current_num_ongoing_requests: Sequence[float],
+                                  current_handle_queued_queries: float = 0) -> int:
+        ...
+
+    @overload
+    def get_decision_num_replicas(self, current_num_ongoing_requests: Sequence[float], curr_target_num_replicas: int,
+                                  current_handle_queued_queries: float = 0) -> int:
+        ...
+
+    def get_decision_num_replicas(self, *args: object, **kwargs: object) -> int:
+        """The target after one decision period. Takes Ray 2.x's positional order (target, in-flight list,
+        queued) and Ray 1.x's (in-flight list, target), told apart by the first argument's type, or the same
+        names as keywords (``ray_args``). Raises TypeError naming an argument of the wrong kind."""
+        call = resolve_decision_args(args, kwargs)
+        ongoing, current_target = call.current_num_ongoing_requests, call.curr_target_num_replicas
+        if not ongoing:
             # No replica reports: wake from zero when requests wait, else keep the target.
-            if current_handle_queued_queries > 0:
-                return max(1, curr_target_num_replicas)
-            return curr_target_num_replicas
-        desired = calculate_desired_num_replicas(self.config, current_num_ongoing_requests)
+            if call.current_handle_queued_queries > 0:
+                return max(1, current_target)
+            return current_target
+        desired = calculate_desired_num_replicas(self.config, ongoing)
         self.decision_counter, target = step_counter(
-            self.decision_counter, desired, curr_target_num_replicas, self.scale_up_consecutive_periods,
+            self.decision_counter, desired, current_target, self.scale_up_consecutive_periods,
             self.scale_down_consecutive_periods)
         return target
 
