@@ -8,13 +8,18 @@ names):
 2. ``instance_type``: that type only;
 3. accelerators: none unless asked (a CPU task never lands on a GPU machine, nor a named GCP n1 on one with
    GPUs attached); else that name in any case, and exactly that count (1 when not given);
-4. ``cpus``, ``memory``: equal, or at least that much with ``4+``;
-5. price: offers the catalog has no price for are left out, unless ``instance_type`` named the type.
+4. a CPU-only need (no ``instance_type``, no accelerators) is sized as SkyPilot sizes it: only from
+   ``CPU_FAMILIES`` (never a burstable or shared-core type), and with ``cpus`` but no ``memory``, at least
+   ``DEFAULT_MEMORY_PER_VCPU`` GiB per vCPU of the offer;
+5. ``cpus``, ``memory``: equal, or at least that much with ``4+``;
+6. price: offers the catalog has no price for are left out, unless ``instance_type`` named the type.
 
 What remains is ordered by the price of the market asked (the spot price for ``use_spot`` when known, else
 on-demand), then fewer vCPUs, less memory, fewer GPUs, the type's name and the region's, so the same
-catalog and task always give the same choice. With no machine constraint at all the cloud's default type
-(``DEFAULT_INSTANCE_TYPES``, what the providers launch when a task names nothing) is the answer.
+catalog and task always give the same choice. With no machine constraint at all the answer is the cloud's
+default type (``DEFAULT_INSTANCE_TYPES``, SkyPilot's 8 vCPUs and 32 GiB), priced or not; where the place
+lacks it, the cheapest of SkyPilot's default shape there. ``describe_sizing`` says which of these rules
+filled in what a task left unsaid.
 
 When a constraint leaves nothing, and the same constraints would fit in another region, the error names
 ``resources.region`` (or ``resources.zone``) and where they would fit; otherwise it names the constraint's
@@ -25,16 +30,37 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from skyserve_lite.catalog.accelerators import is_same_accelerator
 from skyserve_lite.catalog.model import CatalogError, InstanceOffer, Need
 
-# What the providers launch when a task names no instance type (providers/aws.py DEFAULT_INSTANCE_TYPE,
-# providers/gcp.py DEFAULT_MACHINE_TYPE).
-DEFAULT_INSTANCE_TYPES = {"aws": "m5.large", "gcp": "e2-medium"}
+# SkyPilot sizes a task that names neither an instance type nor accelerators from these families only (its AWS
+# and GCP catalogs' default families): current general-purpose (4 GiB per vCPU), compute (2 on AWS, 1 on
+# n2-highcpu) and memory (8) families. So a need never lands on a burstable type (AWS t2/t3/t3a/t4g: a
+# t3.micro's 2 vCPUs run at a 10% baseline on credits, with 1 GiB), a shared-core one (GCP e2-micro/small/
+# medium, f1-micro, g1-small: a fraction of a core) or an older generation that ties a newer one on price
+# (m5.large and m6i.large are both $0.096 in us-east-1; the name would pick m5).
+CPU_FAMILIES: Mapping[str, tuple[str, ...]] = {
+    "aws": ("c6i", "c6id", "c7i", "m6i", "m6id", "m7i", "r6i", "r6id", "r7i"),
+    "gcp": ("n2-highcpu", "n2-highmem", "n2-standard", "n4-highcpu", "n4-highmem", "n4-standard"),
+}
+# SkyPilot's fill-ins for what a CPU-only task leaves unsaid: memory, at least 4 GiB per vCPU of the offer
+# (``cpus: 4+`` is m6i.xlarge, 4 vCPUs and 16 GiB, not c6i.xlarge's 8 GiB); nothing at all, 8+ vCPUs.
+DEFAULT_MEMORY_PER_VCPU = 4.0
+DEFAULT_VCPUS = 8.0
+# A task that names nothing gets SkyPilot's default: the cheapest of its families with 8+ vCPUs and 4 GiB per
+# vCPU, which in every priced region of the shipped catalogs is this type (8 vCPUs, 32 GiB; tests check it).
+# Named rather than looked up so that a region the catalog has no prices for still gets it. The providers keep
+# their own default for versions stored before placements were resolved: those launch what they always did.
+DEFAULT_INSTANCE_TYPES = {"aws": "m6i.2xlarge", "gcp": "n2-standard-8"}
+
+# What ``describe_sizing`` says, and plans show after a candidate's need.
+SIZED_BY_DEFAULT = "no resources given: SkyPilot's default 8 vCPUs, 32 GiB"
+SIZED_BY_MEMORY_RATIO = "memory not given: 4 GiB per vCPU, SkyPilot's CPU families"
+SIZED_BY_FAMILIES = "SkyPilot's CPU families"
 
 _LISTED = 12  # values an error lists before it elides the rest
 
@@ -93,16 +119,35 @@ def find_candidates(source: OfferSource, need: Need, default_region: str | None)
 
 
 def _find_default(source: OfferSource, need: Need, default_region: str | None) -> list[InstanceOffer]:
+    """For a task that names nothing: the default type at the place asked, priced or not; where the place lacks
+    it (AWS ap-southeast-4 has no m6i), the offers of SkyPilot's default shape there (8+ vCPUs, 4 GiB per vCPU,
+    its CPU families), priced or not, cheapest first. Raises when the place has neither, or is unknown."""
     default = DEFAULT_INSTANCE_TYPES.get(source.cloud)
     if default is None:
         raise CatalogError("resources.instance_type", f"{source.cloud} has no default instance type; name one")
     # An unknown region or zone is the task's fault, not the default type's: raise it without the remark.
-    _find_place(source, need, _region_asked(need, default_region))
+    scope = _find_place(source, need, _region_asked(need, default_region))
+    if not any(o.instance_type == default for o in scope):
+        shaped, _ = _apply(_plan_steps(source.cloud, replace(need, cpus=DEFAULT_VCPUS, cpus_at_least=True)), scope)
+        if shaped:
+            return sorted(shaped, key=lambda o: compute_sort_key(o, need.use_spot))
     try:
         return find_candidates(source, replace(need, instance_type=default), default_region)
     except CatalogError as exc:
         raise CatalogError(exc.field, f"{exc.problem} (the default instance type, since the task names no "
                                       f"instance_type, cpus, memory or accelerators)") from exc
+
+
+def describe_sizing(cloud: str, need: Need) -> str:
+    """Which of SkyPilot's sizing rules chose for ``need``: ``SIZED_BY_DEFAULT`` when it asks nothing,
+    ``SIZED_BY_MEMORY_RATIO`` for ``cpus`` without ``memory``, ``SIZED_BY_FAMILIES`` for other CPU-only needs;
+    "" when the task named the type or accelerators (their own vCPUs and memory count) or the cloud has no
+    such rule."""
+    if need.is_unconstrained:
+        return SIZED_BY_DEFAULT if cloud in DEFAULT_INSTANCE_TYPES else ""
+    if need.instance_type is not None or need.accelerator is not None or cloud not in CPU_FAMILIES:
+        return ""
+    return SIZED_BY_MEMORY_RATIO if need.memory_gib is None else SIZED_BY_FAMILIES
 
 
 def _region_asked(need: Need, default_region: str | None) -> str | None:
@@ -141,11 +186,12 @@ def _plan_steps(cloud: str, need: Need) -> list[_Step]:
     """The shape constraints ``need`` asks for, in the order they are applied."""
     steps: list[_Step] = []
     asked: list[str] = []  # the constraints before the next step, in words
+    among = ""  # the offers the next step looks among, in words: " of SkyPilot's CPU families"
 
     def add(step_field: str, keeps: Callable[[InstanceOffer], bool],
             explain: Callable[[Sequence[InstanceOffer], str, str], str], words: str | None,
             hint: Callable[[Sequence[InstanceOffer]], str] | None = None) -> None:
-        steps.append(_Step(step_field, keeps, explain, f" with {', '.join(asked)}" if asked else "", hint))
+        steps.append(_Step(step_field, keeps, explain, among + (f" with {', '.join(asked)}" if asked else ""), hint))
         if words is not None:
             asked.append(words)
 
@@ -168,14 +214,27 @@ def _plan_steps(cloud: str, need: Need) -> list[_Step]:
         add("resources.accelerators", lambda o: o.gpu is not None and o.gpu.count == count,
             lambda reached, where, prior: _explain_count(cloud, accelerator, count, reached, where),
             f"{count}x {accelerator}")
+    families = CPU_FAMILIES.get(cloud) if wanted_type is None and accelerator is None else None
+    hint: Callable[[Sequence[InstanceOffer]], str] | None = None
+    if families is not None:
+        listed = ", ".join(families)
+        add("resources.cpus" if need.cpus is not None else "resources.memory",
+            lambda o: _family_of(o.instance_type) in families,
+            lambda reached, where, prior: f"no {cloud} instance type{where} is of SkyPilot's CPU families "
+                                          f"({listed}); name another type with resources.instance_type", None)
+        among = " of SkyPilot's CPU families"
+        hint = _hint_families(listed)
     if need.cpus is not None:
         add("resources.cpus", _at_least_or_equal(lambda o: o.vcpus, need.cpus, need.cpus_at_least),
             _explain_amount(cloud, "vCPUs", need.cpus, need.cpus_at_least, lambda o: o.vcpus),
-            f"{need.cpus:g}{'+' if need.cpus_at_least else ''} vCPUs")
+            f"{need.cpus:g}{'+' if need.cpus_at_least else ''} vCPUs", hint)
     if need.memory_gib is not None:
         add("resources.memory", _at_least_or_equal(lambda o: o.memory_gib, need.memory_gib, need.memory_at_least),
             _explain_amount(cloud, "GiB memory", need.memory_gib, need.memory_at_least, lambda o: o.memory_gib),
-            None)
+            None, hint)
+    elif families is not None:
+        add("resources.memory", _has_default_memory, lambda reached, where, prior: _explain_ratio(
+            cloud, reached, where, prior), None, hint)
     return steps
 
 
@@ -197,6 +256,18 @@ def _has_no_gpu(offer: InstanceOffer) -> bool:
 
 def _has_nothing_attached(offer: InstanceOffer) -> bool:
     return offer.accelerator_type is None
+
+
+def _family_of(instance_type: str) -> str:
+    """``m6i.xlarge`` -> ``m6i``; ``n2-standard-8`` -> ``n2-standard``; ``e2-micro`` -> ``e2``."""
+    if "." in instance_type:
+        return instance_type.split(".", 1)[0]
+    return instance_type.rsplit("-", 1)[0]
+
+
+def _has_default_memory(offer: InstanceOffer) -> bool:
+    # 1e-3 GiB of slack: a catalog's GiB may be a rounded MiB count
+    return offer.memory_gib >= DEFAULT_MEMORY_PER_VCPU * offer.vcpus - 1e-3
 
 
 def _at_least_or_equal(value: Callable[[InstanceOffer], float], wanted: float,
@@ -283,6 +354,17 @@ def _explain_amount(cloud: str, unit: str, wanted: float, at_least: bool, value:
         return (f"no {cloud} instance type{where}{prior} has exactly {wanted:g} {unit} (write {wanted:g}+ for at "
                 f"least); {unit} offered{there}: {_numbers(values, wanted)}")
     return explain
+
+
+def _hint_families(listed: str) -> Callable[[Sequence[InstanceOffer]], str]:
+    return lambda reached: f"; SkyPilot's CPU families are {listed}: name another type with resources.instance_type"
+
+
+def _explain_ratio(cloud: str, reached: Sequence[InstanceOffer], where: str, prior: str) -> str:
+    most = max((o.memory_gib / o.vcpus for o in reached if o.vcpus), default=0.0)
+    there = " there" if where else ""
+    return (f"no {cloud} instance type{where}{prior} has {DEFAULT_MEMORY_PER_VCPU:g} GiB memory per vCPU (SkyPilot's "
+            f"fill-in when memory is not given); the most{there} is {most:.3g}; set resources.memory")
 
 
 def _explain_unpriced(source: OfferSource, steps: Sequence[_Step], fits: Sequence[InstanceOffer], where: str,

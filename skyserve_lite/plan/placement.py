@@ -61,7 +61,7 @@ def resolve_placements(spec: TaskSpec, source: str, default_regions: Mapping[str
                                 f"this machine, without accelerators (candidates considered: {considered}); name a "
                                 "cloud with --infra or resources.infra")
         return Resolution(ondemand=(Placement(cloud=cloud.value),))
-    from skyserve_lite.catalog import CatalogError, Need, disk_for
+    from skyserve_lite.catalog import CatalogError, Need, describe_sizing, disk_for
 
     catalog = load_catalog(cloud.value)
     markets = [False, True] if spec.resources.use_spot else [False]
@@ -106,7 +106,8 @@ def resolve_placements(spec: TaskSpec, source: str, default_regions: Mapping[str
                 image=resources.image_id or DEFAULT_IMAGES.get((cloud.value, offer.arch, offer.gpu is not None)),
                 image_is_default=resources.image_id is None, disk_size=resources.disk_size,
                 disk_type=disk.volume_type if disk else None, disk_iops=disk.iops if disk else None,
-                disk_throughput=disk.throughput_mbps if disk else None, need=resources.describe_need()))
+                disk_throughput=disk.throughput_mbps if disk else None, need=resources.describe_need(),
+                sizing=describe_sizing(cloud.value, need)))
         if not placements:
             assert first_error is not None
             if len(candidates) == 1:

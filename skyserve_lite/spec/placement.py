@@ -36,9 +36,13 @@ class Placement:
     disk_iops: int | None = None
     disk_throughput: int | None = None
     need: str = ""  # what the candidate asked for, as written: "A100:8, cpus 32+"
+    # Which SkyPilot sizing rule filled in what the candidate left unsaid ("memory not given: 4 GiB per vCPU,
+    # SkyPilot's CPU families"); "" when it named the type or accelerators, and in versions stored before.
+    sizing: str = ""
 
     def describe(self) -> str:
-        """``A100:8 -> p4d.24xlarge (us-east-1, $32.77/h, on-demand)``; local: ``local process``."""
+        """``A100:8 -> p4d.24xlarge (us-east-1, $32.77/h, on-demand)``, ``cpus 4+ (memory not given: ...) ->
+        m6i.xlarge (...)`` when a sizing rule chose; local: ``local process``."""
         if self.cloud == LOCAL:
             return "local process on this machine"
         where = "/".join(part for part in (self.region, self.zone) if part) or "default region"
@@ -48,7 +52,8 @@ class Placement:
         machine = self.instance_type or "default type"
         if self.accelerator_type and self.accelerator:
             machine += f" + {self.accelerator}"
-        return f"{self.need} -> {machine} ({where}, {price}, {market})"
+        sizing = f" ({self.sizing})" if self.sizing else ""
+        return f"{self.need}{sizing} -> {machine} ({where}, {price}, {market})"
 
     @property
     def zone_order(self) -> tuple[str, ...]:

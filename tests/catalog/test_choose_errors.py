@@ -34,9 +34,22 @@ CASES = [
                  ("resources.instance_type", ["no instance type 'p4d.24xlarg' in us-east-1",
                                               "similar: p4d.24xlarge"]), id="unknown-instance-type"),
     pytest.param("aws", Need(cpus=3), "us-east-1",
-                 ("resources.cpus", ["no aws instance type in us-east-1 (the default region) has exactly 3 vCPUs",
-                                     "write 3+ for at least", "vCPUs offered there: 1, 2, 4, 8"]),
+                 ("resources.cpus", ["no aws instance type in us-east-1 (the default region) of SkyPilot's CPU "
+                                     "families has exactly 3 vCPUs", "write 3+ for at least",
+                                     "vCPUs offered there: 2, 4, 8",
+                                     "SkyPilot's CPU families are c6i, c6id, c7i, m6i, m6id, m7i, r6i, r6id, r7i: name "
+                                     "another type with resources.instance_type"]),
                  id="exact-cpus-not-offered"),
+    # t3.micro has 1 vCPU (burstable), but no type of the families SkyPilot sizes CPU tasks from has
+    pytest.param("aws", Need(cpus=1), "us-east-1",
+                 ("resources.cpus", ["of SkyPilot's CPU families has exactly 1 vCPUs", "vCPUs offered there: 2, 4",
+                                     "name another type with resources.instance_type"]),
+                 id="one-vcpu-only-burstable"),
+    pytest.param("gcp", Need(memory_gib=1), "us-central1",
+                 ("resources.memory", ["no gcp instance type in us-central1 (the default region) of SkyPilot's CPU "
+                                       "families has exactly 1 GiB memory", "GiB memory offered there: 2, 4, 8",
+                                       "SkyPilot's CPU families are n2-highcpu, n2-highmem, n2-standard"]),
+                 id="shared-core-memory-only"),
     pytest.param("aws", Need(cpus=1000, cpus_at_least=True), "us-east-1",
                  ("resources.cpus", ["has 1000+ vCPUs", "the most there is"]), id="too-many-cpus"),
     pytest.param("gcp", Need(accelerator="V100", cpus=16), "us-central1",
@@ -98,7 +111,7 @@ def test_catalog_errors_are_sky_lite_errors_with_a_spec_exit_code() -> None:
 def test_the_default_type_unpriced_in_a_region_is_still_the_default() -> None:
     # europe-west4 has no prices in the snapshot; a task that names nothing still gets the default type
     offer = load_catalog("gcp").choose(Need(), "europe-west4")
-    assert (offer.instance_type, offer.region, offer.ondemand_price) == ("e2-medium", "europe-west4", None)
+    assert (offer.instance_type, offer.region, offer.ondemand_price) == ("n2-standard-8", "europe-west4", None)
 
 
 def test_unknown_cloud() -> None:

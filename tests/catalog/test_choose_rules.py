@@ -1,4 +1,8 @@
-"""The choice rule on small catalogs made for each case: markets, ties, prices, zones, GPUs."""
+"""The choice rule on small catalogs made for each case: markets, ties, prices, zones, GPUs.
+
+The catalogs here are of a cloud without SkyPilot's sizing rules (``choose.CPU_FAMILIES``), so a CPU need
+ranks every type; test_choose_sizing.py has those rules.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +14,18 @@ import pytest
 from skyserve_lite.catalog import Catalog, CatalogError, Gpu, InstanceOffer, Need
 
 T4 = Gpu("T4", 1, 16.0)
+CLOUD = "lab"  # neither families nor a default type
 
 
 def offer(instance_type: str, vcpus: float = 2, memory: float = 8, ondemand: float | None = 1.0,
           spot: float | None = None, region: str = "r1", zones: tuple[str, ...] = ("r1a", "r1b"),
-          gpu: Gpu | None = None, accelerator_type: str | None = None) -> InstanceOffer:
-    return InstanceOffer("aws", instance_type, region, zones, vcpus, memory, gpu, "x86_64", ondemand, spot,
+          gpu: Gpu | None = None, accelerator_type: str | None = None, cloud: str = CLOUD) -> InstanceOffer:
+    return InstanceOffer(cloud, instance_type, region, zones, vcpus, memory, gpu, "x86_64", ondemand, spot,
                          accelerator_type)
 
 
 def chosen(offers: list[InstanceOffer], need: Need, default_region: str | None = "r1") -> str:
-    picked = Catalog.from_offers("aws", offers).choose(need, default_region)
+    picked = Catalog.from_offers(offers[0].cloud, offers).choose(need, default_region)
     return f"{picked.instance_type}@{picked.region}" + (f"+{picked.accelerator_type}" if picked.accelerator_type
                                                          else "")
 
@@ -80,8 +85,8 @@ CASES = [
                  id="memory-exact"),
     pytest.param([offer("a", memory=16), offer("b", memory=32, ondemand=0.5)],
                  Need(memory_gib=16, memory_at_least=True), "r1", "b@r1", id="memory-at-least"),
-    pytest.param([offer("a", ondemand=0.01), offer("m5.large", ondemand=None)], Need(), "r1", "m5.large@r1",
-                 id="nothing-asked-is-the-default-even-unpriced"),
+    pytest.param([offer("a", ondemand=0.01, cloud="aws"), offer("m6i.2xlarge", ondemand=None, cloud="aws")], Need(),
+                 "r1", "m6i.2xlarge@r1", id="nothing-asked-is-the-default-even-unpriced"),
 ]
 
 
@@ -96,24 +101,24 @@ def test_the_choice_does_not_depend_on_the_catalog_order(seed: int) -> None:
     offers = [offer(name, vcpus=v, memory=m, region=r, zones=(f"{r}a",))
               for name in ("x", "y", "z") for v, m, r in ((2, 8, "r2"), (2, 8, "r1"), (4, 8, "r1"))]
     random.Random(seed).shuffle(offers)
-    candidates = Catalog.from_offers("aws", offers).candidates(ANY, None)
+    candidates = Catalog.from_offers(CLOUD, offers).candidates(ANY, None)
     assert [(o.instance_type, o.vcpus, o.region) for o in candidates][:4] == [
         ("x", 2, "r1"), ("x", 2, "r2"), ("y", 2, "r1"), ("y", 2, "r2")]
 
 
 def test_candidates_list_every_fit_cheapest_first() -> None:
     offers = [offer("a", ondemand=3), offer("b", ondemand=1), offer("c", ondemand=None), offer("d", ondemand=2)]
-    assert [o.instance_type for o in Catalog.from_offers("aws", offers).candidates(ANY, "r1")] == ["b", "d", "a"]
+    assert [o.instance_type for o in Catalog.from_offers(CLOUD, offers).candidates(ANY, "r1")] == ["b", "d", "a"]
 
 
 @pytest.mark.parametrize(("offers", "need", "field"), [
     pytest.param([offer("a", ondemand=None)], ANY, "resources.cpus", id="only-unpriced"),
     pytest.param([offer("a", gpu=T4)], ANY, "resources.accelerators", id="only-gpu-types-for-a-cpu-task"),
-    pytest.param([offer("a")], Need(), "resources.instance_type", id="no-default-type-in-catalog"),
+    pytest.param([offer("a")], Need(), "resources.instance_type", id="no-default-type-for-the-cloud"),
 ])
 def test_rule_errors(offers: list[InstanceOffer], need: Need, field: str) -> None:
     with pytest.raises(CatalogError) as caught:
-        Catalog.from_offers("aws", offers).choose(need, "r1")
+        Catalog.from_offers(CLOUD, offers).choose(need, "r1")
     assert caught.value.field == field
 
 

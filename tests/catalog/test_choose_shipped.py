@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skyserve_lite.catalog import Need, load_catalog
+from skyserve_lite.catalog import CPU_FAMILIES, DEFAULT_INSTANCE_TYPES, Need, load_catalog
 
 # (cloud, need, default region) -> (instance type, region, attached accelerator type, hourly price)
 CASES = [
@@ -23,20 +23,20 @@ CASES = [
                  ("g4dn.12xlarge", "us-east-1", None, 3.912), id="aws-T4:4"),
     pytest.param("aws", Need(accelerator="L4", accelerator_count=1, cpus=16, cpus_at_least=True), "us-east-1",
                  ("g6.4xlarge", "us-east-1", None, 1.3232), id="aws-L4:1-cpus-16+"),
-    # t3.xlarge $0.1664 < c5.xlarge = c6i.xlarge $0.17 < m5.xlarge $0.192
-    pytest.param("aws", Need(cpus=4, cpus_at_least=True), "us-east-1", ("t3.xlarge", "us-east-1", None, 0.1664),
+    # t3.xlarge $0.1664 is burstable and c6i.xlarge $0.17 has 8 GiB, under 4 per vCPU: m6i.xlarge $0.192
+    pytest.param("aws", Need(cpus=4, cpus_at_least=True), "us-east-1", ("m6i.xlarge", "us-east-1", None, 0.192),
                  id="aws-cpus-4+"),
-    pytest.param("aws", Need(cpus=4, memory_gib=16), "us-east-1", ("t3.xlarge", "us-east-1", None, 0.1664),
+    # m5.xlarge is the same price but not of SkyPilot's families (the name would have picked it)
+    pytest.param("aws", Need(cpus=4, memory_gib=16), "us-east-1", ("m6i.xlarge", "us-east-1", None, 0.192),
                  id="aws-cpus-4-memory-16-exact"),
-    # 4 vCPUs with exactly 32 GiB: r5.xlarge ($0.252) ties r6i.xlarge; the name breaks the tie
-    pytest.param("aws", Need(cpus=4, memory_gib=32), "us-east-1", ("r5.xlarge", "us-east-1", None, 0.252),
-                 id="aws-cpus-4-memory-32-tie-by-name"),
+    pytest.param("aws", Need(cpus=4, memory_gib=32), "us-east-1", ("r6i.xlarge", "us-east-1", None, 0.252),
+                 id="aws-cpus-4-memory-32"),
     pytest.param("aws", Need(cpus=32, cpus_at_least=True, memory_gib=64), "us-east-1",
                  ("c6i.8xlarge", "us-east-1", None, 1.36), id="aws-cpus-32+-memory-64"),
     pytest.param("aws", Need(memory_gib=256, memory_at_least=True), "us-east-1",
-                 ("r5.8xlarge", "us-east-1", None, 2.016), id="aws-memory-256+"),
+                 ("r6i.8xlarge", "us-east-1", None, 2.016), id="aws-memory-256+"),
     # the three priced regions list the same price: the region's name breaks the tie
-    pytest.param("aws", Need(cpus=2, cpus_at_least=True), None, ("t3.micro", "us-east-1", None, 0.0104),
+    pytest.param("aws", Need(cpus=2, cpus_at_least=True), None, ("m6i.large", "us-east-1", None, 0.096),
                  id="aws-every-region-tie-by-region"),
     pytest.param("aws", Need(accelerator="A100", accelerator_count=8, region="us-west-2"), "us-east-1",
                  ("p4d.24xlarge", "us-west-2", None, 32.7726), id="aws-region-beats-default"),
@@ -46,8 +46,8 @@ CASES = [
                  id="aws-named-type-without-price"),
     pytest.param("aws", Need(instance_type="p4d.24xlarge", use_spot=True), "us-east-1",
                  ("p4d.24xlarge", "us-east-1", None, 32.7726), id="aws-spot-without-spot-price-ranks-on-demand"),
-    pytest.param("aws", Need(), "us-east-1", ("m5.large", "us-east-1", None, 0.096), id="aws-default"),
-    pytest.param("aws", Need(use_spot=True, zone="us-west-2b"), None, ("m5.large", "us-west-2", None, 0.096),
+    pytest.param("aws", Need(), "us-east-1", ("m6i.2xlarge", "us-east-1", None, 0.384), id="aws-default"),
+    pytest.param("aws", Need(use_spot=True, zone="us-west-2b"), None, ("m6i.2xlarge", "us-west-2", None, 0.384),
                  id="aws-default-in-zone"),
     pytest.param("gcp", Need(accelerator="L4", accelerator_count=1), "us-central1",
                  ("g2-standard-4", "us-central1", None, 0.70683), id="gcp-L4:1"),
@@ -74,17 +74,17 @@ CASES = [
                  ("n1-standard-8", "us-central1", None, 0.379998), id="gcp-named-n1-has-no-gpus"),
     pytest.param("gcp", Need(instance_type="n1-standard-8", accelerator="T4", accelerator_count=2), "us-central1",
                  ("n1-standard-8", "us-central1", "nvidia-tesla-t4", 1.079998), id="gcp-named-n1-with-2-T4"),
-    # e2-highcpu-2: 2 vCPUs, 2 GB, $0.049468; the shared-core e2-micro counts 0.25 vCPU
+    # e2-highcpu-2 ($0.049468) is not of SkyPilot's families, n2-highcpu-2 ($0.071696) has 1 GB per vCPU
     pytest.param("gcp", Need(cpus=2, cpus_at_least=True), "us-central1",
-                 ("e2-highcpu-2", "us-central1", None, 0.049468), id="gcp-cpus-2+"),
+                 ("n2-standard-2", "us-central1", None, 0.097118), id="gcp-cpus-2+"),
     pytest.param("gcp", Need(cpus=4, memory_gib=16), "us-central1",
-                 ("e2-standard-4", "us-central1", None, 0.134012), id="gcp-cpus-4-memory-16"),
+                 ("n2-standard-4", "us-central1", None, 0.194236), id="gcp-cpus-4-memory-16"),
     # 64 x $0.031611 + 256 GB x $0.004237
     pytest.param("gcp", Need(cpus=64, cpus_at_least=True, memory_gib=256, memory_at_least=True), None,
                  ("n2-standard-64", "us-central1", None, 3.107776), id="gcp-cpus-64+-memory-256+"),
-    pytest.param("gcp", Need(), "us-east1", ("e2-medium", "us-east1", None, 0.033503), id="gcp-default"),
+    pytest.param("gcp", Need(), "us-east1", ("n2-standard-8", "us-east1", None, 0.388472), id="gcp-default"),
     pytest.param("gcp", Need(cpus=2, zone="us-west1-c"), "us-central1",
-                 ("e2-highcpu-2", "us-west1", None, 0.049468), id="gcp-zone-decides-region"),
+                 ("n2-standard-2", "us-west1", None, 0.097118), id="gcp-zone-decides-region"),
 ]
 
 
@@ -116,23 +116,35 @@ def test_candidates_are_cheapest_first_and_all_fit(cloud: str, need: Need, defau
             assert offer.memory_gib >= need.memory_gib if need.memory_at_least else offer.memory_gib == need.memory_gib
         if need.accelerator is None and need.instance_type is None:
             assert offer.gpu is None
+            assert family(offer.instance_type) in CPU_FAMILIES[cloud]
+            if need.memory_gib is None:  # nothing asked, or cpus alone: 4 GiB per vCPU
+                assert offer.memory_gib >= 4 * offer.vcpus
 
 
-def test_the_cpu_only_choice_is_the_cheapest_priced_type_with_enough_vcpus() -> None:
-    catalog = load_catalog("aws")
-    priced = [o for o in catalog.offers("us-east-1") if o.gpu is None and o.ondemand_price is not None
-              and o.vcpus >= 4]
+def family(instance_type: str) -> str:
+    return instance_type.split(".")[0] if "." in instance_type else instance_type.rsplit("-", 1)[0]
+
+
+@pytest.mark.parametrize(("cloud", "region"), [("aws", "us-east-1"), ("gcp", "us-central1")])
+def test_the_cpu_only_choice_is_the_cheapest_priced_type_of_the_families_with_enough_vcpus_and_memory(
+        cloud: str, region: str) -> None:
+    catalog = load_catalog(cloud)
+    priced = [o for o in catalog.offers(region) if o.gpu is None and o.ondemand_price is not None and o.vcpus >= 4
+              and o.memory_gib >= 4 * o.vcpus and family(o.instance_type) in CPU_FAMILIES[cloud]]
     cheapest = min(o.ondemand_price for o in priced if o.ondemand_price is not None)
-    assert catalog.choose(Need(cpus=4, cpus_at_least=True), "us-east-1").ondemand_price == cheapest
+    assert catalog.choose(Need(cpus=4, cpus_at_least=True), region).ondemand_price == cheapest
 
 
-def test_the_defaults_are_what_the_providers_launch() -> None:
-    from skyserve_lite.catalog import DEFAULT_INSTANCE_TYPES
-    from skyserve_lite.providers.aws import DEFAULT_INSTANCE_TYPE
-    from skyserve_lite.providers.gcp import DEFAULT_MACHINE_TYPE
-
-    assert DEFAULT_INSTANCE_TYPES == {"aws": DEFAULT_INSTANCE_TYPE, "gcp": DEFAULT_MACHINE_TYPE}
-    assert load_catalog("aws").default_instance_type == "m5.large"
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_the_default_type_is_what_skypilots_default_shape_picks_in_every_priced_region(cloud: str) -> None:
+    # 8+ vCPUs and 4 GiB per vCPU, cheapest of the families: the type named for tasks that ask nothing
+    catalog = load_catalog(cloud)
+    priced = sorted({o.region for o in catalog.offers() if o.ondemand_price is not None})
+    assert len(priced) >= 3
+    for region in priced:
+        assert catalog.choose(Need(cpus=8, cpus_at_least=True), region).instance_type == DEFAULT_INSTANCE_TYPES[cloud]
+        assert catalog.choose(Need(), region).instance_type == DEFAULT_INSTANCE_TYPES[cloud]
+    assert catalog.default_instance_type == {"aws": "m6i.2xlarge", "gcp": "n2-standard-8"}[cloud]
 
 
 @pytest.mark.parametrize(("cloud", "instance_type", "region", "vcpus", "memory", "gpu"), [

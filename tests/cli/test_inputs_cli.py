@@ -432,7 +432,7 @@ def test_up_dry_run_plans_a_cloud_whose_library_is_not_installed_and_says_so(
     monkeypatch.setattr("skyserve_lite.providers.available_clouds", lambda: ("local",))
     code, stdout, stderr = cli("serve", "up", write(tmp_path, PLAIN), "--dry-run", "--infra", "aws/us-east-1")
     assert code == 0, stderr
-    assert "m5.large (us-east-1, $0.10/h, on-demand)" in stdout
+    assert "m6i.2xlarge (us-east-1, $0.38/h, on-demand)" in stdout  # SkyPilot's default: 8 vCPUs, 32 GiB
     assert "Note: cloud 'aws' is not available here" in stdout and "without --dry-run needs it" in stdout
     code, _, stderr = up(cli, write(tmp_path, PLAIN), "--infra", "aws/us-east-1")  # for real: refused
     assert code == 2 and "resources.cloud: cloud 'aws' is not available here" in stderr

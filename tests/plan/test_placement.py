@@ -28,8 +28,8 @@ def resolve(text: str, regions: Mapping[str, str | None] = NO_DEFAULTS) -> Resol
 @pytest.mark.parametrize(("resources", "expected"), [
     pytest.param({"cloud": "aws", "accelerators": "A100:8"}, [("p4d.24xlarge", "us-east-1", 32.7726)],
                  id="aws-a100x8"),
-    pytest.param({"cloud": "aws"}, [("m5.large", "us-east-1", 0.096)], id="aws-nothing-asked-is-the-default"),
-    pytest.param({"cloud": "aws", "cpus": 4, "memory": 16}, [("t3.xlarge", "us-east-1", 0.1664)], id="aws-exact"),
+    pytest.param({"cloud": "aws"}, [("m6i.2xlarge", "us-east-1", 0.384)], id="aws-nothing-asked-is-the-default"),
+    pytest.param({"cloud": "aws", "cpus": 4, "memory": 16}, [("m6i.xlarge", "us-east-1", 0.192)], id="aws-exact"),
     pytest.param({"cloud": "aws", "accelerators": {"A10G": 1, "L4": 1}},
                  [("g6.xlarge", "us-east-1", 0.8048), ("g5.xlarge", "us-east-1", 1.006)],
                  id="any-of-cheapest-first"),
@@ -37,7 +37,7 @@ def resolve(text: str, regions: Mapping[str, str | None] = NO_DEFAULTS) -> Resol
                  [("g5.xlarge", "us-east-1", 1.006), ("g6.xlarge", "us-east-1", 0.8048)],
                  id="ordered-as-written"),
     pytest.param({"cloud": "aws", "ordered": [{"region": "us-west-2"}, {"region": "us-east-2"}], "cpus": "2+"},
-                 [("t3.micro", "us-west-2", 0.0104), ("t3.micro", "us-east-2", 0.0104)], id="ordered-regions"),
+                 [("m6i.large", "us-west-2", 0.096), ("m6i.large", "us-east-2", 0.096)], id="ordered-regions"),
     pytest.param({"infra": "gcp", "accelerators": "L4:1"}, [("g2-standard-4", "us-central1", None)],
                  id="gcp-l4"),
     pytest.param({"infra": "gcp/us-central1", "accelerators": "A100-80GB:8"}, [("a2-ultragpu-8g", "us-central1", None)],
@@ -134,6 +134,41 @@ def test_placement_describes_need_machine_place_price_and_market() -> None:
     assert placement.describe() == "A100:8 -> p4d.24xlarge (us-east-1, $32.77/h, on-demand)"
 
 
+# resources -> what the plan says of the first placement: the need, the sizing rule that chose, the machine
+@pytest.mark.parametrize(("resources", "described"), [
+    pytest.param({"cloud": "aws"}, "the default instance type (no resources given: SkyPilot's default 8 vCPUs, "
+                                   "32 GiB) -> m6i.2xlarge (us-east-1, $0.38/h, on-demand)", id="aws-nothing"),
+    pytest.param({"cloud": "aws", "cpus": "4+"}, "cpus 4+ (memory not given: 4 GiB per vCPU, SkyPilot's CPU "
+                                                 "families) -> m6i.xlarge (us-east-1, $0.19/h, on-demand)",
+                 id="aws-cpus-only"),
+    pytest.param({"cloud": "aws", "cpus": "4+", "memory": "8+"},
+                 "cpus 4+, memory 8+GB (SkyPilot's CPU families) -> c6i.xlarge (us-east-1, $0.17/h, on-demand)",
+                 id="aws-cpus-and-memory"),
+    pytest.param({"infra": "gcp", "cpus": "2+"}, "cpus 2+ (memory not given: 4 GiB per vCPU, SkyPilot's CPU "
+                                                 "families) -> n2-standard-2 (us-central1, $0.10/h, on-demand)",
+                 id="gcp-cpus-only"),
+    pytest.param({"infra": "gcp"}, "the default instance type (no resources given: SkyPilot's default 8 vCPUs, "
+                                   "32 GiB) -> n2-standard-8 (us-central1, $0.39/h, on-demand)", id="gcp-nothing"),
+    pytest.param({"cloud": "aws", "instance_type": "t3.micro"},
+                 "t3.micro -> t3.micro (us-east-1, $0.01/h, on-demand)", id="named-type-no-rule"),
+    pytest.param({"cloud": "aws", "accelerators": "T4:1", "cpus": "4+"},
+                 "T4:1, cpus 4+ -> g4dn.xlarge (us-east-1, $0.53/h, on-demand)", id="accelerator-no-rule"),
+])
+def test_the_plan_says_which_sizing_rule_chose(resources: dict[str, object], described: str) -> None:
+    placement = resolve(task(resources)).ondemand[0]
+    assert placement.describe() == described
+    assert Placement.from_json(placement.to_json()) == placement
+
+
+def test_a_placement_stored_before_sizing_was_recorded_reads_without_it() -> None:
+    stored = {"cloud": "aws", "region": "us-east-1", "zones": ["us-east-1a"], "instance_type": "t3.micro",
+              "price_per_hour": 0.0104, "image": "ami-1", "need": "cpus 2+"}
+    placement = Placement.from_json(stored)
+    assert (placement.instance_type, placement.sizing) == ("t3.micro", "")
+    assert placement.describe() == "cpus 2+ -> t3.micro (us-east-1, $0.01/h, on-demand)"
+    assert placement.to_json() == stored  # written back as it was: no empty field added
+
+
 @pytest.mark.parametrize(("resources", "policy", "markets"), [
     pytest.param({"cloud": "aws"}, {"replicas": 2}, ["on-demand", "on-demand"], id="fixed"),
     pytest.param({"cloud": "aws", "use_spot": True},
@@ -160,8 +195,8 @@ def test_launch_plan_starts_the_initial_target_split_by_market(resources: dict[s
         assert plan.hourly_price is None
         assert "spot price not in catalog" in plan.replicas[-1].placements[0].describe()
     else:
-        assert plan.hourly_price == pytest.approx(0.096 * len(markets))
-    assert plan.to_json()["replicas"][0]["placements"][0]["instance_type"] == "m5.large"
+        assert plan.hourly_price == pytest.approx(0.384 * len(markets))
+    assert plan.to_json()["replicas"][0]["placements"][0]["instance_type"] == "m6i.2xlarge"
 
 
 def test_a_region_the_catalog_lacks_takes_a_named_type_as_written_unpriced() -> None:
@@ -171,7 +206,8 @@ def test_a_region_the_catalog_lacks_takes_a_named_type_as_written_unpriced() -> 
     assert placement.zones == ()  # the provider lists the region's zones
     assert placement.describe() == "n1-standard-4 -> n1-standard-4 (europe-west1, price not in catalog, on-demand)"
     [default] = resolve(task({"infra": "gcp/europe-west1"})).ondemand
-    assert default.instance_type == "e2-medium"
+    assert default.instance_type == "n2-standard-8"
+    assert default.sizing == "no resources given: SkyPilot's default 8 vCPUs, 32 GiB"
     with pytest.raises(SpecError) as caught:  # a need only the catalog can answer
         resolve(task({"infra": "gcp/europe-west1", "cpus": "4+"}))
     assert caught.value.path == "resources.region"

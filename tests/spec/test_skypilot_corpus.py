@@ -25,7 +25,7 @@ ACCEPTED = {
     "vllm_openai_secrets.yaml": ("aws", ["g6.xlarge", "g6.xlarge"]),
     "deepseek_named.yaml": ("gcp/us-central1", ["a2-ultragpu-8g"]),
     "tgi_ordered.yaml": (None, ["g2-standard-4", "g2-standard-4"]),
-    "tls_https.yaml": (None, ["t3.medium"]),
+    "tls_https.yaml": (None, ["c6i.large"]),  # cpus 2+, memory 4+: SkyPilot's CPU families, never burstable
     "per_accelerator_qps.yaml": ("aws", ["g6.xlarge"]),
     "inline_secret.yaml": (None, ["g5.xlarge"]),
 }
