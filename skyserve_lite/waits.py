@@ -17,6 +17,7 @@ from typing import Protocol
 
 from skyserve_lite.api import ServiceView
 from skyserve_lite.clock import Clock, SystemClock
+from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.errors import WaitTimeoutError
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
@@ -241,10 +242,29 @@ def wait_for_rollout(controller: StatusReader, name: str, version: int | None, t
         clock.sleep(poll_seconds)
 
 
+def describe_termination(name: str, replica: ReplicaRecord) -> str:
+    """What the wait for ``replica``'s termination (`serve down --replica-id`) waits for now, in one line
+    naming the replica. Pure.
+
+    The controller's next pass takes a live replica out of traffic (SHUTTING_DOWN), a pass at least
+    ``SKY_LITE_DRAIN_SECONDS`` later terminates it, so that requests it has can finish, and the row goes
+    once its instance is gone: with the defaults (a pass every 2 s, a drain of 10 s) about 12 to 16 s of
+    waiting. The drain is the controller's setting, which this side cannot read (a controller host has an
+    environment of its own), so it is named, not counted down."""
+    which = f"Replica {replica.replica_id} of {name}"
+    if replica.status is ReplicaStatus.SHUTTING_DOWN:
+        return (f"{which} is draining (out of traffic); the controller terminates it SKY_LITE_DRAIN_SECONDS "
+                f"({ControllerSettings.drain_seconds:g} s by default) after it left traffic, so that requests it "
+                "has can finish...")
+    return f"{which} is {replica.status.value}; waiting for the controller's next pass to take it out of traffic..."
+
+
 def wait_until_replicas_gone(controller: StatusReader, name: str, replica_ids: Sequence[int],
-                             timeout_seconds: float, poll_seconds: float = 0.5, clock: Clock | None = None) -> None:
+                             timeout_seconds: float, poll_seconds: float = 0.5, clock: Clock | None = None,
+                             on_progress: Callable[[Sequence[ReplicaRecord]], None] = lambda _left: None) -> None:
     """Poll until none of ``replica_ids`` is live or draining any more (terminated: the row is gone, or
-    kept as a terminal record). Raises ``WaitTimeoutError`` naming those left."""
+    kept as a terminal record); ``on_progress`` gets the replicas left at each poll that finds some.
+    Raises ``WaitTimeoutError`` naming those left."""
     clock = clock or SystemClock()
     deadline = clock.now() + timeout_seconds
     wanted = set(replica_ids)
@@ -254,6 +274,7 @@ def wait_until_replicas_gone(controller: StatusReader, name: str, replica_ids: S
                 and (r.status.is_live or r.status is ReplicaStatus.SHUTTING_DOWN)]
         if not left:
             return
+        on_progress(left)
         if clock.now() >= deadline:
             states = ", ".join(f"{r.replica_id} {r.status.value}" for r in left)
             raise WaitTimeoutError(f"{name}: still terminating after {timeout_seconds:g}s: replica {states}; the "

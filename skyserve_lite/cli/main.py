@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from skyserve_lite import api, waits
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.spec.model import SubmittedTask
+    from skyserve_lite.state.models import ReplicaRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -223,7 +224,7 @@ def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_ve
 
     with _errors():
         task = _with_inputs(_load_task(task_file), infra, envs, env_files, secrets)
-        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, note=None,
+        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
                 reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None)
 
 
@@ -248,9 +249,8 @@ def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, 
     with _errors():
         state = _controller().get_rollout_state(name)
         task, target = api.rollback_task(state, to_version)
-        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
-                note=f"rollback to version {target}", reuse_identical_files=reuse_identical_files,
-                wait_timeout=timeout if wait else None)
+        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, rollback_to=target,
+                reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None)
 
 
 @serve.command("wait")
@@ -301,12 +301,14 @@ _REPLAN_ATTEMPTS = 3
 
 
 def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
-            yes: bool, output: str, note: str | None, *, reuse_identical_files: bool = False,
+            yes: bool, output: str, *, rollback_to: int | None = None, reuse_identical_files: bool = False,
             wait_timeout: float | None = None) -> None:
-    """Plan, show, confirm and submit; then, with ``wait_timeout``, follow the rollout of the stored version."""
+    """Plan, show, confirm and submit; then, with ``wait_timeout``, follow the rollout of the stored version.
+    ``rollback_to``: the earlier version whose task this is (`serve rollback`)."""
     from skyserve_lite import api
     from skyserve_lite.cli.render import plan_renderable
 
+    note = None if rollback_to is None else f"rollback to version {rollback_to}"
     api.check_submission(task)  # before the plan and the question, so a "yes" is never answered with an error
     controller = _controller()
     for attempt in range(_REPLAN_ATTEMPTS):
@@ -317,11 +319,12 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
         if output == "json":
             click.echo(_dump(plan.to_json()))
         else:
-            _stdout().print(plan_renderable(plan))
+            _stdout().print(plan_renderable(plan, rollback_to))
         if dry_run:
             return
         if not yes:
-            click.confirm("Apply this update?", abort=True, err=True)
+            click.confirm("Apply this update?" if rollback_to is None else "Apply this rollback?", abort=True,
+                          err=True)
         try:
             # The plan shown is the plan of updating from_version: store it only on top of that version.
             version = controller.submit_update(name, task, mode, expect_version=plan.from_version, note=note,
@@ -331,10 +334,15 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
                 raise
             click.echo(f"Service {name} was updated by someone else meanwhile; planning again.", err=True)
             continue
-        click.echo(f"Service {name} is rolling out version {version.version} ({mode.value}); follow it with "
-                   f"`sky-lite serve wait {name}`.", err=output == "json")
-        if wait_timeout is not None:
-            _wait_for_rollout(name, version.version, wait_timeout)
+        stored = f"Service {name} is rolling out version {version.version} ({mode.value})"
+        if rollback_to is not None:
+            stored += f", version {rollback_to}'s task"
+        if wait_timeout is None:
+            click.echo(f"{stored}; follow it with `sky-lite serve wait {name}`.", err=output == "json")
+            return
+        # Followed here and now (the live view on stderr): pointing at `serve wait` would say it is not.
+        click.echo(f"{stored}.", err=output == "json")
+        _wait_for_rollout(name, version.version, wait_timeout)
         return
 
 
@@ -511,8 +519,20 @@ def _down_replicas(names: tuple[str, ...], all_services: bool, force: bool, yes:
         click.confirm(f"Terminate {which} of {name}? The controller launches a replacement when the policy "
                       "still wants one.", abort=True)
     controller.request_replica_termination(name, ids)
-    with _stderr().status(f"Terminating {which} of {name}..."):
-        waits.wait_until_replicas_gone(controller, name, ids, timeout)
+    console = _stderr()
+    said: dict[int, str] = {}
+
+    def progress(left: Sequence[ReplicaRecord]) -> None:
+        # A line each time a replica's phase changes, not a spinner alone: the drain takes a while (12 to
+        # 16 s by default), and a spinner shows nothing at all when stderr is not a terminal.
+        for replica in left:
+            line = waits.describe_termination(name, replica)
+            if said.get(replica.replica_id) != line:
+                said[replica.replica_id] = line
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    with console.status(f"Terminating {which} of {name}..."):
+        waits.wait_until_replicas_gone(controller, name, ids, timeout, on_progress=progress)
     click.echo(f"{which[0].upper()}{which[1:]} of {name} terminated.")
 
 

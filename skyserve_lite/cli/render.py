@@ -166,13 +166,17 @@ def status_renderable(views: Sequence[ServiceView], now: float | None = None, *,
     return Group(*parts)
 
 
-def plan_renderable(plan: UpdatePlan) -> Group:
+def plan_renderable(plan: UpdatePlan, rollback_to: int | None = None) -> Group:
     """The update plan: a row per live replica (action, reasons) and per replica launched, the steps the
-    controller takes, then the summary line."""
+    controller takes, then the summary line. With ``rollback_to`` it is headed as the rollback it is: a
+    rollback to version 1 of a service at version 2 stores version 3, and "Update ...: version 2 -> 3"
+    alone read as a step forward."""
     from skyserve_lite.plan.update import ReplicaAction
 
     action_style = {ReplicaAction.REUSE: "green", ReplicaAction.REPLACE: "yellow", ReplicaAction.TERMINATE: "red"}
-    title = (f"Update {plan.service}: version {plan.from_version} -> {plan.to_version} ({plan.mode.value}), "
+    what = "Update" if rollback_to is None else "Rollback"
+    whose = "" if rollback_to is None else f"version {rollback_to}'s task, "
+    title = (f"{what} {plan.service}: version {plan.from_version} -> {plan.to_version} ({whose}{plan.mode.value}), "
              f"target {plan.target_replicas} replicas")
     table = FitTable((Column("REPLICA"), Column("VERSION"), Column("ACTION"),
                       Column("REASONS", _UNDER, fold_to=_FOLD, label="")))

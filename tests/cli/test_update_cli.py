@@ -146,6 +146,34 @@ def test_rollback_goes_to_the_previous_text_with_a_note(cli: Cli, home: Path, tm
     store.close()
 
 
+def test_a_rollback_is_headed_and_asked_as_a_rollback_naming_the_version_it_brings_back(
+        cli: Cli, home: Path, tmp_path: Path) -> None:
+    """A rollback to version 1 stores version 3: "Update svc: version 2 -> 3" alone read as a step forward."""
+    cli("serve", "update", "--no-wait", "svc", write(tmp_path, V1.replace("img-1", "img-2")), "-y")
+    code, stdout, stderr = cli("serve", "rollback", "--no-wait", "svc", input="y\n")
+    assert code == 0, stderr
+    assert stdout.splitlines()[0] == "Rollback svc: version 2 -> 3 (version 1's task, rolling), target 2 replicas"
+    assert "Update svc" not in stdout
+    assert "Apply this rollback?" in stderr and "Apply this update?" not in stderr
+    assert stdout.splitlines()[-1] == ("Service svc is rolling out version 3 (rolling), version 1's task; follow it "
+                                       "with `sky-lite serve wait svc`.")
+    assert versions(home) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(("command", "title"), [
+    (["update", "--no-wait", "svc", "NEW"], "Update svc: version 1 -> 2 (rolling), target 2 replicas"),
+    (["rollback", "--no-wait", "svc", "--to", "1", "--mode", "blue_green"],
+     "Rollback svc: version 2 -> 3 (version 1's task, blue_green), target 2 replicas"),
+])
+def test_dry_run_titles(cli: Cli, home: Path, tmp_path: Path, command: list[str], title: str) -> None:
+    new = write(tmp_path, V1.replace("img-1", "img-2"))
+    if command[0] == "rollback":
+        cli("serve", "update", "--no-wait", "svc", new, "-y")
+    code, stdout, _ = cli("serve", *[new if arg == "NEW" else arg for arg in command], "--dry-run")
+    assert code == 0
+    assert stdout.splitlines()[0] == title
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -223,10 +251,12 @@ class WorkdirService:
 
 
 @pytest.fixture
-def wd(tmp_path: Path) -> WorkdirService:
-    """A service with a workdir at version 1, with two READY replicas (a state directory of its own)."""
+def wd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> WorkdirService:
+    """A service with a workdir at version 1, with two READY replicas (a state directory of its own),
+    submitted from its project's folder (relative paths resolve against the working directory)."""
     root = tmp_path / "project"
     (root / "app").mkdir(parents=True)
+    monkeypatch.chdir(root)
     (root / "app" / "app.py").write_text("print('v1')")
     (root / "svc.yaml").write_text(WD)
     home = tmp_path / "wd-home"

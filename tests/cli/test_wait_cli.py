@@ -4,6 +4,8 @@ background process, every exit code and message checked."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import pytest
 
 from skyserve_lite.api import DEFAULT_EVENTS, LocalController, ServiceView
 from skyserve_lite.controller.replica_rules import ProbeResult
+from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.waits import describe_termination
 
 from ..controller.conftest import TASK, Harness
 from .runner import Cli
@@ -57,6 +61,9 @@ def task_file(tmp_path: Path, replicas: int = 2, run: str = "python -m http.serv
 def test_update_waits_for_the_rollout_and_ends_with_one_line(cli: Cli, harness: Harness, tmp_path: Path) -> None:
     code, stdout, stderr = cli("serve", "update", "svc", task_file(tmp_path, run="python serve.py"), "-y")
     assert code == 0, stderr
+    # It follows the rollout itself: no pointer at `serve wait`, which would say it does not.
+    assert "Service svc is rolling out version 2 (rolling).\n" in stdout
+    assert "serve wait" not in stdout + stderr
     assert stdout.splitlines()[-1].startswith("svc: version 2 rolled out, 2/2 READY in ")
     statuses = {r.version: r.status.value for r in harness.replicas() if r.status.is_live}
     assert statuses == {2: "READY"}
@@ -140,11 +147,24 @@ def test_ctrl_c_while_waiting_says_the_rollout_goes_on_and_exits_130(harness: Ha
     assert harness.service().current_version == 2  # stored, and rolling out
 
 
+def test_update_with_json_says_on_stderr_that_it_is_stored_and_prints_only_json(
+        cli: Cli, tmp_path: Path) -> None:
+    code, stdout, stderr = cli("serve", "update", "svc", task_file(tmp_path, run="python serve.py"), "-y", "-o", "json")
+    assert code == 0, stderr
+    assert "Service svc is rolling out version 2 (rolling).\n" in stderr and "serve wait" not in stderr
+    assert json.loads(stdout[:stdout.rindex("}") + 1])["to_version"] == 2
+
+
 def test_down_replica_id_terminates_one_replica_and_the_controller_replaces_it(
         cli: Cli, harness: Harness) -> None:
     code, stdout, stderr = cli("serve", "down", "svc", "--replica-id", "1", "-y")
     assert code == 0, stderr
     assert stdout == "Replica 1 of svc terminated.\n"
+    # What the wait waited for, said once though polled at every pass of the drain (5 s of the harness):
+    # the first poll's pass took the replica out of traffic already.
+    assert stderr.splitlines() == [
+        "Replica 1 of svc is draining (out of traffic); the controller terminates it SKY_LITE_DRAIN_SECONDS (10 s "
+        "by default) after it left traffic, so that requests it has can finish..."]
     statuses = harness.statuses()
     assert 1 not in statuses and statuses[2] == "READY" and statuses[3] in ("PROVISIONING", "READY")
     assert harness.store.list_replica_terminations() == {}
@@ -174,3 +194,35 @@ def test_down_replica_id_refuses_bad_input_before_asking(cli: Cli, harness: Harn
     assert message in stderr
     assert "Terminate" not in stdout
     assert harness.store.list_replica_terminations() == {}
+
+
+REPLICA = ReplicaRecord(service="web", replica_id=3, version=1, status=ReplicaStatus.READY, cloud="local",
+                        launched_at=0.0, status_since=0.0, launch_token="t")
+
+
+@pytest.mark.parametrize(("status", "line"), [
+    (ReplicaStatus.READY, "Replica 3 of web is READY; waiting for the controller's next pass to take it out of "
+     "traffic..."),
+    (ReplicaStatus.STARTING, "Replica 3 of web is STARTING; waiting for the controller's next pass to take it out "
+     "of traffic..."),
+    (ReplicaStatus.SHUTTING_DOWN, "Replica 3 of web is draining (out of traffic); the controller terminates it "
+     "SKY_LITE_DRAIN_SECONDS (10 s by default) after it left traffic, so that requests it has can finish..."),
+])
+def test_what_a_replica_termination_waits_for(status: ReplicaStatus, line: str) -> None:
+    assert describe_termination("web", dataclasses.replace(REPLICA, status=status)) == line
+
+
+def test_down_replica_id_says_each_phase_once_in_order(harness: Harness) -> None:
+    """Read before the controller's pass: first READY (the request is stored, not yet carried out), then
+    draining, each said once."""
+    class ReadFirst(PassingController):
+        def get_status(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> list[ServiceView]:
+            views = LocalController.get_status(self, names, events=events)
+            self.harness.tick()
+            return views
+
+    code, stdout, stderr = Cli(ReadFirst(harness))("serve", "down", "svc", "--replica-id", "2", "-y")
+    assert code == 0, stderr
+    assert [line.split(";")[0] for line in stderr.splitlines()] == [
+        "Replica 2 of svc is READY", "Replica 2 of svc is draining (out of traffic)"]
+    assert stdout == "Replica 2 of svc terminated.\n"
