@@ -578,19 +578,45 @@ def serve_logs(name: str, replica_id: int | None, controller_log: bool, lb_log: 
         since_seconds = None if since is None else parse_duration(since, "--since")
         chunks = _controller().stream_log(name, replica_id, controller=controller_log, load_balancer=lb_log,
                                           follow=follow, tail=tail, since_seconds=since_seconds)
+        # Said on stderr when nothing of what was asked for is there, rather than an empty screen that
+        # reads as a hang (following) or a broken command (`--since 10m` on a quiet log). Not for `--tail 0`,
+        # which asks for none of it.
+        nothing = None if tail == 0 else _nothing_in_log(name, replica_id, controller_log, lb_log, since)
+        shown = False
         out = sys.stdout.buffer
         try:
             for chunk in chunks:
                 out.write(chunk)
+                shown = shown or bool(chunk)
+                if follow and not chunk and not shown and nothing is not None:
+                    # A follow's first idle poll: what the log held is all read (a remote follow has no
+                    # idle polls, so there this is said only when the log ends).
+                    click.echo(f"{nothing}; following it for new lines (Ctrl-C stops).", err=True)
+                    nothing = None
                 if follow:  # show each chunk as it comes: a remote follow has no idle (empty) chunks to flush on
                     out.flush()
         except KeyboardInterrupt:
-            pass  # Ctrl-C is how a follow ends: quietly, exit 0, as `sky serve logs` does
+            nothing = None  # Ctrl-C is how a follow ends: quietly, exit 0, as `sky serve logs` does
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()
         out.flush()
+        if not shown and nothing is not None:
+            click.echo(f"{nothing}.", err=True)
+
+
+def _nothing_in_log(name: str, replica_id: int | None, controller_log: bool, lb_log: bool, since: str | None) -> str:
+    """``No line of the last 10m (--since) in the log of replica 1 of web``, or ``The controller's log is empty``."""
+    if controller_log:
+        which = "the controller's log"
+    elif lb_log:
+        which = f"the load balancer log of {name}"
+    else:
+        which = f"the log of replica {replica_id} of {name}"
+    if since is not None:
+        return f"No line of the last {since.strip()} (--since) in {which}"
+    return f"{which[0].upper()}{which[1:]} is empty"
 
 
 @main.group("config")

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from click.testing import CliRunner
 
 from skyserve_lite.api import Controller, LocalController
+from skyserve_lite.cli.main import main
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.spec.parse import load_task_file
 
@@ -92,6 +94,43 @@ def test_ctrl_c_while_following_exits_0_quietly_with_what_came() -> None:
     assert controller.closed
 
 
+FOLLOWING = "; following it for new lines (Ctrl-C stops).\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "chunks", "stdout", "stderr"),
+    [
+        pytest.param(["1", "--since", "10m", "--no-follow"], [], "",
+                     "No line of the last 10m (--since) in the log of replica 1 of web.\n", id="since-nothing"),
+        pytest.param(["--controller", "--no-follow"], [], "", "The controller's log is empty.\n",
+                     id="empty-controller-log"),
+        pytest.param(["--load-balancer", "--since", "1h30m", "--no-follow", "--tail", "5"], [b""], "",
+                     "No line of the last 1h30m (--since) in the load balancer log of web.\n", id="lb-since-tail"),
+        # Following: said at the first idle poll (everything there was read), before what comes next.
+        pytest.param(["1", "--since", "10m"], [b"", b"", b"new\n", KeyboardInterrupt()], "new\n",
+                     "No line of the last 10m (--since) in the log of replica 1 of web" + FOLLOWING,
+                     id="follow-since-nothing"),
+        pytest.param(["1"], [b"", b"new\n", KeyboardInterrupt()], "new\n",
+                     "The log of replica 1 of web is empty" + FOLLOWING, id="follow-empty"),
+        pytest.param(["1", "--since", "10m"], [b"old enough\n", b"", KeyboardInterrupt()], "old enough\n", "",
+                     id="something-matched"),
+        pytest.param(["1", "--tail", "0"], [b"", KeyboardInterrupt()], "", "", id="tail-0-asks-for-nothing"),
+        # A follow through a controller host has no idle polls; Ctrl-C still ends it quietly.
+        pytest.param(["1", "--since", "10m"], [KeyboardInterrupt()], "", "", id="ctrl-c-quiet"),
+    ],
+)
+def test_nothing_to_show_is_said_on_stderr_and_exits_0(args: list[str], chunks: list[bytes | BaseException],
+                                                       stdout: str, stderr: str) -> None:
+    cli, _ = recording(chunks)
+    assert cli("serve", "logs", "web", *args) == (0, stdout, stderr)
+
+
+def test_the_follow_note_comes_before_the_new_lines() -> None:
+    controller = RecordingController([b"", b"new\n", KeyboardInterrupt()])
+    result = CliRunner().invoke(main, ["serve", "logs", "web", "1", "--since", "5m"], obj=controller)
+    assert result.output == "No line of the last 5m (--since) in the log of replica 1 of web" + FOLLOWING + "new\n"
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     home = tmp_path / "home"
@@ -112,20 +151,22 @@ LOG = at(0, "old") + at(100, "newer") + b"  a line that goes with it\n" + at(150
 
 
 @pytest.mark.parametrize(
-    ("args", "expected"),
+    ("args", "expected", "said"),
     [
-        pytest.param([], LOG, id="everything"),
-        pytest.param(["--tail", "2"], LOG.split(b"\n", 2)[2], id="tail"),
-        pytest.param(["--since", "90s"], LOG.split(b"\n", 1)[1], id="since"),
-        pytest.param(["--since", "90s", "--tail", "1"], at(150, "newest"), id="since-and-tail"),
-        pytest.param(["--since", "1s"], b"", id="nothing-that-recent"),
+        pytest.param([], LOG, "", id="everything"),
+        pytest.param(["--tail", "2"], LOG.split(b"\n", 2)[2], "", id="tail"),
+        pytest.param(["--since", "90s"], LOG.split(b"\n", 1)[1], "", id="since"),
+        pytest.param(["--since", "90s", "--tail", "1"], at(150, "newest"), "", id="since-and-tail"),
+        pytest.param(["--since", "1s"], b"", "No line of the last 1s (--since) in the log of replica 1 of web.\n",
+                     id="nothing-that-recent"),
+        pytest.param(["--tail", "0"], b"", "", id="tail-0-asks-for-nothing"),
     ],
 )
-def test_a_replica_log_on_this_machine(home: Path, args: list[str], expected: bytes) -> None:
+def test_a_replica_log_on_this_machine(home: Path, args: list[str], expected: bytes, said: str) -> None:
     write_replica_log(home, LOG)
     cli = Cli(LocalController(home, FakeClock(T0 + 180), start_daemon=False))
     code, stdout, stderr = cli("serve", "logs", "web", "1", "--no-follow", *args)
-    assert (code, stderr) == (0, "")
+    assert (code, stderr) == (0, said)
     assert stdout.encode() == expected
 
 
@@ -153,3 +194,13 @@ def test_by_default_the_log_is_followed_as_it_grows_until_ctrl_c(home: Path) -> 
     assert (code, stderr) == (0, "")
     assert stdout.encode() == at(150, "newest") + at(181, "later") + at(182, "later still")
     assert len(clock.sleeps) == 3  # polled until interrupted
+
+
+def test_following_a_log_with_nothing_that_recent_says_so_then_prints_what_comes(home: Path) -> None:
+    log = write_replica_log(home, LOG)
+    clock = GrowingLogClock(log, [at(181, "later")])
+    code, stdout, stderr = Cli(LocalController(home, clock, start_daemon=False))("serve", "logs", "web", "1",
+                                                                                 "--since", "10s")
+    assert code == 0
+    assert stderr == "No line of the last 10s (--since) in the log of replica 1 of web" + FOLLOWING
+    assert stdout.encode() == at(181, "later")
