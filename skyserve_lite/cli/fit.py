@@ -21,7 +21,7 @@ under their rows first, then INSTANCE (119 - 21 = 98), VERSION when every replic
 
 Drawing: each run of rows is a rich table with those widths, unless no cell of a row folds: then the row is
 written directly (``cli.fit_lines``: the same segments, about a hundredth of the cost, which at 10,000
-replicas is the difference between 10 s and a tenth of one).
+replicas is the difference between 10 s and a tenth of one). No line ends in spaces, whichever draws it.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from rich.measure import Measurement
 from rich.segment import Segment
 from rich.text import Text
 
-from skyserve_lite.cli.fit_lines import GAP, NOTE_PREFIX, Cell, Cells, Lines
+from skyserve_lite.cli.fit_lines import GAP, NOTE_PREFIX, Cell, Cells, Lines, trim_line
 
 if TYPE_CHECKING:
-    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
     from rich.table import Table
 
 __all__ = ["GAP", "NOTE_PREFIX", "Cell", "Column", "FitTable", "Layout", "Narrow", "plan_layout"]
@@ -200,7 +200,7 @@ class FitTable:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield from _joined(self._draw(console, options.max_width))
 
-    def _draw(self, console: Console, max_width: int) -> Iterator[str | Segment | Table]:
+    def _draw(self, console: Console, max_width: int) -> Iterator[str | Segment | Trimmed]:
         """The table's lines: rich tables, segments, and a str for each line without a style."""
         layout = self.layout(max_width)
         cells = self.cells()
@@ -221,7 +221,7 @@ class FitTable:
                 table.add_row(*(_text(row[i]) for i in inline))
             else:
                 if table is not None:
-                    yield table
+                    yield Trimmed(table)
                     table = None
                 if isinstance(lines, str):
                     yield lines
@@ -229,16 +229,16 @@ class FitTable:
                     yield from lines
             notes = self.notes(row, layout) if layout.under else []
             if notes and table is not None:
-                yield table
+                yield Trimmed(table)
                 table = None
             for note in notes:
                 line = None if direct is None else direct.note(note, self.note_style, max_width)
                 if line is None:
-                    yield _note(note, self.note_style)
+                    yield Trimmed(_note(note, self.note_style))
                 else:
                     yield from line
         if table is not None:
-            yield table
+            yield Trimmed(table)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         natural = self.natural_widths()
@@ -251,7 +251,20 @@ class FitTable:
 _PLAIN_RUN = 50
 
 
-def _joined(items: Iterable[str | Segment | Table]) -> RenderResult:
+class Trimmed:
+    """``renderable``'s lines without the spaces at their ends (``fit_lines.trim_line``): rich pads every
+    cell of a table to its column's width, the last one included."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in console.render_lines(self.renderable, options, pad=False):
+            yield from trim_line(line)
+            yield Segment.line()
+
+
+def _joined(items: Iterable[str | Segment | Trimmed]) -> RenderResult:
     """``items`` with each run of lines without a style (str) joined into segments of up to ``_PLAIN_RUN``
     lines, each line ended."""
     run: list[str] = []

@@ -9,6 +9,10 @@ the header and one-line notes as the segments rich renders for them, styles incl
 the two), and answers None for what rich must draw: a cell that folds, a tab, a justify of the cell's own,
 styled spans over several lines.
 
+No line ends in spaces (``trim_line``; ``cli.fit`` trims what rich draws the same way): rich pads the last
+column to its width too, so piped into a file every row of `serve status` ended in up to 90 spaces, noise in
+every diff and in `grep ' $'`.
+
 Most rows are one line of printable ASCII in every cell, where ``len`` is the width: ``Cells`` reads the
 table by column once, so that those lines are joined by ``str`` methods over whole columns.
 """
@@ -48,6 +52,24 @@ def width_of(cell: Cell) -> int:
     if "\n" not in plain:
         return cell_len(plain)
     return max(cell_len(line) for line in plain.split("\n"))
+
+
+def trim_line(segments: list[Segment]) -> list[Segment]:
+    """One line's ``segments`` (no line break among them) without the spaces at its end: the padding of the
+    last column, and of the cells before it when those are empty. Spaces are dropped whatever their style
+    (no style used here shows on a space but a background, and none sets one)."""
+    end = len(segments)
+    while end:
+        segment = segments[end - 1]
+        if segment.control:
+            break
+        text = segment.text.rstrip(" ")
+        if text:
+            if len(text) == len(segment.text):
+                return segments if end == len(segments) else segments[:end]
+            return [*segments[:end - 1], Segment(text, segment.style)]
+        end -= 1
+    return segments[:end]
 
 
 def _is_plain_ascii(texts: Sequence[str]) -> bool:
@@ -146,8 +168,7 @@ class Lines:
             segments.extend(Segment(text, _BOLD + style) for text, style, _ in lines[0])
             if position < last:
                 segments.append(Segment(" ", _BOLD))
-        segments.append(_NEW_LINE)
-        return segments
+        return [*trim_line(segments), _NEW_LINE]
 
     def rows(self) -> list[str | list[Segment] | None]:
         """Each row's lines: a str for one line printed without a style (``FitTable`` prints runs of them
@@ -160,7 +181,7 @@ class Lines:
                 odd.update(row for row, cell_width in enumerate(cells.widths[index]) if cell_width > width)
         padded = [list(map(str.ljust, cells.plains[index], repeat(width))) for index, width in zip(inline, widths,
                                                                                                   strict=True)]
-        lines = list(map((" " * GAP).join, zip(*padded, strict=True)))
+        lines = [line.rstrip(" ") for line in map((" " * GAP).join, zip(*padded, strict=True))]
         # Where each styled column's cells are in a line: (start, end, its styles).
         spans = [] if self._unstyled else [
             (sum(widths[:position]) + GAP * position, sum(widths[:position + 1]) + GAP * position, styles)
@@ -179,6 +200,8 @@ class Lines:
             segments = []
             start = 0
             for offset, end, styles in spans:
+                if offset >= len(line):  # the line's end was padding, trimmed
+                    break
                 style = styles[row]
                 if style:
                     if offset > start:
@@ -204,22 +227,24 @@ class Lines:
         run: list[str] = []
         last = len(blocks) - 1
         for number in range(max(len(block) for block in blocks)):
+            line: list[Segment] = []
             for position, (block, width) in enumerate(zip(blocks, self.widths, strict=True)):
                 if position:
                     run.append(" ")  # the left padding of this cell
                 for segment in block[number] if number < len(block) else [Segment(" " * width)]:
                     if segment.style and not self._unstyled:
                         if run:
-                            segments.append(Segment("".join(run)))
+                            line.append(Segment("".join(run)))
                             run.clear()
-                        segments.append(segment)
+                        line.append(segment)
                     else:
                         run.append(segment.text)
                 if position < last:
                     run.append(" ")  # its right padding
             if run:
-                segments.append(Segment("".join(run)))
+                line.append(Segment("".join(run)))
                 run.clear()
+            segments.extend(trim_line(line))
             segments.append(_NEW_LINE)
         return segments
 
@@ -231,7 +256,7 @@ class Lines:
         lines = self._cell(Text.assemble(text, style=style), cell_len(plain))
         if lines is None:
             return None
-        return [Segment(NOTE_PREFIX, self._style(style)), *lines[0], _NEW_LINE]
+        return [*trim_line([Segment(NOTE_PREFIX, self._style(style)), *lines[0]]), _NEW_LINE]
 
     def _cell(self, cell: Cell, width: int) -> list[list[Segment]] | None:
         """The lines of ``cell`` left-justified in ``width`` cells, each padded to it."""

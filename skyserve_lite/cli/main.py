@@ -40,10 +40,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _stdout() -> Console:
+    import os
+
     from rich.console import Console
 
-    # Piped output is read by people in logs and by grep: do not squeeze tables into 80 columns.
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    if sys.stdout.isatty():
+        return Console()  # the terminal's width, or COLUMNS when set (rich reads it)
+    # Piped output is read by people in logs and by grep: not squeezed into rich's 80 columns for a pipe,
+    # but as wide as COLUMNS says when it is set (`COLUMNS=100 sky-lite serve status | less`).
+    columns = os.environ.get("COLUMNS", "").strip()
+    return Console(width=int(columns) if columns.isdecimal() and int(columns) > 0 else 200)
 
 
 def _load_task(task_file: Path) -> SubmittedTask:

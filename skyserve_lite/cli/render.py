@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
-from skyserve_lite.cli.fit import Column, FitTable, Narrow
+from skyserve_lite.cli.fit import Column, FitTable, Narrow, Trimmed
 from skyserve_lite.clock import format_timestamp
 
 if TYPE_CHECKING:
@@ -41,9 +41,15 @@ _UNDER = Narrow.UNDER
 _FOLD = 30
 
 
+def _paragraph(text: str, style: str = "") -> Trimmed:
+    """Text that wraps at the console's width, without the space rich leaves at the end of each line it
+    breaks (no printed line ends in spaces, ``cli.fit``)."""
+    return Trimmed(Text(text, style=style))
+
+
 def _titled(title: str, table: FitTable) -> Group:
     """A title on its own line: a table's own title wraps to the table's width."""
-    return Group(Text(title, style="bold"), table)
+    return Group(_paragraph(title, "bold"), table)
 
 
 def styled_status(status: str) -> Text:
@@ -192,14 +198,14 @@ def plan_renderable(plan: UpdatePlan, rollback_to: int | None = None) -> Group:
         table.add_row(str(launch.replica_id), str(plan.to_version), Text("launch", style="cyan"), what)
     if not plan.replicas and not plan.launches:
         table.add_row("-", "-", "-", "no live replica")
-    parts: list[FitTable | Text] = [Text(title, style="bold"), table]
+    parts: list[FitTable | Trimmed] = [_paragraph(title, "bold"), table]
     if plan.steps:
         lines = [f" {number}. {step.describe()}" for number, step in enumerate(plan.steps, start=1)]
-        parts.append(Text("Steps (each once the replicas launched before it are READY):\n" + "\n".join(lines)))
+        parts.append(_paragraph("Steps (each once the replicas launched before it are READY):\n" + "\n".join(lines)))
     if not plan.converged:
-        parts.append(Text("Warning: the rollout did not settle in the forecast; the counts below are what the "
-                          "controller does first.", style="red"))
-    parts.append(Text(plan.summary(), style="bold"))
+        parts.append(_paragraph("Warning: the rollout did not settle in the forecast; the counts below are what "
+                                "the controller does first.", "red"))
+    parts.append(_paragraph(plan.summary(), "bold"))
     return Group(*parts)
 
 
@@ -225,24 +231,25 @@ def launch_plan_renderable(plan: LaunchPlan) -> Group:
         images.update((p.describe_image(), None) for p in replica.placements if p.image is not None)
         disks.update((d, None) for p in replica.placements if (d := p.describe_disk()) is not None)
     replicas = f"{len(plan.replicas)} {'replica' if len(plan.replicas) == 1 else 'replicas'}"
-    parts: list[FitTable | Text] = [Text(f"Launch {plan.service} on {plan.cloud}: {replicas}", style="bold"), table]
+    parts: list[FitTable | Trimmed] = [_paragraph(f"Launch {plan.service} on {plan.cloud}: {replicas}", "bold"),
+                                      table]
     if images:
-        parts.append(Text("Image: " + "; ".join(images)))
+        parts.append(_paragraph("Image: " + "; ".join(images)))
     if disks:
-        parts.append(Text("Disk: " + "; ".join(disks)))
+        parts.append(_paragraph("Disk: " + "; ".join(disks)))
     if plan.envs or plan.secrets:
-        parts.append(Text("Environment: " + ", ".join([*plan.envs, *(f"{n} (secret)" for n in plan.secrets)])))
+        parts.append(_paragraph("Environment: " + ", ".join([*plan.envs, *(f"{n} (secret)" for n in plan.secrets)])))
     if plan.files:
-        parts.append(Text(f"Files: {plan.files}"))
+        parts.append(_paragraph(f"Files: {plan.files}"))
     for reason in plan.skipped:
-        parts.append(Text(f"Left out: {reason}", style="yellow"))
+        parts.append(_paragraph(f"Left out: {reason}", "yellow"))
     for note in plan.notes:
-        parts.append(Text(f"Note: {note}", style="yellow"))
+        parts.append(_paragraph(f"Note: {note}", "yellow"))
     price = plan.hourly_price
     if plan.cloud != "local":
-        parts.append(Text(f"Total: ${price:.2f}/h on the first placements" if price is not None
-                          else "Total: unknown (a price is not in the catalog)", style="bold"))
-    parts.append(Text("Dry run: nothing was stored or launched.", style="dim"))
+        parts.append(_paragraph(f"Total: ${price:.2f}/h on the first placements" if price is not None
+                                else "Total: unknown (a price is not in the catalog)", "bold"))
+    parts.append(_paragraph("Dry run: nothing was stored or launched.", "dim"))
     return Group(*parts)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import random
+import re
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -94,4 +95,28 @@ def test_rows_that_fit_are_written_without_a_rich_table(monkeypatch: pytest.Monk
         table.add_row(f"svc-{number}", Text("READY", style="green"), reason)
     lines = printed(table, 80, "terminal").splitlines()
     assert len(lines) == 1 + 2 * 1000  # the header, each row and its note
-    assert lines[1].startswith("svc-0    \x1b[32mREADY \x1b[0m") and lines[2].endswith(f"{reason}\x1b[0m")
+    assert lines[1] == "svc-0    \x1b[32mREADY\x1b[0m" and lines[2].endswith(f"{reason}\x1b[0m")
+
+
+_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def ends_in_space(text: str) -> list[str]:
+    """The lines of ``text`` (escape codes removed) that end in a space."""
+    return [line for line in _ESCAPE.sub("", text).split("\n") if line.endswith(" ")]
+
+
+@pytest.mark.parametrize("console", sorted(CONSOLES))
+@pytest.mark.parametrize("width", [30, 60, 80, 120, 200])
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_no_line_of_any_view_ends_in_spaces(view: str, width: int, console: str) -> None:
+    """Rich pads a table's last column too: piped to a file, every row used to end in up to 90 spaces."""
+    assert ends_in_space(printed(VIEWS[view](), width, console)) == []
+
+
+@pytest.mark.parametrize("console", ["terminal", "pipe"])
+@pytest.mark.parametrize("width", [20, 50, 90, 200])
+def test_no_line_of_an_awkward_table_ends_in_spaces(width: int, console: str) -> None:
+    """Cells rich draws (folded, tabs, several lines) and notes under rows included."""
+    for seed in range(60):
+        assert ends_in_space(printed(awkward_table(seed), width, console)) == [], f"seed {seed}"
