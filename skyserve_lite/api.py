@@ -464,8 +464,8 @@ class LocalController:
                 store.close()
         from skyserve_lite.files.capture import check_task_sources, find_task_dir, format_size, needs_capture
 
-        task, _ = bind_submission(task, None, _secret_store(self.home), keep_secrets=False)
         notes: list[str] = []
+        task, _ = bind_submission(task, None, _secret_store(self.home), keep_secrets=False, notes=notes)
         settings = check_submission(task, notes)
         if needs_capture(task.spec):
             check_task_sources(task.spec, find_task_dir(task.source), task.source)
@@ -635,11 +635,13 @@ def _secret_store(home: Path) -> SecretStore:
 
 
 def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets: SecretStore, *,
-                    keep_secrets: bool) -> tuple[SubmittedTask, BoundInputs]:
+                    keep_secrets: bool, notes: list[str] | None = None) -> tuple[SubmittedTask, BoundInputs]:
     """``task`` as its version will run it, and the inputs to store with it.
 
     - infra: ``--infra``, else (for a task that names no cloud) the previous version's, else the home's
-      ``default_infra``, else none (``local``);
+      ``default_infra``, else none (``local``); a task that `local` cannot run and that names no cloud (nor
+      does ``--infra``: ``*`` is any) runs on the cheapest cloud installed (``plan.clouds``), which is stored
+      as its infra;
     - envs: given now, over the file's own values; a name the new file declares without a value keeps the
       previous version's value;
     - secrets: given now (on the command line or in the file), else by digest (a rollback), else, for a
@@ -647,7 +649,8 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
       ``keep_secrets`` (a plan keeps nothing).
 
     Raises ``SpecError`` naming the first env or secret that still has no value. The task returned carries
-    no secret value.
+    no secret value. ``notes`` (a plan's) gets a line for the clouds considered and for each ``$NAME`` that
+    nothing fills in.
     """
     inherited = previous.inputs if previous is not None else BoundInputs()
     spec, given = task.spec, task.inputs
@@ -655,6 +658,8 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     # Where the current version runs, whoever decided it (--infra, its file, or local by default).
     runs_on = (inherited.infra or previous.spec.cloud.value) if previous is not None else None
     infra = given.infra or (None if names_cloud else runs_on or given.default_infra)
+    if not names_cloud:
+        infra = _choose_infra(spec, infra, task.source, notes)
     # Inherited: only what the new file declares without a value (a variable only ever given on the
     # command line must be given again).
     envs = {name: value for name, value in inherited.envs if name in spec.unset_envs}
@@ -671,6 +676,10 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     missing = find_missing(bound, task.source)
     if missing is not None:
         raise missing
+    if notes is not None:
+        from skyserve_lite.spec.inputs import find_unfilled_references
+
+        notes.extend(find_unfilled_references(bound))
     resolution = given.resolution or resolve_task(bound, task.source)
     inputs = dataclasses.replace(inputs, resolution=resolution)
     bound = dataclasses.replace(bound, resolution=resolution)
@@ -678,6 +687,26 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
         for _, secret in given.secrets:
             secrets.put(secret)
     return dataclasses.replace(task, spec=bound, inputs=TaskInputs()), inputs
+
+
+def _choose_infra(spec: TaskSpec, infra: str | None, source: str, notes: list[str] | None) -> str | None:
+    """``infra`` for a task that names no cloud, with a cloud chosen (``plan.clouds``) when neither it nor
+    ``infra`` names one and `local` cannot run the task; ``notes`` gets the clouds considered."""
+    from skyserve_lite.plan.clouds import choose_cloud, find_local_blocker
+    from skyserve_lite.providers import available_clouds
+    from skyserve_lite.spec.model import Cloud
+    from skyserve_lite.spec.parse import Infra, parse_infra
+
+    wanted = parse_infra(infra, "--infra", source) if infra else Infra(None)
+    if wanted.cloud is not None:
+        return infra
+    if find_local_blocker(spec) is None and wanted.region is None and wanted.zone is None:
+        return infra if infra is None else None  # `--infra '*'` for a task `local` runs: local
+    offered = [Cloud(name) for name in available_clouds() if name != Cloud.LOCAL.value]
+    choice = choose_cloud(spec, source, offered, lambda placed: resolve_task(placed, source), wanted)
+    if notes is not None:
+        notes.append(choice.describe())
+    return dataclasses.replace(wanted, cloud=choice.cloud).describe()
 
 
 def resolve_task(spec: TaskSpec, source: str, environ: Mapping[str, str] | None = None) -> Resolution:

@@ -73,8 +73,10 @@ def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> 
     clock = SystemClock()
     providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
     lb_host = load_host_settings(home).lb_host
-    return Reconciler(store, providers, HttpProber(), ProcessLoadBalancerRunner(home, lb_host), clock, settings,
-                      blobs=blob_store_of(home), secrets=SecretStore(home))
+    secrets = SecretStore(home)
+    prober = HttpProber(read_secret=lambda digest: secrets.get(digest).value)
+    return Reconciler(store, providers, prober, ProcessLoadBalancerRunner(home, lb_host), clock, settings,
+                      blobs=blob_store_of(home), secrets=secrets)
 
 
 def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:

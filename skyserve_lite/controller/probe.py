@@ -2,19 +2,31 @@
 
 Every probe says who it is, ``User-Agent: sky-lite-probe/VERSION`` (unless the task's probe ``headers`` set
 one), so a workload can leave probes, one every pass (2 s) per replica, out of its access log.
+
+A probe that refers to a task's secret (``Authorization: Bearer $API_KEY``) keeps the reference everywhere it
+is stored or shown; its value is read from the secret store and filled in here, into the request alone
+(``fill_probe_secrets``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from skyserve_lite import __version__
 from skyserve_lite.controller.plan import ProbeTarget, ReplicaKey
 from skyserve_lite.controller.replica_rules import ProbeResult
+from skyserve_lite.errors import StateConflictError
+from skyserve_lite.spec.inputs import fill_json_strings
 from skyserve_lite.spec.model import ReadinessProbe
+from skyserve_lite.spec.parse import REFERENCE_RE
+
+# Reads a secret's value by its digest (``SecretStore.get``); raises ``StateConflictError`` when it is gone.
+SecretReader = Callable[[str], str]
 
 PROBE_USER_AGENT = f"sky-lite-probe/{__version__}"
 
@@ -26,7 +38,11 @@ class Prober(Protocol):
 
 
 class HttpProber:
-    """Probes over HTTP with aiohttp, all targets of a pass at once."""
+    """Probes over HTTP with aiohttp, all targets of a pass at once. ``read_secret`` gives the values of the
+    secrets a probe refers to; without it such a probe fails, saying which secret it lacks."""
+
+    def __init__(self, read_secret: SecretReader | None = None) -> None:
+        self._read_secret = read_secret
 
     def probe(self, targets: Sequence[ProbeTarget]) -> dict[ReplicaKey, ProbeResult]:
         if not targets:
@@ -45,7 +61,10 @@ class HttpProber:
         import aiohttp
 
         assert isinstance(session, aiohttp.ClientSession)
-        probe = target.probe
+        try:
+            probe = fill_probe_secrets(target.probe, self._read_secret)
+        except StateConflictError as exc:
+            return ProbeResult(ok=False, detail=str(exc))
         url = target.url.rstrip("/") + probe.path
         headers = compute_probe_headers(probe)
         timeout = aiohttp.ClientTimeout(total=probe.timeout_seconds)
@@ -64,6 +83,33 @@ class HttpProber:
             return ProbeResult(ok=False, detail=f"cannot connect: {exc.os_error.strerror or exc}")
         except aiohttp.ClientError as exc:
             return ProbeResult(ok=False, detail=f"{type(exc).__name__}: {exc}")
+
+
+def fill_probe_secrets(probe: ReadinessProbe, read_secret: SecretReader | None) -> ReadinessProbe:
+    """``probe`` with the values of the secrets it refers to filled into its path, the strings of its
+    ``post_data`` and its header values: what one request sends, never kept. Raises ``StateConflictError``
+    (naming the secret, never a value) when a value cannot be read or cannot go where it is named."""
+    if not probe.secrets:
+        return probe
+    values: dict[str, str] = {}
+    for name, digest in probe.secrets:
+        if read_secret is None:
+            raise StateConflictError(f"the probe refers to the secret {name}, and this controller has no secret "
+                                     "store")
+        values[name] = read_secret(digest)
+
+    def fill(text: str) -> str:
+        return REFERENCE_RE.sub(lambda m: values.get(m.group("braced") or m.group("bare"), m.group(0)), text)
+
+    headers = tuple((name, fill(value)) for name, value in probe.headers)
+    for name, value in headers:
+        if any(char in value for char in "\r\n\0"):
+            raise StateConflictError(f"the probe header {name} holds a line break or NUL once its secrets are "
+                                     "filled in: not sent")
+    post_data = probe.post_data
+    if post_data is not None:
+        post_data = json.dumps(fill_json_strings(json.loads(post_data), fill), sort_keys=True, separators=(",", ":"))
+    return dataclasses.replace(probe, path=fill(probe.path), post_data=post_data, headers=headers)
 
 
 def compute_probe_headers(probe: ReadinessProbe) -> dict[str, str]:

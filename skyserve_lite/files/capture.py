@@ -57,9 +57,25 @@ class _Budget:
 
 
 def find_task_dir(source: str) -> Path:
-    """Where a task's relative sources resolve: the folder of its file (the current one for ``<string>``)."""
-    path = Path(source)
-    return path.parent if path.is_absolute() else Path.cwd()
+    """Where a task's relative paths (`workdir`, `file_mounts` sources, `service.tls`) resolve: the directory
+    sky-lite runs in, as SkyPilot resolves them (`sky serve up examples/x/task.yaml` from a repository's root,
+    with `workdir: examples/x`), whatever folder the task file is in."""
+    del source  # the file's folder is only named in the hint of ``describe_missing``
+    return Path.cwd()
+
+
+def describe_missing(written: str, resolved: Path, source: str) -> str:
+    """Why a relative path is not found: where it was looked for, and, when the task file's folder holds it
+    (where sky-lite read relative paths from before it read them as SkyPilot does), how to name it."""
+    problem = f"{written!r} does not exist (resolved to {resolved})"
+    task_file = Path(source)
+    beside = task_file.parent / Path(written).expanduser()
+    if not Path(written).expanduser().is_absolute() and task_file.is_absolute() and beside.exists():
+        shown = os.path.relpath(beside, Path.cwd())
+        shown = str(beside) if shown.startswith("..") else shown
+        problem += (f"; relative paths are read from the directory sky-lite runs in, as SkyPilot does, not from "
+                    f"the task file's folder: write {shown!r}, or run sky-lite from {task_file.parent}")
+    return problem
 
 
 def check_task_sources(spec: TaskSpec, base: Path, source: str) -> None:
@@ -68,12 +84,12 @@ def check_task_sources(spec: TaskSpec, base: Path, source: str) -> None:
         root = _resolve(spec.workdir, base)
         if not root.is_dir():
             raise SpecError(source, "workdir", f"{spec.workdir!r} is not a directory" if root.exists()
-                            else f"{spec.workdir!r} does not exist (resolved to {root})")
+                            else describe_missing(spec.workdir, root, source))
     for destination, mount_source in spec.file_mounts:
         path = _resolve(mount_source, base)
         if not is_cloud_uri(mount_source) and not (path.is_file() or (path.is_dir() and not path.is_symlink())):
             raise SpecError(source, f"file_mounts.{destination}",
-                            f"{mount_source!r} does not exist (resolved to {path})" if not path.exists()
+                            describe_missing(mount_source, path, source) if not path.exists()
                             else f"{mount_source!r} is neither a file nor a directory")
     if spec.service.tls is not None:
         _check_tls(spec.service.tls, base, source)
@@ -89,7 +105,7 @@ def _check_tls(tls: TlsFiles, base: Path, source: str) -> None:
     for _name, field, written in _tls_sources(tls):
         path = _resolve(written, base)
         if not path.is_file():
-            raise SpecError(source, field, f"{written!r} does not exist (resolved to {path})" if not path.exists()
+            raise SpecError(source, field, describe_missing(written, path, source) if not path.exists()
                             else f"{written!r} is not a file")
         try:
             with open(path, "rb"):
@@ -108,7 +124,7 @@ def _check_tls(tls: TlsFiles, base: Path, source: str) -> None:
 def capture_task_files(spec: TaskSpec, base: Path, source: str, blobs: BlobStore | None = None,
                        limit_bytes: int = DEFAULT_LIMIT_BYTES) -> TaskFiles | None:
     """The snapshot of ``spec``'s local files; None when it has none. Relative sources resolve against
-    ``base`` (the task file's folder). Without ``blobs`` the files are only hashed (a dry run)."""
+    ``base`` (``find_task_dir``). Without ``blobs`` the files are only hashed (a dry run)."""
     if spec.workdir is None and spec.service.tls is None and all(is_cloud_uri(s) for _, s in spec.file_mounts):
         return None
     check_task_sources(spec, base, source)

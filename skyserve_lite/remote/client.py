@@ -27,7 +27,7 @@ from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.remote import protocol
 from skyserve_lite.remote.transport import Channel, Transport
 from skyserve_lite.remote.wire import BlobHeader, HostInfo, WireTask
-from skyserve_lite.spec.inputs import fill_file_mounts
+from skyserve_lite.spec.inputs import fill_paths
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state.models import ServiceRecord, VersionRecord
 
@@ -131,8 +131,7 @@ class RemoteController:
     def _prepare(self, task: SubmittedTask) -> WireTask:
         """The task with its files hashed here (read once, stored nowhere); ``file_mounts`` are captured at
         the paths the host will fill in from envs (the file's and those given now)."""
-        envs = {**dict(task.spec.envs), **dict(task.inputs.envs)}
-        spec = dataclasses.replace(task.spec, file_mounts=fill_file_mounts(task.spec.file_mounts, envs, task.source))
+        spec = fill_paths(task)
         if needs_capture(spec):
             files = capture_task_files(spec, find_task_dir(task.source), task.source, None,
                                        ControllerSettings.from_env().snapshot_limit_bytes)
@@ -162,7 +161,7 @@ class RemoteController:
         if not digests or wire.files is None:
             return
         task = wire.to_task()
-        paths = find_local_paths(task.spec, find_task_dir(task.source), wire.files)
+        paths = find_local_paths(fill_paths(task), find_task_dir(task.source), wire.files)
         batch: list[tuple[str, Path, int]] = []
         size = 0
         for digest in digests:

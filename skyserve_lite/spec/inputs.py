@@ -23,8 +23,26 @@ from pathlib import Path
 from typing import Any
 
 from skyserve_lite.errors import SpecError, UsageError
-from skyserve_lite.spec.model import Cloud, Pairs, Resources, Secret, SubmittedTask, TaskInputs, TaskSpec
-from skyserve_lite.spec.parse import check_env_name, check_env_value, find_destination_problem, parse_infra
+from skyserve_lite.spec.model import (
+    Cloud,
+    Pairs,
+    ReadinessProbe,
+    Resources,
+    Secret,
+    SubmittedTask,
+    TaskInputs,
+    TaskSpec,
+    TlsFiles,
+)
+from skyserve_lite.spec.parse import (
+    REFERENCE_RE,
+    Infra,
+    check_env_name,
+    check_env_value,
+    find_destination_problem,
+    find_region_of_zone,
+    parse_infra,
+)
 from skyserve_lite.spec.placement import Resolution
 
 _GIVE_ENV = "give it when submitting: --env {name}=VALUE, --env {name} (from your environment) or --env-file FILE"
@@ -59,14 +77,12 @@ class BoundInputs:
 
 def bind(spec: TaskSpec, bound: BoundInputs, source: str, *, fill_mounts: bool = True) -> TaskSpec:
     """``spec`` with ``bound`` applied: the infra on every candidate that names no cloud (and the region and
-    zone where the candidate names none), env values over the file's, secrets by digest, envs filled into
-    ``file_mounts`` (not with ``fill_mounts`` False: a version stored before they were, whose snapshot
-    names the mounts as written). Raises ``SpecError`` when the infra contradicts the file."""
+    zone where the candidate names none), env values over the file's, secrets by digest, and ``$NAME``
+    references filled in (``fill_references``; not with ``fill_mounts`` False: a version stored before they
+    were, whose snapshot names the paths as written). Raises ``SpecError`` when the infra contradicts the
+    file or a filled field is refused."""
     if bound.infra:
-        infra = parse_infra(bound.infra, "--infra", source)
-        spec = dataclasses.replace(
-            spec, resources=_place(spec.resources, infra.cloud, infra.region, infra.zone, source),
-            candidates=tuple(_place(c, infra.cloud, infra.region, infra.zone, source) for c in spec.candidates))
+        spec = place_task(spec, parse_infra(bound.infra, "--infra", source), source)
     envs = dict(spec.envs)
     envs.update(bound.envs)
     digests = dict(spec.secrets)
@@ -74,34 +90,144 @@ def bind(spec: TaskSpec, bound: BoundInputs, source: str, *, fill_mounts: bool =
     for name in digests:
         if name in envs:
             raise SpecError(source, f"secrets.{name}", "also given in envs: name a variable in one of the two")
-    return dataclasses.replace(
+    spec = dataclasses.replace(
         spec, envs=tuple(sorted(envs.items())), unset_envs=tuple(n for n in spec.unset_envs if n not in envs),
-        secrets=tuple(sorted(digests.items())), resolution=bound.resolution or spec.resolution,
-        file_mounts=fill_file_mounts(spec.file_mounts, envs, source) if fill_mounts else spec.file_mounts)
+        secrets=tuple(sorted(digests.items())), resolution=bound.resolution or spec.resolution)
+    return fill_references(spec, source) if fill_mounts else spec
 
 
-_REFERENCE_RE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+def fill_references(spec: TaskSpec, source: str) -> TaskSpec:
+    """``spec`` with ``$NAME`` and ``${NAME}`` filled in where SkyPilot fills them: `workdir`, `file_mounts`
+    (destinations and sources), `service.tls` and the readiness probe's `path`, `post_data` (its strings)
+    and `headers`.
+
+    - an env's value is filled in;
+    - a secret's is filled into the probe only, and only when the probe is sent (the prober reads it from
+      the secret store by the digest ``ReadinessProbe.secrets`` names): the probe keeps ``$NAME``, so no
+      value is stored, logged or shown. A secret named in a path is refused: paths are stored and shown;
+    - any other name is left as written (``find_unfilled_references`` says where).
+
+    Raises ``SpecError`` naming the field when a filled value is refused."""
+    envs = dict(spec.envs)
+    secrets = dict(spec.secrets)
+
+    def fill(text: str, path: str, *, allow_secrets: bool = False) -> str:
+        def replace(match: re.Match[str]) -> str:
+            name = match.group("braced") or match.group("bare")
+            if name in secrets and not allow_secrets:
+                raise SpecError(source, path, f"refers to the secret {name}: a secret is not filled into paths, "
+                                              "which are stored and shown; give the value in envs instead")
+            return envs.get(name, match.group(0))
+        return REFERENCE_RE.sub(replace, text)
+
+    workdir = fill(spec.workdir, "workdir") if spec.workdir is not None else None
+    tls = spec.service.tls
+    if tls is not None:
+        tls = TlsFiles(keyfile=fill(tls.keyfile, "service.tls.keyfile"),
+                       certfile=fill(tls.certfile, "service.tls.certfile"))
+    probe = _fill_probe(spec.service.readiness_probe, fill, secrets, source)
+    service = dataclasses.replace(spec.service, tls=tls, readiness_probe=probe)
+    return dataclasses.replace(spec, workdir=workdir, service=service,
+                               file_mounts=fill_file_mounts(spec.file_mounts, fill, source))
 
 
-def fill_file_mounts(mounts: Pairs, envs: Mapping[str, str], source: str) -> Pairs:
-    """``file_mounts`` with ``$NAME`` and ``${NAME}`` of ``envs`` replaced in destinations and sources, as
-    SkyPilot fills them (secrets are not filled: they are for `setup` and `run` only). A reference to a name
-    ``envs`` lacks is left as written. Raises ``SpecError`` when a filled destination is refused or two
-    become one."""
-    def fill(text: str) -> str:
-        return _REFERENCE_RE.sub(lambda m: envs.get(m.group("braced") or m.group("bare"), m.group(0)), text)
+_PROBE = "service.readiness_probe"
 
+
+def _fill_probe(probe: ReadinessProbe, fill: Callable[..., str], secrets: Mapping[str, str],
+                source: str) -> ReadinessProbe:
+    """The probe with envs filled in, and the digests of the secrets it still refers to."""
+    path = fill(probe.path, f"{_PROBE}.path", allow_secrets=True)
+    if not path.startswith("/"):
+        raise SpecError(source, f"{_PROBE}.path", f"the probe path must start with '/', got {path!r} once envs "
+                                                  "are filled in")
+    headers: dict[str, str] = {}
+    for name, value in probe.headers:
+        field = f"{_PROBE}.headers.{name}"
+        filled_name, filled_value = fill(name, field), fill(value, field, allow_secrets=True)
+        if any(char in filled_value for char in "\r\n\0") or not _HEADER_NAME_RE.fullmatch(filled_name):
+            raise SpecError(source, field, "once envs are filled in, the header is no longer valid (a line break "
+                                           "or NUL in its value, or a name HTTP does not allow)")
+        headers[filled_name] = filled_value
+    post_data = probe.post_data
+    if post_data is not None:
+        post_data = json.dumps(fill_json_strings(json.loads(post_data), lambda text: fill(
+            text, f"{_PROBE}.post_data", allow_secrets=True)), sort_keys=True, separators=(",", ":"))
+    texts = [path, post_data or "", *(item for pair in headers.items() for item in pair)]
+    named = {m.group("braced") or m.group("bare") for text in texts for m in REFERENCE_RE.finditer(text)}
+    return dataclasses.replace(probe, path=path, post_data=post_data, headers=tuple(sorted(headers.items())),
+                               secrets=tuple(sorted((n, d) for n, d in secrets.items() if n in named)))
+
+
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def fill_json_strings(value: Any, fill: Callable[[str], str]) -> Any:
+    """A JSON value with ``fill`` applied to every string in it, keys included (a filled value stays one
+    string, whatever it holds: quotes in it cannot change the document's shape)."""
+    if isinstance(value, str):
+        return fill(value)
+    if isinstance(value, list):
+        return [fill_json_strings(item, fill) for item in value]
+    if isinstance(value, dict):
+        return {fill(key): fill_json_strings(item, fill) for key, item in value.items()}
+    return value
+
+
+def fill_paths(task: SubmittedTask) -> TaskSpec:
+    """``task``'s spec with the file's envs and those given now filled in as the controller fills them when it
+    binds the task: the paths a client reads its files from before sending it."""
+    envs = {**dict(task.spec.envs), **dict(task.inputs.envs)}
+    return fill_references(dataclasses.replace(task.spec, envs=tuple(sorted(envs.items()))), task.source)
+
+
+def find_unfilled_references(spec: TaskSpec) -> list[str]:
+    """Where a bound ``spec`` still refers to a name that is neither an env nor a secret: such a reference is
+    kept as written (as SkyPilot does), which is rarely what was meant. One line each, for plans."""
+    known = {name for name, _ in spec.envs} | {name for name, _ in spec.secrets}
+    probe, tls = spec.service.readiness_probe, spec.service.tls
+    fields = [("workdir", spec.workdir or ""), (f"{_PROBE}.path", probe.path),
+              (f"{_PROBE}.post_data", probe.post_data or ""),
+              *((f"{_PROBE}.headers.{name}", f"{name} {value}") for name, value in probe.headers),
+              *((f"file_mounts.{dst}", f"{dst} {src}") for dst, src in spec.file_mounts),
+              *((f"service.tls.{key}", getattr(tls, key)) for key in ("keyfile", "certfile") if tls)]
+    notes = []
+    for field, text in fields:
+        for match in REFERENCE_RE.finditer(text):
+            name = match.group("braced") or match.group("bare")
+            if name not in known:
+                notes.append(f"{field}: {match.group(0)} is neither in envs nor in secrets, so it is used as "
+                             "written")
+    return notes
+
+
+def fill_file_mounts(mounts: Pairs, fill: Callable[..., str], source: str) -> Pairs:
+    """``file_mounts`` with ``fill`` (``fill_references``'s) applied to destinations and sources. Raises
+    ``SpecError`` when a filled destination is refused or two become one."""
     filled: dict[str, str] = {}
     for destination, mount_source in mounts:
-        target = fill(destination)
+        field = f"file_mounts.{destination}"
+        target = fill(destination, field)
         problem = find_destination_problem(target) if target != destination else None
         if problem is not None:
-            raise SpecError(source, f"file_mounts.{destination}", f"{problem} (after filling in envs: {target!r})")
+            raise SpecError(source, field, f"{problem} (after filling in envs: {target!r})")
         if target in filled:
-            raise SpecError(source, f"file_mounts.{destination}", f"becomes {target!r} once envs are filled in, "
-                                                                 "the destination of another mount")
-        filled[target] = fill(mount_source)
+            raise SpecError(source, field, f"becomes {target!r} once envs are filled in, the destination of "
+                                           "another mount")
+        filled[target] = fill(mount_source, field)
     return tuple(sorted(filled.items()))
+
+
+def place_task(spec: TaskSpec, infra: Infra, source: str) -> TaskSpec:
+    """``spec`` with ``infra`` (``--infra``, or the cloud chosen for it) on every candidate: its cloud where
+    the candidate names none, and its region and zone where the candidate names none. Raises ``SpecError``
+    when the two contradict each other. An infra of any cloud (``*``) places nothing."""
+    if infra.cloud is None:
+        return spec
+    cloud = infra.cloud
+    return dataclasses.replace(
+        spec, resources=_place(spec.resources, cloud, infra.region, infra.zone, source),
+        candidates=tuple(_place(c, cloud, infra.region, infra.zone, source) for c in spec.candidates))
 
 
 def _place(resources: Resources, cloud: Cloud, region: str | None, zone: str | None, source: str) -> Resources:
@@ -111,9 +237,16 @@ def _place(resources: Resources, cloud: Cloud, region: str | None, zone: str | N
     if resources.cloud is not None and resources.region is not None and region not in (None, resources.region):
         raise SpecError(source, "resources.region", f"the task names region {resources.region}, but --infra "
                                                     f"says {region}: change one of the two")
-    return dataclasses.replace(resources, cloud=cloud, region=resources.region or region,
-                               zone=resources.zone or (zone if not resources.region or resources.region == region
-                                                       else None))
+    placed_zone = resources.zone or (zone if not resources.region or resources.region == region else None)
+    # `infra: */*/us-central1-a` placed on gcp: the zone's name says its region
+    zone_region = find_region_of_zone(cloud, placed_zone) if placed_zone and cloud is not Cloud.LOCAL else None
+    if placed_zone and cloud is not Cloud.LOCAL and not (resources.region or region or zone_region):
+        raise SpecError(source, "resources.zone", f"{placed_zone!r} is not named like a {cloud.value} zone")
+    if cloud is Cloud.LOCAL and (resources.region or resources.zone):
+        raise SpecError(source, "resources.region" if resources.region else "resources.zone",
+                        "the local cloud has no regions or zones: name a cloud with --infra or resources.infra")
+    return dataclasses.replace(resources, cloud=cloud, region=resources.region or region or zone_region,
+                               zone=placed_zone)
 
 
 def find_missing(spec: TaskSpec, source: str) -> SpecError | None:

@@ -36,6 +36,14 @@ class LoadBalancingPolicy(str, Enum):
     INSTANCE_AWARE_LEAST_LOAD = "instance_aware_least_load"
 
 
+class SpotPlacer(str, Enum):
+    """SkyServe's ``spot_placer``: where spot replicas go. ``dynamic_fallback`` (SpotHedge) spreads them over
+    the zones their placements allow, and moves launches away from a zone that just took a spot replica back
+    (``plan.spot_zones``)."""
+
+    DYNAMIC_FALLBACK = "dynamic_fallback"
+
+
 class DiskTier(str, Enum):
     """SkyPilot's disk tiers; each cloud maps them to its volume types (``catalog.disk_for``)."""
 
@@ -116,6 +124,9 @@ class ReadinessProbe:
     initial_delay_seconds: int = DEFAULT_INITIAL_DELAY_SECONDS
     timeout_seconds: float = float(DEFAULT_PROBE_TIMEOUT_SECONDS)
     headers: Pairs = ()
+    # (name, digest) of each secret that ``path``, ``post_data`` or ``headers`` refer to (``$NAME``): their
+    # values are filled in by the prober, at the request, and never stored or shown with the probe.
+    secrets: Pairs = ()
 
 
 @dataclass(frozen=True)
@@ -124,8 +135,8 @@ class ReplicaPolicy:
     max_replicas: int = 1
     target_qps_per_replica: float | None = None
     target_ongoing_requests_per_replica: float | None = None
-    upscale_delay_seconds: int = DEFAULT_UPSCALE_DELAY_SECONDS
-    downscale_delay_seconds: int = DEFAULT_DOWNSCALE_DELAY_SECONDS
+    upscale_delay_seconds: float = DEFAULT_UPSCALE_DELAY_SECONDS
+    downscale_delay_seconds: float = DEFAULT_DOWNSCALE_DELAY_SECONDS
     base_ondemand_fallback_replicas: int = 0
     dynamic_ondemand_fallback: bool = False
     # Replicas kept above the autoscaler's target (SkyServe's num_overprovision).
@@ -133,6 +144,7 @@ class ReplicaPolicy:
     # ``target_qps_per_replica: {A100: 5, L4: 2}``: each replica's share by the accelerator it landed on
     # (sorted by name); ``target_qps_per_replica`` is then the smallest of them, for the replica count.
     qps_per_accelerator: tuple[tuple[str, float], ...] = ()
+    spot_placer: SpotPlacer | None = None
 
     @property
     def is_autoscaling(self) -> bool:

@@ -33,6 +33,7 @@ from skyserve_lite.spec.model import (
     Resources,
     Secret,
     ServiceSpec,
+    SpotPlacer,
     SubmittedTask,
     TaskInputs,
     TaskSpec,
@@ -55,6 +56,8 @@ _MEMORY_UNITS = {"": 1.0, "gb": 1.0, "gib": 1.0, "g": 1.0, "tb": 1024.0, "tib": 
 # Clouds SkyPilot knows that sky-lite does not offer: named in the refusal instead of "unknown value".
 _OTHER_CLOUDS = ("azure", "kubernetes", "k8s", "lambda", "runpod", "oci", "ibm", "scp", "fluidstack",
                  "paperspace", "cudo", "vsphere", "do", "nebius", "vast", "hyperbolic", "ssh")
+# `$NAME` and `${NAME}`: references to the task's envs and secrets in the fields SkyPilot fills them into.
+REFERENCE_RE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
 # What `export NAME=...` accepts as NAME: a name is written into boot scripts as is, only values are quoted.
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -72,7 +75,7 @@ _PROBE_KEYS = ("path", "post_data", "initial_delay_seconds", "timeout_seconds", 
 _POLICY_KEYS = (
     "min_replicas", "max_replicas", "target_qps_per_replica", "target_ongoing_requests_per_replica",
     "upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
-    "dynamic_ondemand_fallback", "num_overprovision",
+    "dynamic_ondemand_fallback", "num_overprovision", "spot_placer",
 )
 
 
@@ -100,7 +103,9 @@ def load_task_file(path: Path) -> SubmittedTask:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), "", f"cannot read the file: {exc}") from exc
+        # The message names the file already: an OSError's own text would name it again, with its errno.
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecError(str(path), "", f"cannot read the file: {reason}") from exc
     return read_task(text, str(path))
 
 
@@ -454,6 +459,8 @@ class _Parser:
                     raise self.fail(infra_path, f"says {key} {said!r} but resources.{key} says {wrote!r}: "
                                                 "write one of the two")
             cloud, region, zone = cloud or infra.cloud, region or infra.region, zone or infra.zone
+        if zone is not None and region is None and cloud is not None:
+            region = find_region_of_zone(cloud, zone)  # `zone: us-east-1a` alone: its region is us-east-1
         no_accelerators: tuple[tuple[Accelerator, ...], bool] = ((), False)
         accelerators, ordered = self.optional(doc, "accelerators", path, self.accelerators, no_accelerators)
         resources = Resources(
@@ -502,23 +509,42 @@ class _Parser:
         return Amount(number, at_least=bool(match.group("plus")))
 
     def accelerators(self, value: object, path: str) -> tuple[tuple[Accelerator, ...], bool]:
-        """``A100``, ``A100:8``, ``{A100: 8}``, ``{L4: 1, A10G: 1}`` (any of them), ``[A100:8, H100:8]`` (in
-        that order); with whether they are ordered."""
+        """``A100``, ``A100:8``, ``{A100: 8}``, ``{L4: 1, A10G: 1}`` and SkyPilot's set form
+        ``{L4:8, A10g:8, A100:4}`` (YAML reads each ``NAME:COUNT`` as a key without a value): any of them;
+        ``[A100:8, H100:8]``: in that order. With whether they are ordered."""
         if isinstance(value, str):
             return (self.accelerator(value, path),), False
         if isinstance(value, dict):
             items = []
-            for name, count in self.mapping(value, path, None).items():
-                items.append(self.accelerator_count(name, 1 if count is None else count, _join(path, name)))
+            for key, count in self.mapping(value, path, None).items():
+                item_path = _join(path, key)
+                if count is None:  # `{L4:8}` or `{L4}`: the key says it all
+                    items.append(self.accelerator(key, item_path))
+                elif ":" in key:
+                    raise self.fail(item_path, f"give the count once: {key!r} already names one, so write "
+                                               f"`{key}` without a value, or `{key.partition(':')[0]}: {count}`")
+                else:
+                    items.append(self.accelerator_count(key, count, item_path))
             if not items:
                 raise self.fail(path, "names no accelerator")
-            return tuple(items), False
+            return self.distinct_accelerators(items, path), False
         if isinstance(value, list):
             if not value:
                 raise self.fail(path, "names no accelerator")
-            return tuple(self.accelerator(self.string(item, f"{path}[{i}]"), f"{path}[{i}]")
-                         for i, item in enumerate(value)), True
+            return self.distinct_accelerators(
+                [self.accelerator(self.string(item, f"{path}[{i}]"), f"{path}[{i}]") for i, item in enumerate(value)],
+                path), True
         raise self.fail(path, f"must be NAME:COUNT (A100:8), a mapping or a list of them, got {_kind(value)}")
+
+    def distinct_accelerators(self, items: list[Accelerator], path: str) -> tuple[Accelerator, ...]:
+        """``items``, each named once: names are matched without regard to case (``A10g`` is ``A10G``)."""
+        seen: set[tuple[str, int]] = set()
+        for item in items:
+            key = (item.name.lower(), item.count)
+            if key in seen:
+                raise self.fail(path, f"{item.describe()} is named twice")
+            seen.add(key)
+        return tuple(items)
 
     def accelerator(self, text: str, path: str) -> Accelerator:
         name, colon, count_text = text.strip().partition(":")
@@ -555,12 +581,19 @@ class _Parser:
         return ServiceSpec(
             readiness_probe=self.optional(doc, "readiness_probe", path, self.probe, ReadinessProbe()),
             replica_policy=policy,
-            port=self.optional(doc, "ports", path, self.port, None),
+            port=self.optional(doc, "ports", path, self.service_port, None),
             load_balancing_policy=self.optional(
                 doc, "load_balancing_policy", path, lambda v, p: self.enum(v, p, LoadBalancingPolicy),
                 LoadBalancingPolicy.LEAST_LOAD),
             tls=self.optional(doc, "tls", path, self.tls, None),
         )
+
+    def service_port(self, value: object, path: str) -> int:
+        """`service.ports`: one port number, as SkyServe's schema takes it (not a string, not a range)."""
+        if isinstance(value, str):
+            raise self.fail(path, f"must be a port number, got {_kind(value)}: write it without quotes "
+                                  "(ports: 8080), as SkyServe requires")
+        return self.port(value, path)
 
     def tls(self, value: object, path: str) -> TlsFiles:
         doc = self.mapping(value, path, _TLS_KEYS)
@@ -576,8 +609,11 @@ class _Parser:
         if not isinstance(value, dict):
             raise self.fail(path, f"must be a path string or a mapping, got {_kind(value)}")
         doc = self.mapping(value, path, _PROBE_KEYS)
+        if doc.get("path") is None:
+            raise self.fail(_join(path, "path"), "missing; a readiness_probe mapping names the path to probe "
+                                                 f"(path: {DEFAULT_PROBE_PATH}), as SkyServe requires")
         return ReadinessProbe(
-            path=self.optional(doc, "path", path, self.probe_path, DEFAULT_PROBE_PATH),
+            path=self.probe_path(doc["path"], _join(path, "path")),
             post_data=self.optional(doc, "post_data", path, self.post_data, None),
             initial_delay_seconds=self.optional(
                 doc, "initial_delay_seconds", path, lambda v, p: self.integer(v, p, 0),
@@ -585,12 +621,27 @@ class _Parser:
             timeout_seconds=self.optional(
                 doc, "timeout_seconds", path, lambda v, p: self.number(v, p, positive=True),
                 float(DEFAULT_PROBE_TIMEOUT_SECONDS)),
-            headers=self.optional(doc, "headers", path, self.string_map, ()),
+            headers=self.optional(doc, "headers", path, self.headers, ()),
         )
+
+    def headers(self, value: object, path: str) -> Pairs:
+        """Probe headers: names to string values, as SkyServe's schema takes them (``5`` or ``true`` would be
+        sent as text YAML did not write: quote them). A line break in a name or value would end the header
+        and start another: refused."""
+        doc = self.mapping(value, path, None)
+        for key, item in doc.items():
+            item_path = _join(path, key)
+            if not isinstance(item, str):
+                raise self.fail(item_path, f"must be a string, got {_kind(item)}: quote it")
+            if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", key):
+                raise self.fail(item_path, "not a valid HTTP header name")
+            if any(char in item for char in "\r\n\0"):
+                raise self.fail(item_path, "the value holds a line break or NUL, which no header can carry")
+        return tuple(sorted(doc.items()))
 
     def probe_path(self, value: object, path: str) -> str:
         text = self.string(value, path)
-        if not text.startswith("/"):
+        if not text.startswith("/") and not REFERENCE_RE.match(text):
             raise self.fail(path, f"the probe path must start with '/', got {text!r}")
         return text
 
@@ -613,15 +664,17 @@ class _Parser:
         def count(key: str, minimum: int, default: int) -> int:
             return self.optional(doc, key, path, lambda v, p: self.integer(v, p, minimum), default)
 
+        def seconds(key: str, default: int) -> float:
+            return self.optional(doc, key, path, lambda v, p: self.number(v, p, positive=False), float(default))
+
+        if doc.get("min_replicas") is None:
+            raise self.fail(_join(path, "min_replicas"), "missing; a replica_policy names its min_replicas, as "
+                                                         "SkyServe requires (or write `replicas: N` instead)")
         min_replicas = count("min_replicas", 0, 1)
         per_accelerator: tuple[tuple[str, float], ...] = ()
         if isinstance(doc.get("target_qps_per_replica"), dict):
-            qps_path = _join(path, "target_qps_per_replica")
-            per_accelerator = tuple(sorted(
-                (name, self.number(item, _join(qps_path, name), positive=True))
-                for name, item in self.mapping(doc["target_qps_per_replica"], qps_path, None).items()))
-            if not per_accelerator:
-                raise self.fail(qps_path, "names no accelerator")
+            per_accelerator = self.qps_per_accelerator(doc["target_qps_per_replica"],
+                                                       _join(path, "target_qps_per_replica"))
         targets = {
             key: (min(q for _, q in per_accelerator) if key == "target_qps_per_replica" and per_accelerator
                   else self.optional(doc, key, path, lambda v, p: self.number(v, p, positive=True), None))
@@ -651,18 +704,34 @@ class _Parser:
                             "differ: it is what decides between them")
         base_fallback = count("base_ondemand_fallback_replicas", 0, 0)
         dynamic_fallback = self.optional(doc, "dynamic_ondemand_fallback", path, self.boolean, False)
+        spot_placer = self.optional(doc, "spot_placer", path, lambda v, p: self.enum(v, p, SpotPlacer), None)
         return ReplicaPolicy(
             min_replicas=min_replicas,
             max_replicas=max_replicas,
             target_qps_per_replica=targets["target_qps_per_replica"],
             target_ongoing_requests_per_replica=targets["target_ongoing_requests_per_replica"],
-            upscale_delay_seconds=count("upscale_delay_seconds", 0, DEFAULT_UPSCALE_DELAY_SECONDS),
-            downscale_delay_seconds=count("downscale_delay_seconds", 0, DEFAULT_DOWNSCALE_DELAY_SECONDS),
+            upscale_delay_seconds=seconds("upscale_delay_seconds", DEFAULT_UPSCALE_DELAY_SECONDS),
+            downscale_delay_seconds=seconds("downscale_delay_seconds", DEFAULT_DOWNSCALE_DELAY_SECONDS),
             base_ondemand_fallback_replicas=base_fallback,
             dynamic_ondemand_fallback=dynamic_fallback,
             num_overprovision=count("num_overprovision", 0, 0),
             qps_per_accelerator=per_accelerator,
+            spot_placer=spot_placer,
         )
+
+    def qps_per_accelerator(self, value: object, path: str) -> tuple[tuple[str, float], ...]:
+        """``{A100: 5, L4: 2}`` or SkyServe's ``{"A100:1": 5, "L4:1": 2}``: each accelerator's rate, by its
+        name (a count in the key says how many a replica has, which its accelerator name already tells)."""
+        rates: dict[str, tuple[str, float]] = {}
+        for key, item in self.mapping(value, path, None).items():
+            item_path = _join(path, key)
+            accelerator = self.accelerator(key, item_path)
+            if accelerator.name.lower() in rates:
+                raise self.fail(item_path, f"{accelerator.name} is given a rate twice: one rate per accelerator")
+            rates[accelerator.name.lower()] = (accelerator.name, self.number(item, item_path, positive=True))
+        if not rates:
+            raise self.fail(path, "names no accelerator")
+        return tuple(sorted(rates.values()))
 
 
 def validate_cross_fields(spec: TaskSpec, source: str) -> None:
@@ -675,42 +744,75 @@ def validate_cross_fields(spec: TaskSpec, source: str) -> None:
                 raise SpecError(source, f"service.replica_policy.target_qps_per_replica.{name}",
                                 "not an accelerator of resources.accelerators (or any_of/ordered): "
                                 + (", ".join(sorted(named)) or "the task names none"))
+    instance_aware = spec.service.load_balancing_policy is LoadBalancingPolicy.INSTANCE_AWARE_LEAST_LOAD
+    if policy.qps_per_accelerator and not instance_aware:
+        raise SpecError(source, "service.load_balancing_policy",
+                        "a target_qps_per_replica per accelerator needs load_balancing_policy: "
+                        "instance_aware_least_load (it is what sends each replica its share), as SkyServe requires")
+    if instance_aware and not policy.qps_per_accelerator:
+        raise SpecError(source, "service.replica_policy.target_qps_per_replica",
+                        "load_balancing_policy instance_aware_least_load needs a rate per accelerator "
+                        "(target_qps_per_replica: {A100: 5, L4: 2}), as SkyServe requires")
     uses_fallback = policy.base_ondemand_fallback_replicas > 0 or policy.dynamic_ondemand_fallback
-    if uses_fallback and not spec.resources.use_spot:
-        key = ("base_ondemand_fallback_replicas" if policy.base_ondemand_fallback_replicas > 0
-               else "dynamic_ondemand_fallback")
-        raise SpecError(source, f"service.replica_policy.{key}",
-                        "on-demand fallback needs resources.use_spot: true")
+    if (uses_fallback or policy.spot_placer is not None) and not spec.resources.use_spot:
+        key = ("spot_placer" if not uses_fallback else "base_ondemand_fallback_replicas"
+               if policy.base_ondemand_fallback_replicas > 0 else "dynamic_ondemand_fallback")
+        what = "a spot placer" if key == "spot_placer" else "on-demand fallback"
+        raise SpecError(source, f"service.replica_policy.{key}", f"{what} needs resources.use_spot: true")
 
 
 @dataclasses.dataclass(frozen=True)
 class Infra:
-    """``aws``, ``aws/us-east-1``, ``gcp/us-central1/us-central1-a``: SkyPilot's spelling of cloud/region/zone."""
+    """``aws``, ``aws/us-east-1``, ``gcp/us-central1/us-central1-a``: SkyPilot's spelling of cloud/region/zone.
+    ``*`` stands for any (``*``, ``*/us-east-1``, ``gcp/*/us-central1-a``): ``cloud`` None lets the submission
+    choose among the clouds sky-lite offers, a region None any region (that holds ``zone``)."""
 
-    cloud: Cloud
+    cloud: Cloud | None
     region: str | None = None
     zone: str | None = None
 
     def describe(self) -> str:
-        return "/".join(part for part in (self.cloud.value, self.region, self.zone) if part)
+        parts = [self.cloud.value if self.cloud else "*", self.region or "*", self.zone or "*"]
+        while len(parts) > 1 and parts[-1] == "*":
+            parts.pop()
+        return "/".join(parts)
 
 
 def parse_infra(text: str, path: str, source: str) -> Infra:
-    """Read ``CLOUD[/REGION[/ZONE]]``; ``path`` and ``source`` name where it was written (a field, or the
-    ``--infra`` option) in the ``SpecError``."""
-    parts = text.strip().split("/")
-    if not 1 <= len(parts) <= 3 or not all(part.strip() for part in parts):
-        raise SpecError(source, path, f"must look like CLOUD, CLOUD/REGION or CLOUD/REGION/ZONE, got {text!r}")
-    if parts[0] == "*":
-        raise SpecError(source, path, f"{text!r}: name the cloud; sky-lite does not choose among clouds")
-    cloud = cloud_named(parts[0], path, source)
-    if cloud is Cloud.LOCAL and len(parts) > 1:
+    """Read ``CLOUD[/REGION[/ZONE]]``, each part of which may be ``*`` (any); ``path`` and ``source`` name where
+    it was written (a field, or the ``--infra`` option) in the ``SpecError``. A zone without its region
+    (``gcp/*/us-central1-a``) gets the region the zone's name says, on a named cloud."""
+    parts = [part.strip() for part in text.strip().split("/")]
+    if not 1 <= len(parts) <= 3 or not all(parts):
+        raise SpecError(source, path, f"must look like CLOUD, CLOUD/REGION or CLOUD/REGION/ZONE (any part may be "
+                                      f"*), got {text!r}")
+    cloud = None if parts[0] == "*" else cloud_named(parts[0], path, source)
+    region = parts[1] if len(parts) > 1 and parts[1] != "*" else None
+    zone = parts[2] if len(parts) > 2 and parts[2] != "*" else None
+    if cloud is Cloud.LOCAL and (region or zone):
         raise SpecError(source, path, f"{text!r}: the local cloud has no regions or zones")
-    region = parts[1] if len(parts) > 1 else None
-    zone = parts[2] if len(parts) > 2 else None
     if zone is not None and region is not None and not zone.startswith(region):
         raise SpecError(source, path, f"zone {zone!r} is not in region {region!r}")
+    if zone is not None and region is None and cloud is not None:
+        region = find_region_of_zone(cloud, zone)
+        if region is None:
+            raise SpecError(source, path, f"{zone!r} is not a {cloud.value} zone name (like "
+                                          f"{_ZONE_EXAMPLES[cloud]})")
     return Infra(cloud, region, zone)
+
+
+# A zone's name is its region's and a suffix: AWS `us-east-1a` (and local zones, `us-west-2-lax-1a`), GCP
+# `us-central1-a`.
+_ZONE_RES = {Cloud.AWS: re.compile(r"(?P<region>[a-z]{2}(-gov)?-[a-z]+-\d+)(-[a-z]+-\d+)?[a-z]"),
+             Cloud.GCP: re.compile(r"(?P<region>[a-z]+-[a-z]+\d{1,2})-[a-z]")}
+_ZONE_EXAMPLES = {Cloud.AWS: "us-east-1a", Cloud.GCP: "us-central1-a", Cloud.LOCAL: "none"}
+
+
+def find_region_of_zone(cloud: Cloud, zone: str) -> str | None:
+    """The region a zone's name says it is in; None when ``zone`` is not named like a zone of ``cloud``."""
+    pattern = _ZONE_RES.get(cloud)
+    match = pattern.fullmatch(zone) if pattern else None
+    return match.group("region") if match else None
 
 
 def cloud_named(text: str, path: str, source: str) -> Cloud:

@@ -73,7 +73,7 @@ def test_errors_exit_with_a_message_and_no_traceback(cli: Cli, home: Path, args:
                      "resources.cloud: cloud 'azure' is not offered by sky-lite", id="unknown-cloud"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: gcp\n", [],
                      "resources.cloud: cloud 'gcp' is not available here", id="unavailable-cloud"),
-        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  accelerators: A100:1\n", [],
+        pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: local\n  accelerators: A100:1\n", [],
                      "resources.accelerators: A100:1: the local cloud runs replicas as processes", id="local-gpu"),
         pytest.param("service:\n  replicas: 1\nrun: x\nresources:\n  cloud: aws\n  accelerators: Z9000:1\n", [],
                      "resources.accelerators: ", id="aws-unknown-accelerator"),
@@ -116,6 +116,7 @@ def test_bad_input_to_up_exits_2_and_writes_nothing(cli: Cli, home: Path, tmp_pa
 def test_a_snapshot_over_the_limit_is_refused_and_stores_no_version(cli: Cli, home: Path, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SKY_LITE_SNAPSHOT_LIMIT_BYTES", "10")
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "big.bin").write_text("x" * 11)
     path = tmp_path / "task.yaml"

@@ -260,7 +260,8 @@ def test_up_dry_run_prints_the_per_replica_plan_and_stores_nothing(cli: Cli, hom
 
 
 def test_up_dry_run_refuses_what_cannot_run_naming_the_field(cli: Cli, home: Path, tmp_path: Path) -> None:
-    code, _, stderr = cli("serve", "up", write(tmp_path, GPU_TASK), "--dry-run", "--secret", f"HF_TOKEN={TOKEN}")
+    code, _, stderr = cli("serve", "up", write(tmp_path, GPU_TASK), "--dry-run", "--infra", "local",
+                          "--secret", f"HF_TOKEN={TOKEN}")
     assert code == 2
     assert "resources.accelerators: L4:1: the local cloud runs replicas as processes" in stderr
     assert "candidates considered: L4:1, cpus 4+, A10G:1, cpus 4+" in stderr
@@ -279,7 +280,9 @@ def test_default_infra_decides_where_a_task_naming_no_cloud_runs(cli: Cli, home:
     assert json.loads(stdout)["cloud"] == "gcp"  # --infra wins over the setting
 
 
-def test_envs_are_filled_into_file_mounts_as_skypilot_does(cli: Cli, home: Path, tmp_path: Path) -> None:
+def test_envs_are_filled_into_file_mounts_as_skypilot_does(cli: Cli, home: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "set1").mkdir()
     (tmp_path / "set1" / "rows.csv").write_text("a,b\n")
     text = ("envs:\n  DATASET: null\nfile_mounts:\n  /data/${DATASET}: ./$DATASET\n  /keep/$UNKNOWN: ./set1\n"
@@ -300,11 +303,17 @@ def test_envs_are_filled_into_file_mounts_as_skypilot_does(cli: Cli, home: Path,
                  id="two-become-one"),
 ])
 def test_filled_file_mounts_are_checked_again(mounts: dict[str, str], field: str, message: str) -> None:
-    from skyserve_lite.errors import SpecError
-    from skyserve_lite.spec.inputs import fill_file_mounts
+    import dataclasses
 
+    from skyserve_lite.errors import SpecError
+    from skyserve_lite.spec.inputs import fill_references
+    from skyserve_lite.spec.parse import parse_task
+
+    spec = parse_task(PLAIN)
+    spec = dataclasses.replace(spec, file_mounts=tuple(sorted(mounts.items())),
+                               envs=(("E", ""), ("X", ".."), ("Y", "b")))
     with pytest.raises(SpecError) as caught:
-        fill_file_mounts(tuple(sorted(mounts.items())), {"X": "..", "Y": "b", "E": ""}, "t.yaml")
+        fill_references(spec, "t.yaml")
     assert caught.value.path == field and message in caught.value.problem
 
 
@@ -346,7 +355,7 @@ def test_a_rollback_runs_where_and_on_what_that_version_ran(cli: Cli, home: Path
 
 
 def test_a_refused_submission_keeps_no_secret_value(cli: Cli, home: Path, tmp_path: Path) -> None:
-    gpu = TASK.replace("service:", "resources:\n  accelerators: A100:1\nservice:")  # local has no GPUs
+    gpu = TASK.replace("service:", "resources:\n  infra: local\n  accelerators: A100:1\nservice:")  # no GPUs
     code, _, stderr = up(cli, write(tmp_path, gpu), "--env", "MODEL=m", "--secret", f"HF_TOKEN={TOKEN}")
     assert code == 2 and "resources.accelerators" in stderr
     assert not (home / "secrets").exists() or [p.name for p in (home / "secrets").iterdir()] in ([], [".key"])

@@ -48,9 +48,11 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> Pairs:
 
 
 @pytest.fixture
-def project(tmp_path: Path, pairs: Pairs) -> Path:
+def project(tmp_path: Path, pairs: Pairs, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project folder holding the pairs, and the working directory (where relative paths resolve)."""
     root = tmp_path / "project"
     (root / "tls").mkdir(parents=True)
+    monkeypatch.chdir(root)
     for name in ("server.crt", "server.key", "other.key", "encrypted.key", "junk.pem"):
         shutil.copy(pairs.folder / name, root / "tls" / name)
     (root / "tls" / "server.key").chmod(0o640)

@@ -183,9 +183,11 @@ def test_a_bad_request_names_what_is_wrong(home: Path) -> None:
 WORKDIR_TASK = TASK.format(replicas=1) + "workdir: ./app\n"
 
 
-def test_a_submission_uploads_only_the_blobs_the_host_lacks(home: Path, tmp_path: Path) -> None:
+def test_a_submission_uploads_only_the_blobs_the_host_lacks(home: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     source = tmp_path / "project"
     (source / "app").mkdir(parents=True)
+    monkeypatch.chdir(source)  # relative paths resolve against the working directory
     for index in range(5):
         (source / "app" / f"file{index}.txt").write_text(f"content {index}\n")
     transport = Recording(home)
@@ -206,9 +208,11 @@ def test_a_submission_uploads_only_the_blobs_the_host_lacks(home: Path, tmp_path
     assert {e.path for e in files.workdir.entries if e.digest} == {f"file{i}.txt" for i in range(5)}
 
 
-def test_blobs_collected_after_the_upload_are_uploaded_again(home: Path, tmp_path: Path) -> None:
+def test_blobs_collected_after_the_upload_are_uploaded_again(home: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     source = tmp_path / "project"
     (source / "app").mkdir(parents=True)
+    monkeypatch.chdir(source)  # relative paths resolve against the working directory
     (source / "app" / "main.py").write_text("print('hi')\n")
     transport = Recording(home)
     remote = RemoteController(transport)

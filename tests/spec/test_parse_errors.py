@@ -25,11 +25,16 @@ def service(**fields: object) -> str:
 
 
 def probe(value: object) -> str:
-    return service(readiness_probe=value)
+    """A task whose probe is ``value``; a mapping gets the path SkyServe requires unless it says otherwise."""
+    if isinstance(value, dict):
+        value = {"path": "/", **value}
+    return service(readiness_probe={k: v for k, v in value.items() if v is not _ABSENT}
+                   if isinstance(value, dict) else value)
 
 
 def policy(**fields: object) -> str:
-    return service(replica_policy=fields)
+    """A task with this replica policy; ``min_replicas`` (which SkyServe requires) is 1 unless given."""
+    return service(replica_policy={k: v for k, v in {"min_replicas": 1, **fields}.items() if v is not _ABSENT})
 
 
 def resources(**fields: object) -> str:
@@ -166,7 +171,7 @@ CASES = [
                  "must be greater than 0, got 0", id="timeout-zero"),
     pytest.param(probe({"timeout_seconds": -5}), "service.readiness_probe.timeout_seconds",
                  "must be greater than 0, got -5", id="timeout-negative"),
-    pytest.param("run: x\nservice:\n  readiness_probe: {timeout_seconds: .nan}\n",
+    pytest.param("run: x\nservice:\n  readiness_probe: {path: /, timeout_seconds: .nan}\n",
                  "service.readiness_probe.timeout_seconds", "must be a finite number, got nan",
                  id="timeout-nan"),
     pytest.param(policy(min_replicas=1, max_replicas=3, target_qps_per_replica=0),
@@ -175,7 +180,8 @@ CASES = [
     pytest.param(policy(min_replicas=1, max_replicas=3, target_qps_per_replica=-2.5),
                  "service.replica_policy.target_qps_per_replica", "must be greater than 0, got -2.5",
                  id="target-qps-negative"),
-    pytest.param("run: x\nservice:\n  replica_policy: {max_replicas: 3, target_qps_per_replica: .inf}\n",
+    pytest.param("run: x\nservice:\n  replica_policy:\n"
+                 "    {min_replicas: 1, max_replicas: 3, target_qps_per_replica: .inf}\n",
                  "service.replica_policy.target_qps_per_replica", "must be a finite number, got inf",
                  id="target-qps-infinite"),
     pytest.param(policy(upscale_delay_seconds=-1), "service.replica_policy.upscale_delay_seconds",
@@ -219,7 +225,7 @@ CASES = [
                  "must be valid JSON", id="post-data-form-encoded"),
     pytest.param(probe({"path": "/", "post_data": "NaN"}), "service.readiness_probe.post_data",
                  "cannot be sent as JSON", id="post-data-nan"),
-    pytest.param("run: x\nservice:\n  readiness_probe:\n    post_data: {since: 2024-01-01}\n",
+    pytest.param("run: x\nservice:\n  readiness_probe:\n    path: /\n    post_data: {since: 2024-01-01}\n",
                  "service.readiness_probe.post_data", "cannot be sent as JSON", id="post-data-yaml-date"),
     # --- ports ------------------------------------------------------------------------------------
     pytest.param(resources(ports=0), "resources.ports", "port must be between 1 and 65535, got 0",

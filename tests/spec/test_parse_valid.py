@@ -63,15 +63,15 @@ def test_minimal_task_gets_skyserve_defaults(field: str, expected: object) -> No
                  id="probe-string-keeps-default-delay"),
     pytest.param(task(service={"readiness_probe": {"path": "/v1/models"}}), "service.readiness_probe.path",
                  "/v1/models", id="probe-mapping-path"),
-    pytest.param(task(service={"readiness_probe": {"initial_delay_seconds": 30}}),
+    pytest.param(task(service={"readiness_probe": {"path": "/", "initial_delay_seconds": 30}}),
                  "service.readiness_probe.initial_delay_seconds", 30, id="probe-initial-delay"),
-    pytest.param(task(service={"readiness_probe": {"initial_delay_seconds": 0}}),
+    pytest.param(task(service={"readiness_probe": {"path": "/", "initial_delay_seconds": 0}}),
                  "service.readiness_probe.initial_delay_seconds", 0, id="probe-initial-delay-zero"),
-    pytest.param(task(service={"readiness_probe": {"timeout_seconds": 2.5}}),
+    pytest.param(task(service={"readiness_probe": {"path": "/", "timeout_seconds": 2.5}}),
                  "service.readiness_probe.timeout_seconds", 2.5, id="probe-timeout-float"),
-    pytest.param(task(service={"readiness_probe": {"headers": {"X-Key": 1, "Accept": "text/plain"}}}),
+    pytest.param(task(service={"readiness_probe": {"path": "/", "headers": {"X-Key": "1", "Accept": "text/plain"}}}),
                  "service.readiness_probe.headers", (("Accept", "text/plain"), ("X-Key", "1")),
-                 id="probe-headers-sorted-as-strings"),
+                 id="probe-headers-sorted"),
     # replica counts
     pytest.param(task(service={"replicas": 3}), "service.replica_policy",
                  ReplicaPolicy(min_replicas=3, max_replicas=3), id="replicas-n-is-fixed-n"),
@@ -101,7 +101,6 @@ def test_minimal_task_gets_skyserve_defaults(field: str, expected: object) -> No
                  id="ondemand-fallback-with-spot"),
     # service section
     pytest.param(task(service={"ports": 8080}), "service.port", 8080, id="service-port"),
-    pytest.param(task(service={"ports": "8080"}), "service.port", 8080, id="service-port-string"),
     pytest.param(task(service={"load_balancing_policy": "round_robin"}), "service.load_balancing_policy",
                  LoadBalancingPolicy.ROUND_ROBIN, id="lb-round-robin"),
     pytest.param(task(service={"load_balancing_policy": "LEAST_LOAD"}), "service.load_balancing_policy",
@@ -154,8 +153,8 @@ def test_accepted_task_parses_to(text: str, field: str, expected: object) -> Non
 ])
 def test_post_data_mapping_and_json_string_give_one_canonical_value(
         as_mapping: dict[str, object], as_json_text: str, canonical: str) -> None:
-    from_mapping = parse_task(task(service={"readiness_probe": {"post_data": as_mapping}}))
-    from_text = parse_task(task(service={"readiness_probe": {"post_data": as_json_text}}))
+    from_mapping = parse_task(task(service={"readiness_probe": {"path": "/", "post_data": as_mapping}}))
+    from_text = parse_task(task(service={"readiness_probe": {"path": "/", "post_data": as_json_text}}))
     assert from_mapping.service.readiness_probe.post_data == canonical
     assert from_text.service.readiness_probe.post_data == canonical
 

@@ -90,8 +90,6 @@ def test_service_only_changes_keep_replicas(edits: dict[str, object]) -> None:
                  FieldChange("resources.instance_type", "m5.large", "m5.xlarge"), id="instance-type"),
     pytest.param({"resources.region": "us-west-2"}, FieldChange("resources.region", "us-east-1", "us-west-2"),
                  id="region"),
-    pytest.param({"resources.region": REMOVE}, FieldChange("resources.region", "us-east-1", None),
-                 id="region-removed"),
     pytest.param({"resources.zone": "us-east-1b"}, FieldChange("resources.zone", "us-east-1a", "us-east-1b"),
                  id="zone"),
     pytest.param({"resources.cloud": "gcp"}, FieldChange("resources.cloud", "aws", "gcp"), id="cloud"),

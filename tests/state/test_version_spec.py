@@ -30,14 +30,15 @@ service:
     timeout_seconds: 2.5
     headers: {Authorization: Bearer x}
   ports: 8443
-  load_balancing_policy: round_robin
+  load_balancing_policy: instance_aware_least_load
   replica_policy:
     min_replicas: 2
     max_replicas: 7
     target_qps_per_replica: {L4: 2.5, A10G: 4}
     upscale_delay_seconds: 30
-    downscale_delay_seconds: 45
+    downscale_delay_seconds: 45.5
     num_overprovision: 1
+    spot_placer: dynamic_fallback
     base_ondemand_fallback_replicas: 1
     dynamic_ondemand_fallback: true
   tls:
