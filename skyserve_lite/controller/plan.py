@@ -232,7 +232,7 @@ def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], kno
         if active != service.active_versions:
             active_changes = ((service.name, active),)
 
-    launches = [] if census is None else plan_launches(snapshot, census, settings, target)
+    launches = [] if census is None else plan_launches(snapshot, census, settings, target, now)
     events: list[Event] = []
     updates: list[ReplicaRecord] = []
     terminations: list[tuple[str, str]] = []

@@ -5,6 +5,8 @@ Pure functions over ``ReplicaStep`` lists; ``controller.plan`` composes them int
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +19,12 @@ from skyserve_lite.controller.replica_rules import ReplicaStep, is_maybe_unliste
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.plan.rollout import plan_rollout_step
 from skyserve_lite.plan.scaling import find_recent_failures, find_scale_down_order, is_launch_blocked
+from skyserve_lite.plan.spot_placer import (
+    find_preemptive_zones,
+    find_spot_zones,
+    plan_spot_zone_orders,
+    with_spot_zone_order,
+)
 from skyserve_lite.spec.config import is_same_replica_config
 from skyserve_lite.state.models import (
     AutoscalerObservation,
@@ -220,8 +228,10 @@ def plan_prune_terminal(steps: list[ReplicaStep], census: StepCensus, keep: int)
 
 
 def plan_launches(snapshot: ServiceSnapshot, census: StepCensus, settings: ControllerSettings,
-                  target: int) -> list[LaunchBatch]:
-    """One batch per market that is short of its target; unconfirmed launches are re-sent with it."""
+                  target: int, now: float) -> list[LaunchBatch]:
+    """One batch per market that is short of its target; unconfirmed launches are re-sent with it. With
+    ``spot_placer: dynamic_fallback`` the spot market's new replicas are split by the zone each tries first
+    (``plan.spot_placer``), a batch per zone order."""
     service = snapshot.service
     if census.is_launch_blocked(settings.failure_limit):
         return []
@@ -233,10 +243,28 @@ def plan_launches(snapshot: ServiceSnapshot, census: StepCensus, settings: Contr
         missing = max(0, markets.for_market(is_spot) - sum(1 for r in live if r.is_spot == is_spot))
         if missing or retry:
             versions = {service.current_version, *(r.version for r in retry)}
-            batches.append(LaunchBatch(service=service.name, version=service.current_version,
-                                       cloud=snapshot.spec.cloud.value, is_spot=is_spot, count=missing,
-                                       retry=retry, specs={v: snapshot.versions[v] for v in versions}))
+            batch = LaunchBatch(service=service.name, version=service.current_version,
+                                cloud=snapshot.spec.cloud.value, is_spot=is_spot, count=missing, retry=retry,
+                                specs={v: snapshot.versions[v] for v in versions})
+            placer = snapshot.spec.service.replica_policy.spot_placer
+            batches.extend(_place_spot(snapshot, batch, now) if is_spot and placer and missing else [batch])
     return batches
+
+
+def _place_spot(snapshot: ServiceSnapshot, batch: LaunchBatch, now: float) -> list[LaunchBatch]:
+    """``batch`` (spot) split by the zone order the spot placer gives each new replica; the retried rows
+    go with the first part, in their version's own order."""
+    spec = snapshot.spec
+    zones = find_spot_zones(spec)
+    if len(zones) < 2:
+        return [batch]
+    live = Counter(r.zone for r in snapshot.replicas if r.is_spot and r.status.is_live and r.zone in zones)
+    orders = plan_spot_zone_orders(zones, live, find_preemptive_zones(snapshot.replicas, now), batch.count)
+    parts: list[LaunchBatch] = []
+    for order, count in Counter(orders).items():  # in the order first given
+        specs = {**batch.specs, batch.version: with_spot_zone_order(spec, order)}
+        parts.append(dataclasses.replace(batch, count=count, retry=batch.retry if not parts else (), specs=specs))
+    return parts
 
 
 def plan_service_status(snapshot: ServiceSnapshot, census: StepCensus, settings: ControllerSettings,
