@@ -99,13 +99,17 @@ def _with_inputs(task: SubmittedTask, infra: str | None, envs: tuple[str, ...], 
     """``task`` with the command line's inputs, checked (every value the file leaves open is given)."""
     import os
 
+    from skyserve_lite.errors import SpecError
     from skyserve_lite.spec.inputs import read_assignments, read_env_file, with_inputs
     from skyserve_lite.spec.model import Secret
     from skyserve_lite.spec.parse import parse_infra
     from skyserve_lite.userconfig import load_config
 
     if infra is not None:
-        infra = parse_infra(infra, "--infra", "the command line").describe()
+        try:
+            infra = parse_infra(infra, "--infra", "the command line").describe()
+        except SpecError as exc:  # an option, not a file's field: named once, as every usage error is
+            raise UsageError(f"--infra: {exc.problem}") from None
     values: dict[str, str] = {}
     for env_file in env_files:
         values.update(read_env_file(env_file))
