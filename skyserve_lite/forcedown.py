@@ -9,8 +9,8 @@ what                            found by
 the controller loop             ``controller.pid`` (pid and start time: a reused pid is not taken for it)
 load balancers                  their argv: ``python -m skyserve_lite.lb --home HOME --service NAME``
 local and emulated replicas,    the ``SKY_LITE_REPLICA_DIR`` tag below HOME in ``/proc/PID/environ``,
-with their descendants          and ``pid`` files whose process runs that directory's wrapper (replicas
-                                started before processes were tagged)
+with their descendants          and ``pid`` files whose process still is that replica's (its start time;
+                                replicas started before processes were tagged)
 cloud instances                 the controller tag (``sky-lite:controller``): the id from
                                 ``HOME/controller-id``, else from ``state.db`` if it can still be read
 ==============================  =====================================================================
@@ -37,7 +37,12 @@ from skyserve_lite.controller.guard import guard_provider
 from skyserve_lite.controller.pidfile import find_controller
 from skyserve_lite.errors import ProviderError, ProviderNotConfiguredError
 from skyserve_lite.providers.base import Instance, InstanceState, Provider
-from skyserve_lite.providers.local import find_replica_processes, stop_replica_processes
+from skyserve_lite.providers.local import (
+    PID_FILE,
+    find_recorded_process,
+    find_replica_processes,
+    stop_replica_processes,
+)
 
 # Where the store also keeps its controller id, so that it survives a damaged database (see the report).
 CONTROLLER_ID_FILE = "controller-id"
@@ -162,17 +167,14 @@ def find_load_balancers(home: Path) -> list[tuple[procs.ProcessInfo, str]]:
 
 
 def find_recorded_replica_pids(home: Path) -> list[int]:
-    """Pids in the ``pid`` files of ``home``'s replica directories whose process still runs that
-    directory's wrapper (its argv names it): a replica started before processes were tagged."""
+    """Pids in the ``pid`` files of ``home``'s replica directories whose process still is that replica's
+    (``find_recorded_process``: its start time, or for an older file its argv): a replica started before
+    processes were tagged."""
     pids = []
-    for pid_file in [*home.glob("replicas/*/*/pid"), *home.glob("emulated/*/replicas/*/*/pid")]:
-        try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        argv = procs.read_cmdline(pid)
-        if argv is not None and str(pid_file.parent / "wrapper.sh") in argv:
-            pids.append(pid)
+    for pid_file in [*home.glob(f"replicas/*/*/{PID_FILE}"), *home.glob(f"emulated/*/replicas/*/*/{PID_FILE}")]:
+        found = find_recorded_process(pid_file.parent)
+        if found is not None:
+            pids.append(found.pid)
     return pids
 
 

@@ -59,6 +59,53 @@ def is_alive(pid: int, start_time: int | None = None) -> bool:
     return start_time is None or current == start_time
 
 
+@dataclass(frozen=True)
+class RecordedProcess:
+    """A process as a pid file records it (``controller.pid``, a replica's ``pid``): its pid and the kernel's
+    start time of it, ``PID START`` on one line, so that a pid that another process took after this one
+    ended is not taken for it. ``start_time`` is None in a file written without one (by an older sky-lite,
+    or where there is no ``/proc``): then only the pid can be checked."""
+
+    pid: int
+    start_time: int | None
+
+    @classmethod
+    def of(cls, pid: int) -> RecordedProcess:
+        """``pid`` as it runs now, to be recorded (by the process itself, as its first act)."""
+        return cls(pid, process_start_time(pid))
+
+    def to_text(self) -> str:
+        return f"{self.pid} {'' if self.start_time is None else self.start_time}".strip() + "\n"
+
+    @classmethod
+    def parse(cls, text: str) -> RecordedProcess | None:
+        fields = text.split()
+        try:
+            return cls(int(fields[0]), int(fields[1]) if len(fields) > 1 else None)
+        except (IndexError, ValueError):
+            return None
+
+    def is_alive(self) -> bool:
+        """Whether the recorded process still runs: that pid, started at that time (when recorded)."""
+        return is_alive(self.pid, self.start_time)
+
+
+def read_pid_file(path: Path) -> RecordedProcess | None:
+    """What ``path`` records, alive or not; None when there is no such file or it holds no pid (a reader
+    never sees a half-written one: ``write_pid_file`` renames it into place)."""
+    try:
+        return RecordedProcess.parse(path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def write_pid_file(path: Path, process: RecordedProcess) -> None:
+    """Write ``process`` to ``path`` atomically (through ``NAME.tmp`` beside it)."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(process.to_text())
+    os.replace(temporary, path)
+
+
 def spawn_detached(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path
                    ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session (its own process group), output appended to ``log_path``.

@@ -7,7 +7,8 @@ daemon that double-forks. The supervisor closes that gap on Linux:
 
 1. it registers as a **child subreaper** (``prctl(PR_SET_CHILD_SUBREAPER)``), so every descendant that
    loses its parent is re-parented to it instead of to init, and stays in its tree;
-2. it writes its own pid to ``--pid-file`` (the local provider's ``pid``) before anything else runs;
+2. it writes its own pid and start time to ``--pid-file`` (the local provider's ``pid``; ``procs.RecordedProcess``)
+   before anything else runs;
 3. it runs the command (the replica's wrapper) with the signal mask and dispositions a fresh process has,
    its stdout and stderr one pipe, and waits;
 4. when it is asked to stop (SIGTERM, SIGINT, SIGHUP) or the command exits, it sends SIGTERM once to
@@ -134,9 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # instead would end the process at once (SIGTERM's default action) and skip stopping the descendants.
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     _become_subreaper()
-    temporary = args.pid_file.with_name(args.pid_file.name + ".tmp")
-    temporary.write_text(f"{os.getpid()}\n")
-    os.replace(temporary, args.pid_file)
+    # With its start time: whoever reads the file later tells this process from one that reused its pid.
+    procs.write_pid_file(args.pid_file, procs.RecordedProcess.of(os.getpid()))
     reading, writing = os.pipe()  # both close-on-exec: the command gets the writing end as its fds 1 and 2
     _enlarge_pipe(writing)
     copier = threading.Thread(target=copy_stamped, args=(reading, sys.stdout.fileno()), name="log-copy",

@@ -425,9 +425,18 @@ def serve_simulate(task_file: Path, trace_file: Path, period: float | None, outp
               "--endpoint).")
 @click.option("--events", "events", type=click.IntRange(min=0), default=DEFAULT_EVENTS, show_default=True,
               help="How many of the newest events to show per service named (and in the JSON).")
-def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, events: int) -> None:
+@click.option("--replica-id", "replica_id", type=click.IntRange(min=1), default=None, metavar="ID",
+              shell_complete=complete_replica_ids, help="With --pid: which replica of the one service named.")
+@click.option("--pid", "pid_only", is_flag=True,
+              help="Print only the pid of local replica --replica-id while it runs on this machine: the leader "
+              "of its process group (kill -- -PID). Exit 1 when it has no running process here.")
+def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, events: int, replica_id: int | None,
+                 pid_only: bool) -> None:
     """Show services and their replicas (all services when no NAME is given)."""
     with _errors(), _one_shot_collection():
+        if pid_only or replica_id is not None:
+            click.echo(_replica_pid(names, replica_id, pid_only, endpoint_only))
+            return
         if endpoint_only:
             if len(names) != 1:
                 raise UsageError("--endpoint prints one service's URL: name exactly one service")
@@ -460,6 +469,29 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
             click.echo(f"Warning: the controller (pid {state.pid}) has not completed a pass for {unverified:.0f}s, "
                        "so nothing above has been checked since (is the disk full?); see "
                        f"`sky-lite serve logs {name} --controller`.", err=True)
+
+
+def _replica_pid(names: tuple[str, ...], replica_id: int | None, pid_only: bool, endpoint_only: bool) -> int:
+    """`serve status NAME --replica-id N --pid`: the pid of that local replica's running process group
+    leader, checked to be that process still (a pid file of a replica that ended names no one)."""
+    from skyserve_lite.errors import NotFoundError
+    from skyserve_lite.providers.local import find_live_replica
+    from skyserve_lite.spec.parse import is_valid_service_name
+
+    if endpoint_only:
+        raise UsageError("pass at most one of --endpoint and --pid")
+    if replica_id is None or not pid_only:
+        raise UsageError("--pid and --replica-id go together: serve status NAME --replica-id N --pid")
+    if len(names) != 1:
+        raise UsageError("--pid prints one replica's pid: name exactly one service")
+    [name] = names
+    home = home_dir()
+    # The name is a path component below the state directory: one that is no service name has no replica.
+    found = find_live_replica(home, name, replica_id) if is_valid_service_name(name) else None
+    if found is None:
+        raise NotFoundError(f"replica {replica_id} of {name} has no running process on this machine (--pid "
+                            f"reads the local replicas of {home})")
+    return found.pid
 
 
 @serve.command("down")

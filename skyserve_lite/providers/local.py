@@ -4,7 +4,9 @@ Each replica gets a directory ``$SKY_LITE_HOME/replicas/SERVICE/REPLICA-NONCE/``
 
     instance.json   who it is (service, replica id, version, launch token, port); written before the spawn
     pid             written by the replica's supervisor (or, where there is none, its wrapper) as its first
-                    act, so a crash of the controller between spawn and bookkeeping cannot hide the process
+                    act, so a crash of the controller between spawn and bookkeeping cannot hide the process:
+                    its pid, the leader of the replica's process group, and its start time
+                    (``procs.RecordedProcess``); removed when the replica is terminated and that process is gone
     exit_code       written by the wrapper when `setup` fails or `run` exits
     phase           written by the wrapper as it starts `setup` and then `run` ("setup", "run"): what
                     `serve status` shows of a STARTING replica
@@ -40,7 +42,10 @@ Termination (``stop_replica_processes``) sends SIGTERM to the top of each replic
 which passes it once to every descendant and SIGKILLs them after the grace; whatever still carries the
 replica's tag after that (a supervisor killed by hand) is SIGKILLed by its tag. Then ``instance.json`` is
 renamed to ``instance.terminated.json``: the inventory stops reporting it, the log stays for ``serve logs``
-until the service is released.
+until the service is released. The ``pid`` file goes too once its process is gone: by then the pid may be
+another process's, and a reader (a person's ``kill`` included) would take it for the replica. Every reader
+of a ``pid`` file goes through ``find_recorded_process``, which checks that the process still is the one
+that wrote it (its start time) before anything acts on the pid.
 
 Errors: no ``OSError`` leaves the provider. A launch request that cannot be prepared (a file mount
 landing on a file) becomes a permanent ``LaunchOutcome`` (a transient one when the machine ran short: a full
@@ -81,10 +86,11 @@ INSTANCE_FILE = "instance.json"
 TERMINATED_FILE = "instance.terminated.json"
 LOG_FILE = "replica.log"
 PHASE_FILE = "phase"  # "setup" or "run": which command the wrapper runs now
+PID_FILE = "pid"  # the replica's process group leader and its start time (see the module docstring)
 # What the provider keeps in a replica directory. Without a `workdir` that directory is also the working
 # directory, so a file mount landing on one of these would overwrite (or, as a directory, break) it.
-_OWN_FILES = frozenset({INSTANCE_FILE, TERMINATED_FILE, LOG_FILE, "instance.tmp", "pid", "pid.tmp", "exit_code",
-                        "exit_code.tmp", "setup.sh", "run.sh", "wrapper.sh", PHASE_FILE,
+_OWN_FILES = frozenset({INSTANCE_FILE, TERMINATED_FILE, LOG_FILE, "instance.tmp", PID_FILE, f"{PID_FILE}.tmp",
+                        "exit_code", "exit_code.tmp", "setup.sh", "run.sh", "wrapper.sh", PHASE_FILE,
                         f"{PHASE_FILE}.tmp"})
 # A replica whose wrapper has not written its pid this long after launch never started.
 _SPAWN_GRACE_SECONDS = 30.0
@@ -233,11 +239,12 @@ class LocalProvider:
             if record is not None and record.instance_id in wanted:
                 directories.append(meta_path.parent)
         targets = set(directories)
-        pids = [pid for pid in (_read_pid(d) for d in directories) if pid is not None]
-        stop_replica_processes(targets.__contains__, pids, self._grace_seconds)
+        recorded = [process for process in map(find_recorded_process, directories) if process is not None]
+        stop_replica_processes(targets.__contains__, [process.pid for process in recorded], self._grace_seconds)
         for directory in directories:
             with contextlib.suppress(FileNotFoundError):  # terminated meanwhile by another call
                 os.replace(directory / INSTANCE_FILE, directory / TERMINATED_FILE)
+            _retire_pid_file(directory)
         self._reap()
 
     @_os_errors_are_transient
@@ -313,17 +320,18 @@ class LocalProvider:
         writing its own pid first."""
         wrapper = [bash, str(directory / "wrapper.sh")]
         if supervisor.is_supported():
-            return supervisor.supervisor_argv(directory / "pid", self._grace_seconds, wrapper)
-        return [bash, "-c", 'echo $$ > pid.tmp && mv pid.tmp pid && exec "$0" "$1"', *wrapper]
+            return supervisor.supervisor_argv(directory / PID_FILE, self._grace_seconds, wrapper)
+        # Without a start time: there is no /proc to read it from here (``find_recorded_process``).
+        return [bash, "-c", f'echo $$ > {PID_FILE}.tmp && mv {PID_FILE}.tmp {PID_FILE} && exec "$0" "$1"', *wrapper]
 
     def _observe(self, directory: Path, record: _Record) -> Instance:
-        pid = _read_pid(directory)
+        recorded = procs.read_pid_file(directory / PID_FILE)
         exit_reason = _read_exit_reason(directory)
-        if pid is not None and procs.is_alive(pid):
+        if recorded is not None and is_recorded_replica(directory, recorded):
             state, detail = InstanceState.RUNNING, None
         elif exit_reason is not None:
             state, detail = InstanceState.EXITED, exit_reason
-        elif pid is not None:
+        elif recorded is not None:
             state, detail = InstanceState.EXITED, "killed by a signal"
         elif self._clock.now() - record.launched_at < _SPAWN_GRACE_SECONDS:
             state, detail = InstanceState.PENDING, None
@@ -363,6 +371,41 @@ def compute_replica_env(environ: Mapping[str, str], passthrough: Collection[str]
     env.update(envs)
     env.update(own)
     return env
+
+
+def find_recorded_process(directory: Path) -> procs.RecordedProcess | None:
+    """The process the ``pid`` file of replica ``directory`` records, if it still runs; None when there is
+    no such file or its process is gone (``is_recorded_replica``). What every reader of a replica's pid file
+    asks before it acts on the pid: the provider's inventory and termination, `serve down --force`,
+    `serve status --pid`."""
+    recorded = procs.read_pid_file(directory / PID_FILE)
+    return recorded if recorded is not None and is_recorded_replica(directory, recorded) else None
+
+
+def is_recorded_replica(directory: Path, recorded: procs.RecordedProcess) -> bool:
+    """Whether ``recorded`` (read from the ``pid`` file of replica ``directory``) still is that replica's
+    process: the same pid started at the same time. A file without a start time (one an older sky-lite
+    wrote) is believed only while the process's argv names the directory's wrapper, as a replica's does."""
+    if not recorded.is_alive():
+        return False
+    if recorded.start_time is not None:
+        return True
+    argv = procs.read_cmdline(recorded.pid)
+    return argv is not None and str(directory / "wrapper.sh") in argv
+
+
+def find_live_replica(home: Path, service: str, replica_id: int) -> procs.RecordedProcess | None:
+    """The running process of local replica ``replica_id`` of ``service`` in the state directory ``home``:
+    the leader of the replica's process group (its supervisor), so ``kill -- -PID`` signals the whole
+    replica. Only a replica the inventory still reports (not terminated) whose recorded process still runs
+    (``find_recorded_process``); None otherwise. ``service`` must be a valid service name (it is a path
+    component here)."""
+    directory = Path(os.path.realpath(home)) / "replicas" / service
+    for meta_path in sorted(directory.glob(f"{replica_id}-*/{INSTANCE_FILE}")):
+        found = find_recorded_process(meta_path.parent)
+        if found is not None:
+            return found
+    return None
 
 
 def find_replica_processes(is_target: Callable[[Path], bool]) -> list[tuple[procs.ProcessInfo, Path]]:
@@ -506,11 +549,12 @@ def _read_record(path: Path) -> _Record | None:
         return None  # renamed away meanwhile, or half-written by a crash before the rename
 
 
-def _read_pid(directory: Path) -> int | None:
-    try:
-        return int((directory / "pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
+def _retire_pid_file(directory: Path) -> None:
+    """Remove the ``pid`` file of a terminated replica once the process it records is gone: the pid may be
+    another process's by then. Kept while that process still runs (a survivor of SIGKILL: another user's, or
+    one stuck in the kernel), which it still names correctly."""
+    if find_recorded_process(directory) is None:
+        (directory / PID_FILE).unlink(missing_ok=True)
 
 
 def _write_json(path: Path, value: object) -> None:

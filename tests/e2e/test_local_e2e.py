@@ -88,8 +88,8 @@ def test_killed_replica_is_replaced_and_traffic_keeps_flowing(sky: SkyLite, tmp_
     endpoint = sky.run("serve", "up", str(task)).stdout.rsplit(" ", 1)[1].strip()
 
     victim = next(r for r in sky.status("web")["services"][0]["replicas"] if r["replica_id"] == 1)
-    directory = next((sky.home / "replicas" / "web").glob("1-*"))
-    os.killpg(int((directory / "pid").read_text()), signal.SIGKILL)
+    # The README's recipe: the running replica's process group, from `serve status --pid`.
+    os.killpg(int(sky.run("serve", "status", "web", "--replica-id", "1", "--pid").stdout), signal.SIGKILL)
     # Every request still succeeds: the load balancer retries a dead replica's request on the other one.
     for _ in range(10):
         assert http_get(endpoint + "/health")[0] == 200

@@ -73,7 +73,7 @@ def test_replicas_run_the_submitted_files_and_rollback_runs_the_old_ones(sky: Sk
     (project / "app" / "message.txt").write_text("never submitted")
     victim = ready_replicas(sky, 2)[0]
     (directory,) = (sky.home / "replicas" / "web").glob(f"{victim['replica_id']}-*")
-    os.killpg(int((directory / "pid").read_text()), signal.SIGKILL)
+    os.killpg(int((directory / "pid").read_text().split()[0]), signal.SIGKILL)
     wait_until(lambda: len(ready_replicas(sky, 2)) == 2
                and victim["replica_id"] not in {r["replica_id"] for r in ready_replicas(sky, 2)},
                timeout=60, message="a replacement replica READY")

@@ -121,7 +121,7 @@ def test_terminate_kills_the_whole_process_group_and_keeps_the_log(provider: Loc
     assert outcome.instance is not None
     instance = wait_for(provider, 1, InstanceState.RUNNING)
     directory = next((provider._root / "svc").glob("1-*"))
-    pgid = int((directory / "pid").read_text())
+    pgid = int((directory / "pid").read_text().split()[0])
     provider.terminate([instance.instance_id])
     assert provider.list_instances() == []
     assert not procs._group_alive(pgid)
@@ -268,7 +268,7 @@ def test_abandon_stops_the_processes_it_started_after_the_state_directory_is_gon
     (outcome,) = provider.launch([request("sleep 300")])
     assert outcome.instance is not None
     directory = wait_for_directory(provider)
-    pgid = int((directory / "pid").read_text())
+    pgid = int((directory / "pid").read_text().split()[0])
     shutil.rmtree(tmp_path / "home")  # the state directory, bookkeeping files included
     assert provider.list_instances() == []  # nothing else can find the process now
 
@@ -536,7 +536,7 @@ def test_terminate_stops_descendants_that_left_the_process_group(provider: Local
     assert outcome.instance is not None
     # supervisor, wrapper, run's sleep 300, and the three that left: six processes carry the replica's tag.
     started = wait_for_processes(provider._root, 6)
-    pgid = int(wait_for_directory(provider).joinpath("pid").read_text())
+    pgid = int(wait_for_directory(provider).joinpath("pid").read_text().split()[0])
     assert {p.pgid for p in started} - {pgid}, "nothing left the process group: the test tests nothing"
 
     provider.terminate([outcome.instance.instance_id])
@@ -550,7 +550,7 @@ def test_terminate_stops_escaped_descendants_by_their_tag_when_the_supervisor_wa
     (outcome,) = provider.launch([request(ESCAPING)])
     assert outcome.instance is not None
     started = wait_for_processes(provider._root, 6)
-    supervisor = int(wait_for_directory(provider).joinpath("pid").read_text())
+    supervisor = int(wait_for_directory(provider).joinpath("pid").read_text().split()[0])
     os.kill(supervisor, 9)  # its orphans go to init: only their tag still says whose they are
 
     provider.terminate([outcome.instance.instance_id])
