@@ -4,8 +4,8 @@ directory, each a fresh process as a user runs it; the median of N runs (after o
     python benchmarks/cli_startup_bench.py [--runs 21] [--sky-lite PATH]
 
 ``--sky-lite``: the command to run (default: the `sky-lite` next to this Python, else `python -m
-skyserve_lite`). `serve status` on a home with no services reads the store and prints one line; nothing is
-started.
+skyserve_lite`). `serve status` on a home with no store finds none and prints one line without loading the
+store; nothing is started or written.
 """
 
 from __future__ import annotations

@@ -485,7 +485,8 @@ class LocalController:
         try:
             service = store.get_service(name)
             previous = store.get_version(name, service.current_version)
-            task, _ = bind_submission(task, previous, _secret_store(self.home), keep_secrets=False)
+            notes: list[str] = []
+            task, _ = bind_submission(task, previous, _secret_store(self.home), keep_secrets=False, notes=notes)
             check_submission(task)
             task = _with_files(task, settings, blobs=None)  # hashed only: a plan stores nothing
             now = self._clock.now()
@@ -493,8 +494,9 @@ class LocalController:
                                      procs.is_alive, VersionCache())
         finally:
             store.close()
-        return forecast_update(snapshot, service.current_version + 1, task.spec, mode, now, settings,
+        plan = forecast_update(snapshot, service.current_version + 1, task.spec, mode, now, settings,
                                reuse_identical_files=reuse_identical_files)
+        return dataclasses.replace(plan, notes=tuple(notes))
 
     def get_rollout_state(self, name: str) -> RolloutState:
         store = self._open()

@@ -9,8 +9,9 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -23,7 +24,18 @@ if TYPE_CHECKING:
 
     from skyserve_lite import api
 
-__all__ = ["errors", "get_controller", "home_dir", "one_shot_collection", "stderr"]
+__all__ = ["NO_SERVICES", "errors", "get_controller", "has_no_state", "has_nothing_to_show", "home_dir",
+           "one_shot_collection", "stderr"]
+
+# What `serve status` says when there is no service at all (``render.status_renderable`` and ``has_no_state``).
+NO_SERVICES = "No service is running. Start one with `sky-lite serve up TASK.yaml`."
+
+# The files whose absence means a state directory holds nothing to show: the store (``state.store.DB_NAME``)
+# and the record of a remote controller (``remote.config.RECORD_FILE``; the choice, ``SELECT_SETTING``).
+# Spelled out, not imported: those modules are what ``has_no_state`` spares (tests/cli holds them equal).
+STORE_FILE = "state.db"
+REMOTE_RECORD_FILE = "controller.json"
+CONTROLLER_SETTING = "SKY_LITE_CONTROLLER"
 
 
 def get_controller(ctx: click.Context | None = None) -> api.Controller:
@@ -37,6 +49,40 @@ def get_controller(ctx: click.Context | None = None) -> api.Controller:
 
         root.obj = open_controller(home_dir(), os.environ)
     return root.obj  # type: ignore[no-any-return]
+
+
+def has_nothing_to_show() -> bool:
+    """``has_no_state`` for the running command: this machine's state directory and environment, unless
+    the command was given its controller (the context object, as tests give one)."""
+    return click.get_current_context().find_root().obj is None and has_no_state(home_dir(), os.environ)
+
+
+def has_no_state(home: Path, env: Mapping[str, str]) -> bool:
+    """True when a command would read this machine's state directory ``home`` and it holds no store, so
+    there is nothing to show: then the store, the api and the renderers need not be loaded to say so (they
+    are most of `serve status`'s start, ``docs/benchmarks.md``). Only a few ``lstat`` calls.
+
+    "This machine's": ``SKY_LITE_CONTROLLER`` unset with no ``controller.json`` in ``home``, or ``local``.
+    False whenever in doubt (a remote controller chosen, a setting it does not understand, a path it cannot
+    look at: a home that is a file, a permission), so that the full path answers, with its errors."""
+    setting = env.get(CONTROLLER_SETTING, "").strip()
+    if setting not in ("", "local"):
+        return False
+    if setting == "" and not _is_absent(home / REMOTE_RECORD_FILE):
+        return False
+    return _is_absent(home / STORE_FILE)
+
+
+def _is_absent(path: Path) -> bool:
+    """Whether ``path`` certainly does not exist (a dangling symlink exists; an error other than "no such
+    file" is no certainty)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 @contextmanager

@@ -18,8 +18,10 @@ import click
 
 from skyserve_lite import __version__
 from skyserve_lite.cli import host_commands
+from skyserve_lite.cli.common import NO_SERVICES as _NO_SERVICES
 from skyserve_lite.cli.common import errors as _errors
 from skyserve_lite.cli.common import get_controller as _controller
+from skyserve_lite.cli.common import has_nothing_to_show as _has_nothing_to_show
 from skyserve_lite.cli.common import home_dir
 from skyserve_lite.cli.common import one_shot_collection as _one_shot_collection
 from skyserve_lite.cli.common import stderr as _stderr
@@ -436,6 +438,10 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
     with _errors(), _one_shot_collection():
         if pid_only or replica_id is not None:
             click.echo(_replica_pid(names, replica_id, pid_only, endpoint_only))
+            return
+        if not names and not endpoint_only and output == "table" and _has_nothing_to_show():
+            # Said without loading the store, the api and rich: they were most of the command's time.
+            click.echo(_NO_SERVICES)
             return
         if endpoint_only:
             if len(names) != 1:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
+from skyserve_lite.cli.common import NO_SERVICES
 from skyserve_lite.cli.fit import Column, FitTable, Narrow, Trimmed
 from skyserve_lite.clock import format_timestamp
 
@@ -165,7 +166,7 @@ def status_renderable(views: Sequence[ServiceView], now: float | None = None, *,
     so: a READY that nobody could check is not claimed as READY. The columns are chosen when the value is
     printed, from the console's width (``cli.fit``): one value serves a pipe, a terminal and a live view."""
     if not views:
-        return Group(Text("No service is running. Start one with `sky-lite serve up TASK.yaml`."))
+        return Group(Text(NO_SERVICES))
     parts: list[Group | Text] = [services_table(views, unverified_for), Text(""), replicas_table(views, now)]
     if events:
         parts.extend(item for view in views if view.events for item in (Text(""), events_table(view)))

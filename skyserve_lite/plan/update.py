@@ -75,6 +75,7 @@ class UpdatePlan:
     steps: tuple[PlanStep, ...] = ()
     # False when the rollout did not settle within the forecast's pass limit (a planner bug to report).
     converged: bool = True
+    notes: tuple[str, ...] = ()  # what the plan warns of (a `$NAME` nothing fills in)
 
     @property
     def launch(self) -> int:
@@ -111,5 +112,5 @@ class UpdatePlan:
             "steps": [{"launch": list(s.launch), "drain": list(s.drain), "active_versions": list(s.active_versions)}
                       for s in self.steps],
             "launch": self.launch, "terminate": list(self.terminate), "summary": self.summary(),
-            "converged": self.converged,
+            "converged": self.converged, "notes": list(self.notes),
         }

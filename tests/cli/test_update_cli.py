@@ -64,8 +64,22 @@ def test_dry_run_json_is_the_plan_and_stores_nothing(cli: Cli, home: Path, tmp_p
                      {"replica_id": 2, "version": 1, "action": "reuse", "reasons": []}],
         "launches": [{"replica_id": 3, "spot": False, "kept": True}],
         "steps": [{"launch": [3], "drain": [], "active_versions": [2]}],
-        "launch": 1, "terminate": [], "summary": "reuse 2, replace 0, launch 1, terminate 0", "converged": True}
+        "launch": 1, "terminate": [], "summary": "reuse 2, replace 0, launch 1, terminate 0", "converged": True,
+        "notes": []}
     assert versions(home) == [1]
+
+
+def test_an_update_plan_notes_a_reference_nothing_fills_in(cli: Cli, home: Path, tmp_path: Path) -> None:
+    text = V1.replace("run:", "envs:\n  MODEL: m\nrun:").replace(
+        "service:", "service:\n  readiness_probe:\n    path: /$MODEL\n    headers: {X-Key: $NO_SUCH}")
+    code, stdout, stderr = cli("serve", "update", "--no-wait", "svc", write(tmp_path, text), "--dry-run")
+    assert code == 0, stderr
+    assert ("Note: service.readiness_probe.headers.X-Key: $NO_SUCH is neither in envs nor in secrets, so it is "
+            "used as written") in " ".join(stdout.split())
+    assert "$MODEL" not in stdout  # filled in: no note for it
+    code, stdout, _ = cli("serve", "update", "--no-wait", "svc", write(tmp_path, text), "--dry-run", "-o", "json")
+    assert json.loads(stdout)["notes"] == ["service.readiness_probe.headers.X-Key: $NO_SUCH is neither in envs "
+                                           "nor in secrets, so it is used as written"]
 
 
 def test_dry_run_table_names_the_field_that_forces_replacement(cli: Cli, home: Path, tmp_path: Path) -> None:
