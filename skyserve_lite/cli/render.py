@@ -206,6 +206,8 @@ def plan_renderable(plan: UpdatePlan, rollback_to: int | None = None) -> Group:
     if not plan.converged:
         parts.append(_paragraph("Warning: the rollout did not settle in the forecast; the counts below are what "
                                 "the controller does first.", "red"))
+    for note in plan.notes:
+        parts.append(_paragraph(f"Note: {note}", "yellow"))
     parts.append(_paragraph(plan.summary(), "bold"))
     return Group(*parts)
 
