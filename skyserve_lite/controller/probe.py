@@ -62,10 +62,21 @@ class HttpProber:
 
         assert isinstance(session, aiohttp.ClientSession)
         try:
-            probe = fill_probe_secrets(target.probe, self._read_secret)
+            values = read_probe_secrets(target.probe, self._read_secret)
+            probe = fill_probe_secrets(target.probe, values)
         except StateConflictError as exc:
             return ProbeResult(ok=False, detail=str(exc))
-        url = target.url.rstrip("/") + probe.path
+        result = await self._send(session, target.url, probe)
+        detail = result.detail
+        for value in values.values():  # a failure's detail is stored and shown: no secret value in it
+            detail = detail.replace(value, "<redacted>") if value else detail
+        return result if detail == result.detail else ProbeResult(ok=result.ok, detail=detail)
+
+    async def _send(self, session: object, replica_url: str, probe: ReadinessProbe) -> ProbeResult:
+        import aiohttp
+
+        assert isinstance(session, aiohttp.ClientSession)
+        url = replica_url.rstrip("/") + probe.path
         headers = compute_probe_headers(probe)
         timeout = aiohttp.ClientTimeout(total=probe.timeout_seconds)
         method = "GET"
@@ -85,18 +96,24 @@ class HttpProber:
             return ProbeResult(ok=False, detail=f"{type(exc).__name__}: {exc}")
 
 
-def fill_probe_secrets(probe: ReadinessProbe, read_secret: SecretReader | None) -> ReadinessProbe:
-    """``probe`` with the values of the secrets it refers to filled into its path, the strings of its
-    ``post_data`` and its header values: what one request sends, never kept. Raises ``StateConflictError``
-    (naming the secret, never a value) when a value cannot be read or cannot go where it is named."""
-    if not probe.secrets:
-        return probe
+def read_probe_secrets(probe: ReadinessProbe, read_secret: SecretReader | None) -> dict[str, str]:
+    """The values of the secrets ``probe`` refers to, by name. Raises ``StateConflictError`` (naming the
+    secret, never a value) when one cannot be read."""
     values: dict[str, str] = {}
     for name, digest in probe.secrets:
         if read_secret is None:
             raise StateConflictError(f"the probe refers to the secret {name}, and this controller has no secret "
                                      "store")
         values[name] = read_secret(digest)
+    return values
+
+
+def fill_probe_secrets(probe: ReadinessProbe, values: Mapping[str, str]) -> ReadinessProbe:
+    """``probe`` with the secrets' ``values`` filled into the strings of its ``post_data`` and its header
+    values: what one request sends, never kept. Raises ``StateConflictError`` (naming the header, never a
+    value) when a value cannot go where it is named."""
+    if not values:
+        return probe
 
     def fill(text: str) -> str:
         return REFERENCE_RE.sub(lambda m: values.get(m.group("braced") or m.group("bare"), m.group(0)), text)
@@ -109,7 +126,7 @@ def fill_probe_secrets(probe: ReadinessProbe, read_secret: SecretReader | None) 
     post_data = probe.post_data
     if post_data is not None:
         post_data = json.dumps(fill_json_strings(json.loads(post_data), fill), sort_keys=True, separators=(",", ":"))
-    return dataclasses.replace(probe, path=fill(probe.path), post_data=post_data, headers=headers)
+    return dataclasses.replace(probe, post_data=post_data, headers=headers)
 
 
 def compute_probe_headers(probe: ReadinessProbe) -> dict[str, str]:

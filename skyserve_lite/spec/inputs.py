@@ -102,9 +102,10 @@ def fill_references(spec: TaskSpec, source: str) -> TaskSpec:
     and `headers`.
 
     - an env's value is filled in;
-    - a secret's is filled into the probe only, and only when the probe is sent (the prober reads it from
-      the secret store by the digest ``ReadinessProbe.secrets`` names): the probe keeps ``$NAME``, so no
-      value is stored, logged or shown. A secret named in a path is refused: paths are stored and shown;
+    - a secret's is filled into the probe's headers and ``post_data`` only, and only when the probe is sent
+      (the prober reads it from the secret store by the digest ``ReadinessProbe.secrets`` names): the probe
+      keeps ``$NAME``, so no value is stored, logged or shown. A secret named in a path (the probe's
+      included: a request line is what access logs repeat) is refused;
     - any other name is left as written (``find_unfilled_references`` says where).
 
     Raises ``SpecError`` naming the field when a filled value is refused."""
@@ -116,7 +117,8 @@ def fill_references(spec: TaskSpec, source: str) -> TaskSpec:
             name = match.group("braced") or match.group("bare")
             if name in secrets and not allow_secrets:
                 raise SpecError(source, path, f"refers to the secret {name}: a secret is not filled into paths, "
-                                              "which are stored and shown; give the value in envs instead")
+                                              "which are stored, shown and logged; give the value in envs "
+                                              "instead, or send the secret in a probe header")
             return envs.get(name, match.group(0))
         return REFERENCE_RE.sub(replace, text)
 
@@ -137,7 +139,8 @@ _PROBE = "service.readiness_probe"
 def _fill_probe(probe: ReadinessProbe, fill: Callable[..., str], secrets: Mapping[str, str],
                 source: str) -> ReadinessProbe:
     """The probe with envs filled in, and the digests of the secrets it still refers to."""
-    path = fill(probe.path, f"{_PROBE}.path", allow_secrets=True)
+    # Not a secret in the path: a request line is what access logs and error messages repeat.
+    path = fill(probe.path, f"{_PROBE}.path")
     if not path.startswith("/"):
         raise SpecError(source, f"{_PROBE}.path", f"the probe path must start with '/', got {path!r} once envs "
                                                   "are filled in")

@@ -13,6 +13,7 @@ from aiohttp import web
 from skyserve_lite import __version__
 from skyserve_lite.controller.plan import ProbeTarget
 from skyserve_lite.controller.probe import HttpProber, compute_probe_headers
+from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.procs import find_free_port
 from skyserve_lite.spec.model import ReadinessProbe
 
@@ -124,3 +125,49 @@ def test_probes_carry_a_user_agent_workloads_can_leave_out_of_their_logs(server:
 )
 def test_compute_probe_headers(fields: dict[str, object], headers: dict[str, str]) -> None:
     assert compute_probe_headers(ReadinessProbe(**fields)) == headers  # type: ignore[arg-type]
+
+
+def test_a_secret_reaches_the_request_only_and_never_a_failures_detail(server: str) -> None:
+    written = ReadinessProbe(path="/auth", headers=(("Authorization", "Bearer $TOKEN"),),
+                             secrets=(("TOKEN", "d1"),))
+    target = ProbeTarget("svc", 1, server, written)
+    assert HttpProber(read_secret={"d1": "t"}.__getitem__).probe([target])[("svc", 1)].ok
+    assert SEEN[-1][3] == "Bearer t"
+    wrong = HttpProber(read_secret={"d1": "nope"}.__getitem__).probe([target])[("svc", 1)]
+    assert (wrong.ok, wrong.detail) == (False, "HTTP 401")
+    # Without a secret store the probe is not sent, and says which secret it lacks (never a value).
+    missing = HttpProber().probe([target])[("svc", 1)]
+    assert not missing.ok and "refers to the secret TOKEN" in missing.detail
+    assert written.headers == (("Authorization", "Bearer $TOKEN"),)  # the value never was kept
+
+
+def test_a_secret_in_a_failures_detail_is_redacted() -> None:
+    class EchoingProber(HttpProber):
+        """A client library whose error repeats what it was asked to send (some do, for a bad header)."""
+
+        async def _send(self, session: object, replica_url: str, probe: ReadinessProbe) -> ProbeResult:
+            return ProbeResult(ok=False, detail=f"invalid header value {dict(probe.headers)['X-Key']!r}")
+
+    written = ReadinessProbe(path="/", headers=(("X-Key", "key=$TOKEN"),), secrets=(("TOKEN", "d1"),))
+    target = ProbeTarget("svc", 1, "http://127.0.0.1:9/", written)
+    result = EchoingProber(read_secret=lambda digest: "s3cr3t").probe([target])[("svc", 1)]
+    assert (result.ok, result.detail) == (False, "invalid header value 'key=<redacted>'")
+
+
+@pytest.mark.parametrize(("value", "sent"), [
+    pytest.param("abc", True, id="plain"),
+    pytest.param("a\r\nX-Injected: 1", False, id="line-break"),
+])
+def test_a_secret_with_a_line_break_is_not_sent_as_a_header(value: str, sent: bool) -> None:
+    from skyserve_lite.controller.probe import fill_probe_secrets
+    from skyserve_lite.errors import StateConflictError
+
+    written = ReadinessProbe(headers=(("X-Key", "k $T"),), post_data='{"k":"$T"}', secrets=(("T", "d"),))
+    if sent:
+        filled = fill_probe_secrets(written, {"T": value})
+        assert filled.headers == (("X-Key", "k abc"),) and filled.post_data == '{"k":"abc"}'
+        assert filled.path == written.path
+    else:
+        with pytest.raises(StateConflictError, match="X-Key holds a line break") as caught:
+            fill_probe_secrets(written, {"T": value})
+        assert value not in str(caught.value)
