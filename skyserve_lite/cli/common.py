@@ -87,12 +87,21 @@ def _is_absent(path: Path) -> bool:
 
 @contextmanager
 def errors() -> Iterator[None]:
-    """Turn sky-lite's own errors into one line on stderr and their exit code; no traceback."""
+    """Turn sky-lite's own errors into one line on stderr and their exit code; no traceback. So too a file
+    of the state directory it refused (``state.access.find_refusal_in_home``: a read-only home)."""
     try:
         yield
     except SkyLiteError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        from skyserve_lite.state.access import find_refusal_in_home
+
+        refusal = find_refusal_in_home(exc, home_dir())
+        if refusal is None:
+            raise
+        click.echo(f"Error: {refusal}", err=True)
+        sys.exit(refusal.exit_code)
 
 
 @contextmanager

@@ -39,6 +39,7 @@ from skyserve_lite.errors import (
 from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.spec.inputs import BoundInputs
 from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.state.access import StoreAccess, observe_home, plan_store_access
 from skyserve_lite.state.history import REQUEST_COUNTS_KEEP_SECONDS, ReplicaSample
 from skyserve_lite.state.models import (
     REPLICA_STATUS_BY_VALUE,
@@ -94,19 +95,30 @@ def prepare_home(home: Path) -> Path:
     A missing directory is created with mode 0700 and marked as sky-lite's (``HOME_MARKER``). An existing
     one is used as it is, its mode never changed (``SKY_LITE_HOME=/tmp`` must not make /tmp private); but
     if other users can write to it and sky-lite did not create it, it is refused with ``UsageError`` and
-    nothing is written, since they could plant or swap the state files in it.
+    nothing is written, since they could plant or swap the state files in it. A directory that cannot be
+    created (a read-only file system, a parent of another user's) raises ``StateUnwritableError``.
     """
-    home.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        home.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _uncreatable(home, exc) from exc
     try:
         home.mkdir(mode=0o700)
     except FileExistsError:
         _check_existing_home(home)
         return home
+    except OSError as exc:
+        raise _uncreatable(home, exc) from exc
     os.chmod(home, 0o700)  # mkdir's mode goes through the umask
     fd = os.open(home / HOME_MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as marker:
         marker.write("sky-lite created this state directory ($SKY_LITE_HOME).\n")
     return home
+
+
+def _uncreatable(home: Path, exc: OSError) -> StateUnwritableError:
+    return StateUnwritableError(f"cannot create the state directory {home} ({exc.strerror}); set SKY_LITE_HOME "
+                                "to a directory you can write")
 
 
 def _check_existing_home(home: Path) -> None:
@@ -281,9 +293,11 @@ class StatementCounts:
 class Store:
     """Typed access to the state database. Not thread-safe: one ``Store`` per thread."""
 
-    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+    def __init__(self, connection: sqlite3.Connection, path: Path, *, read_only: bool = False) -> None:
         self._db = connection
         self.path = path
+        # Opened without write access (``state.access``): writes are refused before they begin.
+        self.read_only = read_only
         self._identity = _file_identity(path)
         # Every replica as last read, with the ``replicas_generation`` it was read at (``list_replicas``).
         self._all_replicas: tuple[object, tuple[ReplicaRecord, ...]] | None = None
@@ -312,11 +326,17 @@ class Store:
         for, a few seconds at most. Raises ``StateDamagedError`` at once for a file that is not a readable
         SQLite database (and so does any later query that finds damage), ``StateBusyError`` when it stays
         locked beyond the wait, ``UsageError`` for a home ``prepare_home`` refuses.
+
+        A home this process cannot write (a read-only mount, another user's directory) is opened as
+        ``open_read_only`` opens it: its reads work, its writes raise ``StateUnwritableError``.
         """
         path = home / DB_NAME
         if not create and not path.exists():
             raise NotFoundError(f"no state store at {path}")
         prepare_home(home)
+        access = plan_store_access(observe_home(home, path))
+        if access is not StoreAccess.READ_WRITE:
+            return cls._open_read_only(path, access)
         if not path.exists():
             # Create the file with 0600 before SQLite writes anything into it.
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
@@ -338,6 +358,46 @@ class Store:
             connection.close()
             raise
         _record_controller_id(home, store.controller_id)
+        return store
+
+    @classmethod
+    def open_read_only(cls, home: Path) -> Store:
+        """Open the store under ``home`` for reading only, whatever the directory allows: what ``open`` does
+        where this process cannot write it. Every read works; every write raises ``StateUnwritableError``
+        naming the directory before it begins. Creates no file: not the store, not SQLite's ``-shm`` index.
+        Raises ``StateUnwritableError`` too where there is no store, or one that would need migrating."""
+        path = home / DB_NAME
+        found = dataclasses.replace(observe_home(home, path), writable=False)
+        return cls._open_read_only(path, plan_store_access(found))
+
+    @classmethod
+    def _open_read_only(cls, path: Path, access: StoreAccess) -> Store:
+        home = path.parent
+        if access is StoreAccess.NO_DATABASE:
+            raise StateUnwritableError(f"the state directory {home} is read-only and holds no state database "
+                                       "yet: there is nothing to read, and nothing can be stored there")
+        if access is StoreAccess.WAL_WITHOUT_INDEX:
+            raise StateUnwritableError(
+                f"the state directory {home} is read-only, and {path.name}-wal holds changes that cannot be read "
+                f"without {path.name}-shm beside it: copy the directory somewhere writable and point "
+                "SKY_LITE_HOME there")
+        uri = f"{path.absolute().as_uri()}?mode=ro" + ("&immutable=1" if access is StoreAccess.IMMUTABLE else "")
+        connection = _guarded(path, lambda: sqlite3.connect(
+            uri, uri=True, timeout=_OPEN_WAIT_SECONDS, isolation_level=None, check_same_thread=False,
+            factory=_Connection))
+        connection.db_path = path
+        try:
+            store = cls(connection, path, read_only=True)
+            version = store.schema_version
+            if version < len(MIGRATIONS):
+                raise StateUnwritableError(
+                    f"the state directory {home} is read-only, and its database (schema {version}) needs "
+                    f"migrating to schema {len(MIGRATIONS)} before this sky-lite can read it: run a command "
+                    "that writes it once where it is writable")
+            connection.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_SECONDS * 1000)}")
+        except BaseException:
+            connection.close()
+            raise
         return store
 
     def close(self) -> None:
@@ -374,6 +434,9 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise StateUnwritableError(f"the state directory {self.path.parent} is read-only: nothing was "
+                                       "changed; make it writable, or run this where it is")
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
