@@ -654,11 +654,16 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     no secret value. ``notes`` (a plan's) gets a line for the clouds considered and for each ``$NAME`` that
     nothing fills in.
     """
+    from skyserve_lite.plan.clouds import find_local_blocker
+    from skyserve_lite.spec.model import Cloud
+
     inherited = previous.inputs if previous is not None else BoundInputs()
     spec, given = task.spec, task.inputs
     names_cloud = any(c.cloud is not None for c in spec.resource_candidates)
     # Where the current version runs, whoever decided it (--infra, its file, or local by default).
     runs_on = (inherited.infra or previous.spec.cloud.value) if previous is not None else None
+    if runs_on == Cloud.LOCAL.value and inherited.infra is None and find_local_blocker(spec) is not None:
+        runs_on = None  # on local only because nothing asked for more: a version that does may choose
     infra = given.infra or (None if names_cloud else runs_on or given.default_infra)
     if not names_cloud:
         infra = _choose_infra(spec, infra, task.source, notes)

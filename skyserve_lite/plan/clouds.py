@@ -8,7 +8,8 @@ The rule, decided once when a version is submitted (``api.bind_submission``) and
   `local`, the default that needs no cloud account;
 - otherwise every cloud sky-lite offers whose library is installed is tried, and the one whose first
   placement is cheapest wins (ties in the order the clouds are offered: aws, then gcp). A cloud that cannot
-  run the task, or whose prices are unknown, is passed over; the plan lists every cloud considered.
+  run the task, or whose prices are unknown, is passed over, and so is one that cannot boot the task's
+  ``image_id`` (an AMI is aws's, a ``projects/...`` image gcp's); the plan lists every cloud considered.
 
 Pure: resolving a cloud's placements comes in as a function.
 
@@ -44,6 +45,20 @@ class CloudChoice:
         return f"chose {self.cloud.value}, the cheapest of the clouds considered: " + "; ".join(self.considered)
 
 
+# How each cloud names its images: an AMI id (or the SSM parameter that names one), a Compute Engine image or
+# family path.
+_IMAGE_PREFIXES = ((Cloud.AWS, ("ami-", "ssm:", "resolve:ssm:")),
+                   (Cloud.GCP, ("projects/", "global/images/")))
+
+
+def find_image_cloud(image_id: str) -> Cloud | None:
+    """The cloud whose image ``image_id`` names, by its form; None when the form does not say."""
+    for cloud, prefixes in _IMAGE_PREFIXES:
+        if image_id.startswith(prefixes):
+            return cloud
+    return None
+
+
 def find_local_blocker(spec: TaskSpec) -> str | None:
     """The field that keeps ``spec`` off the `local` cloud (it runs processes on this machine: no
     accelerators, machine types, images, regions or zones), or None when `local` can run it."""
@@ -68,7 +83,12 @@ def choose_cloud(spec: TaskSpec, source: str, offered: Sequence[Cloud],
                                          "here: install boto3 (aws) or google-cloud-compute (gcp), or name a cloud")
     considered: list[str] = []
     best: tuple[float, int, Cloud] | None = None
+    images = {c.image_id for c in spec.resource_candidates if c.image_id is not None}
     for order, cloud in enumerate(offered):
+        foreign = sorted(image for image in images if find_image_cloud(image) not in (None, cloud))
+        if foreign:
+            considered.append(f"{cloud.value}: image {foreign[0]} is not a {cloud.value} image")
+            continue
         try:
             resolution = resolve(place_task(spec, dataclasses.replace(infra, cloud=cloud), source))
         except SpecError as exc:

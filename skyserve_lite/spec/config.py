@@ -200,6 +200,7 @@ def compute_service_settings(spec: TaskSpec) -> dict[str, ConfigValue]:
         "service.replica_policy.base_ondemand_fallback_replicas": policy.base_ondemand_fallback_replicas,
         "service.replica_policy.dynamic_ondemand_fallback": policy.dynamic_ondemand_fallback,
         "service.replica_policy.num_overprovision": policy.num_overprovision or None,
+        "service.replica_policy.spot_placer": policy.spot_placer.value if policy.spot_placer else None,
         "service.load_balancing_policy": spec.service.load_balancing_policy.value,
         "service.tls.keyfile": spec.service.tls.keyfile if spec.service.tls else None,
         "service.tls.certfile": spec.service.tls.certfile if spec.service.tls else None,

@@ -244,7 +244,7 @@ def _place(resources: Resources, cloud: Cloud, region: str | None, zone: str | N
     # `infra: */*/us-central1-a` placed on gcp: the zone's name says its region
     zone_region = find_region_of_zone(cloud, placed_zone) if placed_zone and cloud is not Cloud.LOCAL else None
     if placed_zone and cloud is not Cloud.LOCAL and not (resources.region or region or zone_region):
-        raise SpecError(source, "resources.zone", f"{placed_zone!r} is not named like a {cloud.value} zone")
+        raise SpecError(source, "resources.zone", f"{placed_zone!r} is not named like a zone of {cloud.value}")
     if cloud is Cloud.LOCAL and (resources.region or resources.zone):
         raise SpecError(source, "resources.region" if resources.region else "resources.zone",
                         "the local cloud has no regions or zones: name a cloud with --infra or resources.infra")

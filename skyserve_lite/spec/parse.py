@@ -131,8 +131,9 @@ def parse_task(text: str, source: str = "<string>") -> TaskSpec:
 
 
 def parse_document(document: object, source: str) -> TaskSpec:
-    spec = _Parser(source).task(document)
-    validate_cross_fields(spec, source)
+    parser = _Parser(source)
+    spec = parser.task(document)
+    validate_cross_fields(spec, source, parser.rate_keys)
     return spec
 
 
@@ -209,6 +210,9 @@ def _count_uses(root: yaml.Node) -> dict[int, int]:
 class _Parser:
     def __init__(self, source: str) -> None:
         self.source = source
+        # `target_qps_per_replica` keys as written (`"A100:1"`), by accelerator name in lower case: errors
+        # found across sections name the key the file has.
+        self.rate_keys: dict[str, str] = {}
 
     def fail(self, path: str, problem: str) -> SpecError:
         return SpecError(self.source, path, problem)
@@ -379,6 +383,10 @@ class _Parser:
         doc = self.mapping(value, path, None)
         pairs = []
         for destination, source in doc.items():
+            if isinstance(source, dict):
+                raise self.fail(_join(path, destination),
+                                "storage mounts (a mapping of source, store, mode or name) are not supported: give "
+                                "the source as a path or URL string (./data, s3://bucket/data, gs://bucket/data)")
             if not isinstance(source, str) or not source:
                 raise self.fail(_join(path, destination),
                                 f"must be a source path or URL string, got {_kind(source)}")
@@ -729,19 +737,22 @@ class _Parser:
             if accelerator.name.lower() in rates:
                 raise self.fail(item_path, f"{accelerator.name} is given a rate twice: one rate per accelerator")
             rates[accelerator.name.lower()] = (accelerator.name, self.number(item, item_path, positive=True))
+            self.rate_keys[accelerator.name.lower()] = key
         if not rates:
             raise self.fail(path, "names no accelerator")
         return tuple(sorted(rates.values()))
 
 
-def validate_cross_fields(spec: TaskSpec, source: str) -> None:
-    """Rules that span sections (checked after each section parsed on its own)."""
+def validate_cross_fields(spec: TaskSpec, source: str, rate_keys: Mapping[str, str] | None = None) -> None:
+    """Rules that span sections (checked after each section parsed on its own); ``rate_keys`` gives the
+    `target_qps_per_replica` keys as written, by accelerator name in lower case."""
     policy = spec.service.replica_policy
     if policy.qps_per_accelerator:
         named = {c.accelerator.name.lower() for c in spec.resource_candidates if c.accelerator is not None}
         for name, _ in policy.qps_per_accelerator:
             if name.lower() not in named:
-                raise SpecError(source, f"service.replica_policy.target_qps_per_replica.{name}",
+                key = (rate_keys or {}).get(name.lower(), name)
+                raise SpecError(source, f"service.replica_policy.target_qps_per_replica.{key}",
                                 "not an accelerator of resources.accelerators (or any_of/ordered): "
                                 + (", ".join(sorted(named)) or "the task names none"))
     instance_aware = spec.service.load_balancing_policy is LoadBalancingPolicy.INSTANCE_AWARE_LEAST_LOAD
@@ -796,7 +807,7 @@ def parse_infra(text: str, path: str, source: str) -> Infra:
     if zone is not None and region is None and cloud is not None:
         region = find_region_of_zone(cloud, zone)
         if region is None:
-            raise SpecError(source, path, f"{zone!r} is not a {cloud.value} zone name (like "
+            raise SpecError(source, path, f"{zone!r} is not named like a zone of {cloud.value} (like "
                                           f"{_ZONE_EXAMPLES[cloud]})")
     return Infra(cloud, region, zone)
 

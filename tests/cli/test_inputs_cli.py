@@ -336,6 +336,21 @@ def test_an_update_stays_where_the_current_version_runs_whoever_decided_it(cli: 
     assert clouds(home) == ["local", "local", "aws", "aws"]
 
 
+def test_an_update_needing_more_than_local_leaves_a_local_it_never_chose(cli: Cli, home: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    gpu = "resources:\n  accelerators: L4:1\n" + PLAIN
+    assert up(cli, write(tmp_path, PLAIN))[0] == 0  # local by default, nobody chose it
+    code, _, stderr = cli("serve", "update", "--no-wait", "svc", write(tmp_path, gpu), "-y")
+    assert code == 0, stderr
+    assert clouds(home) == ["local", "gcp"]  # g2-standard-4 is cheaper than aws's g6.xlarge
+    assert versions(home)[-1].inputs.infra == "gcp"  # stored: the next update stays there
+    # Local named by the user is kept, and refuses what it cannot run.
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, PLAIN), "--infra", "local", "-y")[0] == 0
+    code, _, stderr = cli("serve", "update", "--no-wait", "svc", write(tmp_path, gpu), "-y")
+    assert code == 2 and "the local cloud runs replicas as processes" in stderr
+
+
 def test_a_rollback_runs_where_and_on_what_that_version_ran(cli: Cli, home: Path, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")

@@ -43,8 +43,8 @@ def test_infra_reads_wildcards(text: str, infra: Infra, described: str) -> None:
 REFUSED = [
     pytest.param("local/x", "the local cloud has no regions or zones", id="local-region"),
     pytest.param("local/*/x", "the local cloud has no regions or zones", id="local-zone"),
-    pytest.param("gcp/*/bogus", "'bogus' is not a gcp zone name", id="gcp-zone-not-a-zone"),
-    pytest.param("aws/*/us-central1-a", "aws zone name (like us-east-1a)", id="gcp-zone-on-aws"),
+    pytest.param("gcp/*/bogus", "'bogus' is not named like a zone of gcp", id="gcp-zone-not-a-zone"),
+    pytest.param("aws/*/us-central1-a", "a zone of aws (like us-east-1a)", id="gcp-zone-on-aws"),
     pytest.param("gcp/us-central1/us-east1-b", "zone 'us-east1-b' is not in region 'us-central1'",
                  id="zone-of-another-region"),
     pytest.param("gcp/us-central1/a/b", "must look like CLOUD, CLOUD/REGION or CLOUD/REGION/ZONE", id="four-parts"),
@@ -91,14 +91,15 @@ def test_a_task_with_wildcard_infra_parses_to_its_placement(
 
 TASK_REFUSALS = [
     pytest.param("  infra: local/x\n", "resources.infra", "the local cloud has no regions or zones", id="local-region"),
-    pytest.param("  infra: gcp/*/bogus\n", "resources.infra", "'bogus' is not a gcp zone name", id="gcp-bogus-zone"),
+    pytest.param("  infra: gcp/*/bogus\n", "resources.infra", "'bogus' is not named like a zone of gcp",
+                 id="gcp-bogus-zone"),
     pytest.param("  infra: aws/*\n  cloud: gcp\n", "resources.infra", "says cloud 'aws' but resources.cloud says 'gcp'",
                  id="contradicts-cloud"),
     pytest.param("  infra: gcp/*/us-central1-a\n  zone: us-central1-b\n", "resources.infra",
                  "says zone 'us-central1-a' but resources.zone says 'us-central1-b'", id="contradicts-zone"),
     pytest.param("  any_of:\n    - infra: gcp/*/us-central1-a\n    - infra: aws/*\n", "resources.any_of",
                  "candidates on more than one cloud", id="candidates-on-two-clouds"),
-    pytest.param("  any_of:\n    - infra: gcp/*/nowhere\n", "resources.any_of[0].infra", "not a gcp zone name",
+    pytest.param("  any_of:\n    - infra: gcp/*/nowhere\n", "resources.any_of[0].infra", "not named like a zone of gcp",
                  id="candidate-bogus-zone"),
     pytest.param("  infra: kubernetes/my-context\n", "resources.infra", "cloud 'kubernetes' is not offered",
                  id="kubernetes"),

@@ -53,7 +53,7 @@ ROWS = [
     # 4. wildcard infra
     pytest.param(Row(SERVICE + "resources:\n  infra: gcp/*/us-central1-a\n", None, "us-central1/us-central1-a"),
                  id="4-infra-wildcard-region"),
-    pytest.param(Row(SERVICE + "resources:\n  infra: gcp/*/bogus\n", "resources.infra", "not a gcp zone name"),
+    pytest.param(Row(SERVICE + "resources:\n  infra: gcp/*/bogus\n", "resources.infra", "not named like a zone of gcp"),
                  id="4-infra-bogus-zone-refused"),
     # 5. sizing as SkyPilot sizes
     pytest.param(Row(SERVICE + "resources:\n  cpus: 2+\n", None, "memory not given: 4 GiB per vCPU",

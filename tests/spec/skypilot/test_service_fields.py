@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from skyserve_lite.errors import SpecError
-from skyserve_lite.spec.model import LoadBalancingPolicy, SpotPlacer
+from skyserve_lite.spec.model import LoadBalancingPolicy, SpotPlacer, TaskSpec
 from skyserve_lite.spec.parse import parse_task
 
 
@@ -127,9 +127,11 @@ REFUSED = [
     pytest.param(task(resources={"image_id": "docker:vllm/vllm-openai:latest"}), "resources.image_id",
                  "container images are not supported", id="docker-image"),
     pytest.param(task(file_mounts={"/data": {"source": "s3://bucket/data", "mode": "MOUNT"}}), "file_mounts./data",
-                 "must be a source path or URL string, got a mapping", id="storage-mount-source"),
+                 "storage mounts (a mapping of source, store, mode or name) are not supported",
+                 id="storage-mount-source"),
     pytest.param(task(file_mounts={"/ckpt": {"name": "ckpt", "store": "gcs", "mode": "COPY"}}), "file_mounts./ckpt",
-                 "must be a source path or URL string, got a mapping", id="storage-mount-store"),
+                 "storage mounts (a mapping of source, store, mode or name) are not supported",
+                 id="storage-mount-store"),
     pytest.param(task({"replicas": 1, "controller_resources": {"cpus": 2}}), "service.controller_resources",
                  "unknown field; expected one of: readiness_probe", id="unknown-service-field"),
     pytest.param(task({"replicas": 1, "https": True}), "service.https", "unknown field", id="unknown-service-https"),
@@ -147,3 +149,22 @@ def test_service_fields_are_refused_naming_the_field(text: str, path: str, probl
     assert caught.value.path == path
     assert problem in caught.value.problem
     assert "\n" not in str(caught.value)  # one message, one line
+
+
+@pytest.mark.parametrize(("old", "new", "changed"), [
+    pytest.param("", "    spot_placer: dynamic_fallback\n",
+                 ("service.replica_policy.spot_placer", None, "dynamic_fallback"), id="spot-placer-added"),
+    pytest.param("    upscale_delay_seconds: 30\n", "    upscale_delay_seconds: 30.5\n",
+                 ("service.replica_policy.upscale_delay_seconds", 30.0, 30.5), id="fractional-delay"),
+])
+def test_a_service_field_change_is_a_service_change_not_a_replica_one(old: str, new: str,
+                                                                       changed: tuple[str, object, object]) -> None:
+    from skyserve_lite.spec.config import find_config_changes, find_service_changes
+
+    def spec(extra: str) -> TaskSpec:
+        return parse_task("resources:\n  use_spot: true\nservice:\n  replica_policy:\n    min_replicas: 1\n"
+                          f"{extra}run: x\n")
+
+    before, after = spec(old), spec(new)
+    assert [(c.path, c.old, c.new) for c in find_service_changes(before, after)] == [changed]
+    assert find_config_changes(before, after) == ()  # replicas are reused
