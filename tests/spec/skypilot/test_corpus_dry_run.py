@@ -509,6 +509,10 @@ def test_the_process_check_sees_a_process_of_the_home(tmp_path: Path) -> None:
 
     process = subprocess.Popen(["sleep", "30"], env={**os.environ, "SKY_LITE_HOME": str(tmp_path)})
     try:
+        # Until the child has exec'd, /proc shows the environment it was forked with: wait for the new one.
+        deadline = time.monotonic() + 10
+        while not find_processes_of(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert find_processes_of(tmp_path) == [process.pid]
         assert process.pid in find_children()
     finally:
