@@ -35,6 +35,7 @@ from skyserve_lite.spec.model import (
     TlsFiles,
 )
 from skyserve_lite.spec.parse import (
+    HEADER_NAME_RE,
     REFERENCE_RE,
     Infra,
     check_env_name,
@@ -148,7 +149,7 @@ def _fill_probe(probe: ReadinessProbe, fill: Callable[..., str], secrets: Mappin
     for name, value in probe.headers:
         field = f"{_PROBE}.headers.{name}"
         filled_name, filled_value = fill(name, field), fill(value, field, allow_secrets=True)
-        if any(char in filled_value for char in "\r\n\0") or not _HEADER_NAME_RE.fullmatch(filled_name):
+        if any(char in filled_value for char in "\r\n\0") or not HEADER_NAME_RE.fullmatch(filled_name):
             raise SpecError(source, field, "once envs are filled in, the header is no longer valid (a line break "
                                            "or NUL in its value, or a name HTTP does not allow)")
         headers[filled_name] = filled_value
@@ -160,9 +161,6 @@ def _fill_probe(probe: ReadinessProbe, fill: Callable[..., str], secrets: Mappin
     named = {m.group("braced") or m.group("bare") for text in texts for m in REFERENCE_RE.finditer(text)}
     return dataclasses.replace(probe, path=path, post_data=post_data, headers=tuple(sorted(headers.items())),
                                secrets=tuple(sorted((n, d) for n, d in secrets.items() if n in named)))
-
-
-_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def fill_json_strings(value: Any, fill: Callable[[str], str]) -> Any:

@@ -58,6 +58,8 @@ _OTHER_CLOUDS = ("azure", "kubernetes", "k8s", "lambda", "runpod", "oci", "ibm",
                  "paperspace", "cudo", "vsphere", "do", "nebius", "vast", "hyperbolic", "ssh")
 # `$NAME` and `${NAME}`: references to the task's envs and secrets in the fields SkyPilot fills them into.
 REFERENCE_RE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+# An HTTP header name: RFC 9110's token (`$` is one of its characters, so `X-$NAME` is a name too).
+HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # What `export NAME=...` accepts as NAME: a name is written into boot scripts as is, only values are quoted.
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -68,7 +70,7 @@ _CANDIDATE_KEYS = (
     "infra", "cloud", "region", "zone", "instance_type", "cpus", "memory", "accelerators", "image_id",
     "disk_size", "disk_tier",
 )
-_RESOURCE_KEYS = (*_CANDIDATE_KEYS, "use_spot", "ports", "labels", "any_of", "ordered")
+_RESOURCE_KEYS = (*_CANDIDATE_KEYS, "use_spot", "ports", "labels", "run_as_root", "any_of", "ordered")
 _SERVICE_KEYS = ("readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls")
 _TLS_KEYS = ("keyfile", "certfile")
 _PROBE_KEYS = ("path", "post_data", "initial_delay_seconds", "timeout_seconds", "headers")
@@ -408,6 +410,7 @@ class _Parser:
             use_spot=self.optional(doc, "use_spot", path, self.boolean, False),
             ports=self.optional(doc, "ports", path, self.ports, ()),
             labels=self.optional(doc, "labels", path, self.labels, ()),
+            run_as_root=self.optional(doc, "run_as_root", path, self.boolean, False),
         )
         order_key = "ordered" if doc.get("ordered") is not None else "any_of"
         entries = doc.get(order_key)
@@ -431,7 +434,8 @@ class _Parser:
                             merged.pop(key, None)
                 resources, accelerators, _ = self.candidate(merged, entry_path)
                 overrides.append((dataclasses.replace(resources, use_spot=base.use_spot, ports=base.ports,
-                                                      labels=base.labels), accelerators))
+                                                      labels=base.labels, run_as_root=base.run_as_root),
+                                  accelerators))
         else:
             overrides.append((base, base_accelerators))
         candidates = tuple(
@@ -641,7 +645,7 @@ class _Parser:
             item_path = _join(path, key)
             if not isinstance(item, str):
                 raise self.fail(item_path, f"must be a string, got {_kind(item)}: quote it")
-            if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", key):
+            if not HEADER_NAME_RE.fullmatch(key):
                 raise self.fail(item_path, "not a valid HTTP header name")
             if any(char in item for char in "\r\n\0"):
                 raise self.fail(item_path, "the value holds a line break or NUL, which no header can carry")
