@@ -19,7 +19,8 @@ Per connection:
   read (a 503 goes out instead, and the connection closes); any other expectation gets 417 and a close.
 * a request the parser rejects gets 400 and a close, after the requests parsed before it are answered
   (requests that came in the same socket read as the malformed bytes are lost with them: the parser
-  raises for the whole read, as on aiohttp's server).
+  raises for the whole read, as on aiohttp's server). So does an HTTP/1.0 request with Transfer-Encoding,
+  which the parsers accept and RFC 9112 calls faulty framing (``_has_faulty_framing``).
 * responses: the head and a buffered body go out in one ``transport.write``; a streamed body is written
   chunk by chunk, waiting while the socket's write buffer is above ``WRITE_HIGH_WATER`` (the replica's
   side then pauses too: its reader stops taking bytes). A body of unknown length goes out chunked to
@@ -44,7 +45,7 @@ from typing import Final
 
 import aiohttp
 from aiohttp.base_protocol import BaseProtocol
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError
 from aiohttp.http_parser import HttpRequestParser, RawRequestMessage
 from aiohttp.streams import EmptyStreamReader
 from multidict import CIMultiDictProxy, istr
@@ -95,6 +96,7 @@ SHUTDOWN_SECONDS: Final = 60.0
 _EXPECT = istr("Expect")
 _CONTENT_LENGTH = istr("Content-Length")
 _CONNECTION = istr("Connection")
+_TRANSFER_ENCODING = istr("Transfer-Encoding")
 _HOP_BY_HOP_LOWER: Final = frozenset(name.lower() for name in HOP_BY_HOP_HEADERS)
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK: Final = b"0\r\n\r\n"
@@ -194,12 +196,19 @@ class _ClientConnection(BaseProtocol):
             self._pause_reading_for_buffer()
             self._wake()
             return
-        if messages:
-            queue = self._queue
-            queue.extend(messages)
-            if len(queue) >= MAX_PIPELINED and not self._buffer_paused:
-                self._pause_reading_for_buffer()
-            self._wake()
+        if not messages:
+            return
+        faulty = next((index for index, (message, _) in enumerate(messages) if _has_faulty_framing(message)), None)
+        if faulty is not None:
+            # Answered as the parser's own refusals are: the requests before it, then 400 and a close.
+            messages = messages[:faulty]
+            self._bad_request = BadHttpMessage("Transfer-Encoding in an HTTP/1.0 request")
+            self._pause_reading_for_buffer()
+        queue = self._queue
+        queue.extend(messages)
+        if len(queue) >= MAX_PIPELINED and not self._buffer_paused:
+            self._pause_reading_for_buffer()
+        self._wake()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
@@ -383,6 +392,15 @@ def _connection_line(message: RawRequestMessage, keep_alive: bool) -> str:
         return "Connection: close\r\n"
     # HTTP/1.1 keeps alive unless told; an HTTP/1.0 client that asked for keep-alive must hear it granted.
     return "" if message.version >= (1, 1) else "Connection: keep-alive\r\n"
+
+
+def _has_faulty_framing(message: RawRequestMessage) -> bool:
+    """What both of aiohttp's parsers accept and RFC 9112 (6.1) says is faulty framing: Transfer-Encoding in an
+    HTTP/1.0 request. A 1.0 hop in front of the load balancer reads that body by its Content-Length or up to
+    the connection's end, not by chunks, so the two would disagree on where the next request starts. (What
+    the parsers refuse themselves, Content-Length with Transfer-Encoding, two Content-Lengths, obs-fold, a
+    bare LF in the head: tests/lb/test_request_framing.py.)"""
+    return message.version < (1, 1) and _TRANSFER_ENCODING in message.headers
 
 
 def _bad_request_text(exc: HttpProcessingError) -> str:
