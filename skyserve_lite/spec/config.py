@@ -69,6 +69,8 @@ def compute_replica_config(spec: TaskSpec) -> dict[str, ConfigValue]:
                                     + "; ".join(describe_candidate(c) for c in spec.candidates) + ")"}),
         "resources.use_spot": res.use_spot,
         "resources.ports": ",".join(str(port) for port in res.ports) or None,
+        # Only when asked: the configs (and fingerprints) of tasks that never name it stay as they were.
+        "resources.run_as_root": True if res.run_as_root else None,
         "setup": spec.setup,
         "run": spec.run,
         "workdir": spec.workdir,

@@ -101,6 +101,8 @@ class Resources:
     accelerator: Accelerator | None = None
     ports: tuple[int, ...] = ()
     labels: Pairs = ()
+    # Cloud replicas run `setup` and `run` as the unprivileged user `sky` unless the task opts into root.
+    run_as_root: bool = False
 
     def describe_need(self) -> str:
         """What this candidate asks for, for plans and errors: ``A100:8, cpus 32+`` or ``m5.large``."""
