@@ -226,9 +226,67 @@ class AwsMachines:
                 return False
             raise
 
+    def host_keys(self, instance_id: str, location: str) -> tuple[str, ...]:
+        """The instance's SSH host keys as its console output shows them (``host_keys_of``)."""
+        return host_keys_of(self._aws, instance_id, location)
+
 
 def _machine(raw: dict[str, Any], region: str, resources: tuple[tuple[str, str], ...]) -> LaunchedMachine:
     return LaunchedMachine(instance_id=str(raw["InstanceId"]), region=region,
                            state=str(raw.get("State", {}).get("Name", "pending")),
                            public_ip=raw.get("PublicIpAddress"), private_ip=raw.get("PrivateIpAddress"),
                            resources=resources)
+
+# --- the VM's host keys, as the cloud saw them ------------------------------------------------------------
+def host_keys_of(aws: AwsProvider, instance_id: str, region: str) -> tuple[str, ...]:
+    """The instance's SSH host keys from its console output (``find_console_host_keys``); empty until the
+    block is there. ``GetConsoleOutput`` with ``Latest`` (what the console shows now) where the instance
+    type allows it (Nitro), else the output EC2 buffered after the last state change. Raises
+    ``ProviderError``."""
+    try:
+        raw = aws.call("ec2", region, "get_console_output", InstanceId=instance_id, Latest=True)
+    except AwsPermanentError as exc:
+        if not exc.code.startswith(("Unsupported", "InvalidParameter")):
+            raise
+        raw = aws.call("ec2", region, "get_console_output", InstanceId=instance_id)
+    return find_console_host_keys(_console_text(str(raw.get("Output") or "")))
+
+
+_KEYS_BEGIN = "-----BEGIN SSH HOST KEY KEYS-----"
+_KEYS_END = "-----END SSH HOST KEY KEYS-----"
+
+
+def find_console_host_keys(console: str) -> tuple[str, ...]:
+    """The host keys (``TYPE BASE64``, sorted) of the last complete ``BEGIN SSH HOST KEY KEYS`` block that
+    cloud-init prints to the console at boot; empty when there is none yet (a block still being written has
+    no END line). The last block: a console that saw several boots shows the keys of the latest. Within it,
+    each line's ``TYPE BASE64`` pair is taken wherever it stands (a console may prefix timestamps); a blob
+    that is not a key of its type is skipped, so the result holds nothing but keys. Pure."""
+    from skyserve_lite.remote.ssh import parse_public_key
+
+    lines = console.replace("\r", "").split("\n")
+    ends = [i for i, line in enumerate(lines) if _KEYS_END in line]
+    for end in reversed(ends):
+        begins = [i for i in range(end) if _KEYS_BEGIN in lines[i]]
+        if not begins:
+            continue
+        keys: set[str] = set()
+        for line in lines[begins[-1] + 1:end]:
+            tokens = line.split()
+            for at in range(len(tokens) - 1):
+                found = parse_public_key(tokens[at], tokens[at + 1])
+                if found is not None:
+                    keys.add(found)
+        return tuple(sorted(keys))
+    return ()
+
+
+def _console_text(output: str) -> str:
+    """``GetConsoleOutput``'s ``Output``: base64 on the wire; an SDK or emulator may hand it over decoded."""
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(output, validate=True).decode(errors="replace")
+    except (binascii.Error, ValueError):
+        return output

@@ -16,7 +16,7 @@ finds what an interrupted one made:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from skyserve_lite.errors import TransientProviderError
@@ -59,7 +59,8 @@ class GcpMachines:
                 "network_interfaces": [{"network": "global/networks/default",
                                         "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}]}],
                 "metadata": {"items": [{"key": "ssh-keys",
-                                        "value": f"{request.ssh_user}:{request.public_key.strip()}"}]},
+                                        "value": f"{request.ssh_user}:{request.public_key.strip()}"},
+                                       *HOST_KEY_METADATA]},
                 "service_accounts": [{"email": "default",
                                       "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}],
             }
@@ -114,6 +115,10 @@ class GcpMachines:
                     raise
         return done
 
+    def host_keys(self, instance_id: str, location: str) -> tuple[str, ...]:
+        """The instance's SSH host keys from its guest attributes (``host_keys_of``)."""
+        return host_keys_of(self._gcp, instance_id, location)
+
     def _ensure_rule(self, name: str, tag: str, ports: str, cidr: str) -> None:
         project = self._gcp._get_project()
         try:
@@ -133,3 +138,41 @@ def _is_not_found(exc: GcpPermanentError) -> bool:
     from google.api_core import exceptions as core
 
     return exc.code == "notFound" or isinstance(exc.__cause__, core.NotFound)
+
+# --- the VM's host keys, as the cloud saw them ------------------------------------------------------------
+# The guest agent publishes the VM's host keys as guest attributes (namespace "hostkeys") only where they are
+# enabled: on the instance, since a project's setting is not ours to change.
+HOST_KEY_METADATA = ({"key": "enable-guest-attributes", "value": "TRUE"},)
+
+
+def host_keys_of(gcp: GcpProvider, instance_id: str, zone: str) -> tuple[str, ...]:
+    """The instance's SSH host keys from its ``hostkeys/`` guest attributes (``find_guest_attribute_host_keys``);
+    empty until the guest agent has published them. ``instance_id`` is ``zone/name``. Raises
+    ``ProviderError``."""
+    try:
+        raw = _as_dict(gcp._call("instances", "get_guest_attributes", request={
+            "project": gcp._get_project(), "zone": zone, "instance": instance_id.rsplit("/", 1)[-1],
+            "query_path": "hostkeys/"}))
+    except GcpPermanentError as exc:
+        if _is_not_found(exc):  # nothing published under hostkeys/ yet
+            return ()
+        raise
+    return find_guest_attribute_host_keys((raw.get("queryValue") or {}).get("items") or [])
+
+
+def find_guest_attribute_host_keys(items: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The host keys (``TYPE BASE64``, sorted) among guest attribute entries (``namespace``, ``key``,
+    ``value``): each ``hostkeys`` entry names a key type and holds its base64 blob. Only the value's first
+    word counts (a value with a newline must not add a line to a known_hosts file), and a blob that is not a
+    key of the type named is skipped. Pure."""
+    from skyserve_lite.remote.ssh import parse_public_key
+
+    keys = set()
+    for item in items:
+        words = str(item.get("value") or "").split()
+        if item.get("namespace") != "hostkeys" or not words:
+            continue
+        found = parse_public_key(str(item.get("key") or ""), words[0])
+        if found is not None:
+            keys.add(found)
+    return tuple(sorted(keys))

@@ -1,8 +1,11 @@
 """Putting the controller on a host and taking it off: what `controller up`, `upgrade` and `down` do.
 
 ``bring_up`` adopts an SSH host (``--ssh``) or first launches a controller VM (``--cloud aws|gcp``, through
-the cloud's ``Machines``: ``aws_machine``, ``gcp_machine``), then pins the host key, bootstraps the host
-(``bootstrap``) and records it (``config``). The record is written as soon as a VM exists, so a failed
+the cloud's ``Machines``: ``aws_machine``, ``gcp_machine``), then pins the host keys, bootstraps the host
+(``bootstrap``) and records it (``config``). The keys pinned are those the host proves on a strict
+connection that trusts only the cloud's word (for a VM sky-lite launched), the key the user named, the keys
+pinned before, or on first contact with an ``--ssh`` host the key it presents (``ssh.plan_host_keys``);
+a key scan never decides what is trusted. The record is written as soon as a VM exists, so a failed
 bootstrap leaves something `controller down` can remove; running `controller up` again resumes from it.
 ``take_down_machine`` is the reverse.
 """
@@ -14,7 +17,7 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -32,6 +35,10 @@ if TYPE_CHECKING:
 Say = Callable[[str], None]
 DEFAULT_ALLOW_CIDR = "0.0.0.0/0"
 SSH_WAIT_SECONDS = 300.0
+# A new VM's host keys reach the cloud's console output (EC2) or guest attributes (GCE) within a few minutes of
+# boot; the cloud is asked every HOST_KEYS_POLL_SECONDS until then.
+HOST_KEYS_WAIT_SECONDS = 600.0
+HOST_KEYS_POLL_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -62,12 +69,12 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
     """See the module docstring. Raises ``UsageError``, ``StateConflictError``, ``HostKeyError``,
     ``ControllerError`` or ``ProviderError``, each naming the step."""
     previous = config.load_record(home)
-    machine, extras = None, request.extras
+    machine, extras, cloud_keys = None, request.extras, None
     if request.cloud is not None:
         if previous is not None and previous.machine is None:
             raise StateConflictError(f"this machine's controller is recorded at {previous.target.url}; take it "
                                      "down first with `sky-lite controller down`")
-        target, machine = launch_machine(home, previous, request.cloud, say)
+        target, machine, cloud_keys = launch_machine(home, previous, request.cloud, say)
         extras = tuple(sorted({*extras, request.cloud.cloud}))
     else:
         assert request.target is not None
@@ -78,7 +85,8 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
         machine = previous.machine if previous is not None else None
     same_host = previous is not None and (previous.target.host, previous.target.port) == (target.host, target.port)
     pinned = previous.host_keys if previous is not None and same_host else ()
-    keys = ssh.pin_host_keys(ssh.scan_host_keys(target), pinned, request.host_key_fingerprint, target)
+    keys = establish_host_keys(home, target, pinned=pinned, cloud=cloud_keys, expected=request.host_key_fingerprint,
+                               say=say)
     record = ControllerRecord(target=target, remote_home=previous.remote_home if previous and same_host else "",
                               host_keys=tuple(keys), fingerprint=ssh.fingerprint(keys[0]), machine=machine)
     config.save_pinned_keys(home, record)
@@ -96,6 +104,19 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
                               fingerprint=record.fingerprint, machine=machine)
     config.save_record(home, record)
     return record
+
+
+def establish_host_keys(home: Path, target: SshTarget, *, pinned: Sequence[str], cloud: Sequence[str] | None,
+                        expected: str | None, say: Say) -> list[str]:
+    """The host keys to pin for ``target`` (known_hosts lines): what the host proves on a strict login that
+    trusts only what ``ssh.plan_host_keys`` decides from ``pinned``, ``cloud`` and ``expected`` (see there).
+    Writes nothing but a scratch file. Raises ``HostKeyError`` or ``ControllerError``."""
+    plan = ssh.plan_host_keys(target, pinned=pinned, cloud=cloud, expected=expected)
+    trusted = plan.trust
+    if plan.scan_for is not None:
+        trusted = tuple(ssh.pick_expected(ssh.scan_host_keys(target), plan.scan_for, target))
+    say(f"checking the host key against {plan.source}")
+    return ssh.prove_host_keys(target, plan, trusted, home / "ssh")
 
 
 def install_wheel(shell: bootstrap.RemoteShell, plan: bootstrap.HostPlan, home_there: str, *, restart: bool,
@@ -127,11 +148,17 @@ class Machines(Protocol):
 
     def delete(self, machine_id: str, location: str) -> list[str]: ...
 
+    def host_keys(self, instance_id: str, location: str) -> tuple[str, ...]:
+        """The instance's SSH host keys as the cloud's API reports them (``TYPE BASE64`` each), which the
+        cloud had from the instance itself at boot; empty when it reports none (yet)."""
+        ...
+
 
 def launch_machine(home: Path, previous: ControllerRecord | None, request: CloudRequest, say: Say
-                   ) -> tuple[SshTarget, CloudMachine]:
+                   ) -> tuple[SshTarget, CloudMachine, tuple[str, ...]]:
     """Launch (or find) the controller VM and wait until its sshd answers; where to log in, what was
-    made."""
+    made, and the host keys the cloud reports for it (waited for unless keys pinned for this same instance
+    can be checked instead; empty when the cloud showed none)."""
     from skyserve_lite.providers import available_clouds
 
     if request.cloud not in available_clouds():
@@ -173,7 +200,36 @@ def launch_machine(home: Path, previous: ControllerRecord | None, request: Cloud
         target = SshTarget(address, 22, request.ssh_user, key)
     say(f"waiting for ssh on {target.url} ({running.instance_id})")
     _wait_for_sshd(target)
-    return target, machine
+    if os.environ.get("SKY_LITE_EMULATE_INSTANCES") == "1":
+        return target, machine, _emulated_host_keys(home, running.instance_id)
+    pinned_here = old is not None and old.instance_id == running.instance_id and previous is not None and bool(
+        previous.host_keys)
+    say("reading the VM's host keys from the cloud")
+    keys = wait_for_cloud_host_keys(machines, running.instance_id, location,
+                                    timeout_seconds=0 if pinned_here else HOST_KEYS_WAIT_SECONDS)
+    return target, machine, keys
+
+
+def wait_for_cloud_host_keys(machines: Machines, instance_id: str, location: str, *, timeout_seconds: float,
+                             sleep: Callable[[float], None] = time.sleep,
+                             now: Callable[[], float] = time.monotonic) -> tuple[str, ...]:
+    """Ask the cloud for the instance's host keys until it reports some or ``timeout_seconds`` pass (0:
+    ask once); what it last reported. Raises ``ProviderError``."""
+    deadline = now() + timeout_seconds
+    while True:
+        keys = machines.host_keys(instance_id, location)
+        if keys or now() >= deadline:
+            return keys
+        sleep(HOST_KEYS_POLL_SECONDS)
+
+
+def _emulated_host_keys(home: Path, instance_id: str) -> tuple[str, ...]:
+    """What the cloud reports for an emulated VM: the key its sshd was made with (the cloud emulator knows
+    no console or guest attributes of an instance it does not run)."""
+    from skyserve_lite.providers.emulated_host import EmulatedHosts
+
+    path = EmulatedHosts(home).root / _host_folder(instance_id) / "host_ed25519.pub"
+    return (path.read_text().strip(),)
 
 
 def take_down_machine(home: Path, machine: CloudMachine, say: Say) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite import __version__
-from skyserve_lite.errors import ControllerError, HostKeyError, UsageError
+from skyserve_lite.errors import ControllerError, UsageError
 from skyserve_lite.remote.config import (
     ControllerRecord,
     choose_controller,
@@ -30,7 +30,6 @@ from skyserve_lite.remote.ssh import (
     fingerprint,
     known_hosts_text,
     parse_ssh_target,
-    pin_host_keys,
     remote_env_command,
     ssh_options,
 )
@@ -72,6 +71,8 @@ def test_options_check_the_pinned_key_strictly_and_share_the_connection(tmp_path
     assert "StrictHostKeyChecking=yes" in joined and "BatchMode=yes" in joined
     assert f"UserKnownHostsFile={tmp_path / 'known_hosts'}" in joined and "GlobalKnownHostsFile=/dev/null" in joined
     assert "ControlMaster=auto" in joined and f"ControlPath={tmp_path / 'cm'}/cm-%C" in joined
+    assert "UpdateHostKeys=no" in joined  # the pinned file changes at `controller up` only, never behind the record
+    assert "UpdateHostKeys" not in " ".join(ssh_options(target, None, None))  # your own known_hosts: your config
     assert pairs["-p"] == "2222" and pairs["-i"] == "/keys/id" and "-F" not in pairs  # ~/.ssh/config honoured
 
 
@@ -102,27 +103,6 @@ def _line(seed: str) -> str:
 
 
 TARGET = SshTarget("127.0.0.1", 2222)
-
-
-@pytest.mark.parametrize(("scanned", "pinned", "expected", "result"), [
-    ([_line("a")], [], None, [_line("a")]),  # first contact: pin what the host presents
-    ([_line("a")], [_line("a")], None, [_line("a")]),  # the same key again
-    ([_line("b"), _line("a")], [_line("a")], None, sorted([_line("a"), _line("b")])),  # a key added beside it
-    ([_line("b")], [_line("a")], fingerprint(_line("b")), [_line("b")]),  # rebuilt, and the user checked it
-    ([_line("a")], [], fingerprint(_line("a")), [_line("a")]),  # first contact checked against the console
-])
-def test_host_keys_to_pin(scanned: list[str], pinned: list[str], expected: str | None, result: list[str]) -> None:
-    assert pin_host_keys(scanned, pinned, expected, TARGET) == result
-
-
-@pytest.mark.parametrize(("scanned", "pinned", "expected", "message"), [
-    ([_line("b")], [_line("a")], None, "host key of ssh://127.0.0.1:2222 changed"),
-    ([_line("a")], [], fingerprint(_line("b")), "not the expected"),
-    ([_line("b")], [_line("a")], fingerprint(_line("c")), "not the expected"),
-])
-def test_host_keys_refused(scanned: list[str], pinned: list[str], expected: str | None, message: str) -> None:
-    with pytest.raises(HostKeyError, match=message):
-        pin_host_keys(scanned, pinned, expected, TARGET)
 
 
 def test_known_hosts_lines_name_the_host_as_ssh_looks_it_up() -> None:
