@@ -212,16 +212,17 @@ def test_instance_aware_rates_that_do_not_parse_are_refused(name: str) -> None:
         make_policy(name, InFlight())
 
 
-@pytest.mark.parametrize(("policy", "expected"), [
-    ("least_load", "least_load"),
-    ("instance_aware_least_load", "instance_aware_least_load:a100=5,l4=2.5"),
-    ("round_robin", "round_robin"),
+@pytest.mark.parametrize(("policy", "target", "expected"), [
+    ("least_load", "2.5", "least_load"),
+    ("instance_aware_least_load", "{A100: 5, L4: 2.5}", "instance_aware_least_load:a100=5,l4=2.5"),
+    ("round_robin", "2.5", "round_robin"),
 ])
-def test_the_policy_a_load_balancer_reads_carries_the_rates(policy: str, expected: str) -> None:
+def test_the_policy_a_load_balancer_reads_carries_the_rates(policy: str, target: str, expected: str) -> None:
     from skyserve_lite.spec.parse import parse_task
 
+    # Per-accelerator rates and instance_aware_least_load come together (as SkyServe requires).
     spec = parse_task(f"resources:\n  accelerators: {{A100: 1, L4: 1}}\nrun: x\nservice:\n  load_balancing_policy: "
                       f"{policy}\n  replica_policy:\n    min_replicas: 1\n    max_replicas: 3\n"
-                      "    target_qps_per_replica: {A100: 5, L4: 2.5}\n")
+                      f"    target_qps_per_replica: {target}\n")
     assert spec.service.lb_policy == expected
     assert make_policy(spec.service.lb_policy, InFlight()) is not None
