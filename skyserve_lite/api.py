@@ -332,8 +332,11 @@ class LocalController:
             raise UsageError(f"--endpoint-port: {endpoint_port} is not a port (1-65535)")
         with self._submitting(task, None) as (task, inputs, store, _settings):
             tls = task.spec.service.tls is not None
-            if key is not None and (done := store.find_submission(key)) is not None and done[0] == name:
-                return self._shown(store.get_service(name), tls=tls)
+            if key is not None and store.find_submission(key) == (name, 1):
+                existing = store.get_service(name)
+                if existing.current_version == 1:  # the same `serve up` again: the answer it had
+                    return self._shown(existing, tls=tls)
+                key = None  # updated since: not a rerun any more, refused as any `serve up` of a taken name
             used = store.used_lb_ports()
             if endpoint_port is not None and (endpoint_port in used or not procs.is_port_free(endpoint_port)):
                 whose = "the endpoint of another service" if endpoint_port in used else "taken on this host"
@@ -512,10 +515,16 @@ class LocalController:
                       expect_version: int | None = None, note: str | None = None,
                       reuse_identical_files: bool = False, key: str | None = None) -> VersionRecord:
         """See ``Controller``; ``key`` is a submission's idempotency key (a retry returns the version the
-        first attempt stored, and stores nothing)."""
-        with self._submitting(task, self._current_version(name)) as (task, inputs, store, settings):
-            if key is not None and (done := store.find_submission(key)) is not None and done[0] == name:
-                return store.get_version(name, done[1])
+        first attempt stored, and stores nothing). It is stored with the version it was applied on top of
+        (``submission_key``): the same key answers with the version it stored only while that version is
+        still the current one, so the same task submitted again after another update is a new update."""
+        previous = self._current_version(name)
+        with self._submitting(task, previous) as (task, inputs, store, settings):
+            if key is not None:
+                current = previous.version
+                if store.find_submission(submission_key(key, current - 1)) == (name, current):
+                    return store.get_version(name, current)
+                key = submission_key(key, current)
             version = store.add_version(name, task, mode.value, self._clock.now(),
                                         expect_version=expect_version, note=note,
                                         reuse_identical_files=reuse_identical_files,
@@ -628,6 +637,14 @@ class LocalController:
         from skyserve_lite.forcedown import force_down
 
         return force_down(self.home, regions=regions)
+
+
+def submission_key(key: str, base: int) -> str:
+    """The key an update with the idempotency key ``key`` is stored under when it is applied on top of
+    version ``base``: the client's key says what was asked (a digest of the service, task, files and
+    options), ``base`` what it was asked of. Version 3 stored by ``K`` on top of 2 is ``K@2``; a request
+    with ``K`` finding ``K@2`` while the service is at 3 is that update again."""
+    return f"{key}@{base}"
 
 
 def _secret_store(home: Path) -> SecretStore:

@@ -1,15 +1,28 @@
 """``RemoteController``: ``api.Controller`` over a ``Transport`` (one `controller rpc` run per call).
 
 Every call is retried when the connection drops before its answer arrives (ssh's exit status 255, or the
-command killed): reads are safe to repeat, and each submission carries an idempotency key made once per
-submission, so a retried `serve update` finds the version its first attempt stored. A submission hashes the
-task's files here, asks the host which blobs it lacks, uploads only those, then stores the version in one
-call; blobs collected on the host in between are uploaded again.
+command killed): reads are safe to repeat, and each submission carries an idempotency key, so a retried
+`serve update` finds the version its first attempt stored. The key is a digest of what was asked (service
+name, task text and source, the files' digest, the inputs given, the options), keyed with this state
+directory's ``submission_secret`` (the inputs hold secret values): the same command run again sends the same
+key, and the host answers with what the first run stored instead of refusing a `serve up` of a name that
+exists or storing a second version. Without a secret (tests) each submission gets a random key.
+
+After a dropped connection, a submission's retry first asks the host what became of it
+(``submission_outcome``) and says so through ``say``: stored (its answer is asked for again) or not stored
+(it is sent again). When the host stays out of reach the error says whether the submission was stored, as
+far as known, and that running the same command again is safe.
+
+A submission hashes the task's files here, asks the host which blobs it lacks, uploads only those, then stores
+the version in one call; blobs collected on the host in between are uploaded again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
+import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,7 +39,7 @@ from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
 from skyserve_lite.remote import protocol
 from skyserve_lite.remote.transport import Channel, Transport
-from skyserve_lite.remote.wire import BlobHeader, HostInfo, WireTask
+from skyserve_lite.remote.wire import BlobHeader, HostInfo, SubmissionOutcome, WireTask
 from skyserve_lite.spec.inputs import fill_paths
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state.models import ServiceRecord, VersionRecord
@@ -48,21 +61,28 @@ class _Dropped(Exception):
 
 
 class RemoteController:
-    """See the module docstring. ``host_key_hint`` finishes the message of a refused host key."""
+    """See the module docstring. ``host_key_hint`` finishes the message of a refused host key;
+    ``submission_secret`` keys the digests that make submissions' idempotency keys (None: random keys);
+    ``say`` receives a line for the user about a submission's fate after a dropped connection."""
 
     def __init__(self, transport: Transport, clock: Clock | None = None, *, host_key_hint: str = "",
-                 retry_pause_seconds: float = RETRY_PAUSE_SECONDS) -> None:
+                 retry_pause_seconds: float = RETRY_PAUSE_SECONDS, submission_secret: bytes | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         self.transport = transport
         self._clock = clock or SystemClock()
         self._host_key_hint = host_key_hint
         self._retry_pause = retry_pause_seconds
+        self._secret = submission_secret
+        self._say = say or (lambda _line: None)
 
     # --- the api.Controller methods --------------------------------------------------------------
     def create_service(self, name: str, task: SubmittedTask, *, endpoint_port: int | None = None) -> ServiceRecord:
         wire = self._prepare(task)
-        key = uuid.uuid4().hex
+        key = self._submission_key("create_service", name, wire, {"endpoint_port": endpoint_port})
+        outcome = {"name": name, "method": "create_service", "base": None}
         return cast(ServiceRecord, self._submit(wire, lambda w: decode(ServiceRecord, self._call(
-            "create_service", {"name": name, "task": encode(w), "endpoint_port": endpoint_port}, key=key))))
+            "create_service", {"name": name, "task": encode(w), "endpoint_port": endpoint_port}, key=key,
+            outcome=outcome))))
 
     def get_status(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> list[ServiceView]:
         return cast(list[ServiceView], decode(list[ServiceView], self._call(
@@ -89,10 +109,13 @@ class RemoteController:
                       expect_version: int | None = None, note: str | None = None,
                       reuse_identical_files: bool = False) -> VersionRecord:
         wire = self._prepare(task)
-        key = uuid.uuid4().hex
+        # Not expect_version: a rerun plans again, from the version the lost first run may have stored.
+        key = self._submission_key("submit_update", name, wire, {
+            "mode": mode.value, "note": note, "reuse_identical_files": reuse_identical_files})
+        outcome = {"name": name, "method": "submit_update", "base": expect_version}
         return cast(VersionRecord, self._submit(wire, lambda w: decode(VersionRecord, self._call("submit_update", {
             "name": name, "task": encode(w), "mode": mode.value, "expect_version": expect_version, "note": note,
-            "reuse_identical_files": reuse_identical_files}, key=key))))
+            "reuse_identical_files": reuse_identical_files}, key=key, outcome=outcome))))
 
     def controller_status(self) -> ControllerStatus:
         return cast(ControllerStatus, decode(ControllerStatus, self._call("controller_status", {})))
@@ -137,6 +160,16 @@ class RemoteController:
                                        ControllerSettings.from_env().snapshot_limit_bytes)
             task = dataclasses.replace(task, spec=dataclasses.replace(spec, files=files))
         return WireTask.of(task)
+
+    def _submission_key(self, method: str, name: str, wire: WireTask, options: dict[str, Any]) -> str:
+        """The idempotency key of a submission: an HMAC of everything it asks, so the same command run again
+        (same service, task text and source, files, inputs and options) sends the same key."""
+        if self._secret is None:
+            return uuid.uuid4().hex
+        document = {"method": method, "name": name, "task": encode(dataclasses.replace(wire, files=None)),
+                    "files": wire.files.digest if wire.files is not None else None, "options": options}
+        text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+        return hmac.new(self._secret, text.encode(), hashlib.sha256).hexdigest()
 
     def _submit(self, wire: WireTask, store: Callable[[WireTask], Any]) -> Any:
         """Upload the blobs the host lacks, then ``store``; blobs collected meanwhile go up again (twice at
@@ -198,25 +231,50 @@ class RemoteController:
 
     # --- one call ---------------------------------------------------------------------------------
     def _call(self, method: str, params: dict[str, Any], *, key: str | None = None,
-              payload: Callable[[IO[bytes]], None] | None = None) -> Any:
-        channel, message = self._open_answered(method, params, key=key, payload=payload)
+              payload: Callable[[IO[bytes]], None] | None = None, outcome: dict[str, Any] | None = None) -> Any:
+        channel, message = self._open_answered(method, params, key=key, payload=payload, outcome=outcome)
         channel.finish()
         return message.get("result")
 
     def _open_answered(self, method: str, params: dict[str, Any], *, key: str | None = None,
-                       payload: Callable[[IO[bytes]], None] | None = None,
-                       keep_open: bool = False) -> tuple[Channel, dict[str, Any]]:
+                       payload: Callable[[IO[bytes]], None] | None = None, keep_open: bool = False,
+                       outcome: dict[str, Any] | None = None) -> tuple[Channel, dict[str, Any]]:
         """Send the request (retrying a dropped connection); the channel, positioned after the answer line,
-        and that line. An error answer is raised here, as the sky-lite error it carries."""
+        and that line. An error answer is raised here, as the sky-lite error it carries. ``outcome``: the
+        ``submission_outcome`` params of a submission, asked after a drop before the request goes again."""
+        known: SubmissionOutcome | None = None
         for attempt in range(ATTEMPTS):
             try:
-                return self._exchange(method, params, key, payload, keep_open)
+                if attempt > 0 and outcome is not None and key is not None:
+                    known = self._ask_outcome(outcome, key)
+                channel, message = self._exchange(method, params, key, payload, keep_open)
             except _Dropped as exc:
                 if attempt == ATTEMPTS - 1:
                     raise ControllerError(f"lost the connection to the controller at {self.transport.where} "
-                                          f"{ATTEMPTS} times ({exc}); is the host up?") from None
+                                          f"{ATTEMPTS} times ({exc}); "
+                                          + ("is the host up?" if outcome is None else _fate(known))) from None
                 self._clock.sleep(self._retry_pause)
+                continue
+            if message.get("replayed") and outcome is not None:
+                self._say(f"The controller at {self.transport.where} had stored this request already (an earlier "
+                          "attempt or run sent the same one); this is its answer, and nothing was stored again.")
+            return channel, message
         raise AssertionError("unreachable")
+
+    def _ask_outcome(self, params: dict[str, Any], key: str) -> SubmissionOutcome:
+        """What became of the submission ``key`` whose connection dropped, said to the user. One try: a
+        drop raises ``_Dropped``."""
+        channel, message = self._exchange("submission_outcome", params, key, None, False)
+        channel.finish()
+        found = cast(SubmissionOutcome, decode(SubmissionOutcome, message.get("result")))
+        where = self.transport.where
+        if found.stored:
+            self._say(f"The connection to {where} dropped after the request was sent; the controller had stored it "
+                      f"(version {found.version}). Asking for its answer again.")
+        else:
+            self._say(f"The connection to {where} dropped after the request was sent; the controller had not "
+                      "stored it. Sending it again.")
+        return found
 
     def _exchange(self, method: str, params: dict[str, Any], key: str | None,
                   payload: Callable[[IO[bytes]], None] | None, keep_open: bool) -> tuple[Channel, dict[str, Any]]:
@@ -267,6 +325,17 @@ def _read_stream(channel: Channel) -> Iterator[bytes]:
             yield chunk
     finally:
         channel.finish()
+
+
+def _fate(known: SubmissionOutcome | None) -> str:
+    """The end of the message of a submission whose connection kept dropping: what is known of its fate."""
+    again = ("Run the same command again: it sends the same request, so the controller answers with what it "
+             "stored instead of storing it twice.")
+    if known is None:
+        return f"whether the controller stored the request is not known. {again}"
+    if known.stored:
+        return f"the controller had stored the request (version {known.version}), but its answer was lost. {again}"
+    return f"the controller had not stored the request when last asked. {again}"
 
 
 def _last_line(text: str) -> str:

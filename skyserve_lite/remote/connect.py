@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import shlex
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +33,8 @@ def open_controller(home: Path, env: Mapping[str, str]) -> api.Controller:
         return api.LocalController(home)
     from skyserve_lite.remote.client import RemoteController  # not for a local controller: ~20 ms of start-up
 
-    return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice))
+    return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice),
+                            submission_secret=submission_secret(home), say=_say)
 
 
 def open_remote(home: Path, record: ControllerRecord) -> RemoteController:
@@ -38,7 +42,38 @@ def open_remote(home: Path, record: ControllerRecord) -> RemoteController:
     from skyserve_lite.remote.client import RemoteController
 
     choice = Choice(record=record)
-    return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice))
+    return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice),
+                            submission_secret=submission_secret(home), say=_say)
+
+
+SUBMISSION_SECRET_FILE = "submission.key"
+
+
+def submission_secret(home: Path) -> bytes | None:
+    """The key of this state directory's submission digests (``client``): 32 random bytes made on first use
+    in ``ssh/submission.key`` (mode 0600), so the same command run again from here sends the same
+    idempotency key while no digest of a secret value can be guessed at on the host. None when it cannot be
+    read or made (a read-only home, a file being written this instant): each submission then gets a random
+    key, retried within one run but not recognized in the next."""
+    path = home / "ssh" / SUBMISSION_SECRET_FILE
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            text = path.read_text().strip()
+        else:
+            text = secrets.token_hex(32)
+            with os.fdopen(fd, "w") as stream:
+                stream.write(text + "\n")
+        secret = bytes.fromhex(text)
+    except (OSError, ValueError):
+        return None
+    return secret if len(secret) == 32 else None
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def ssh_transport(home: Path, choice: Choice) -> CommandTransport:

@@ -4,11 +4,13 @@ A request is one line::
 
     {"protocol": 1, "sky_lite": "0.1.0", "method": "get_status", "params": {...}, "key": null}
 
-``key`` is the idempotency key of a submission (a retried `serve update` stores its version once); some
-methods send raw bytes after the line (``put_blobs``: the blobs, back to back, sizes in ``params``). The
-answer is one line, ``{"protocol": 1, "sky_lite": ..., "result": ...}`` or ``{..., "error": {"type":
-"NotFoundError", "message": ...}}``; a streamed answer (``stream_log``) is ``{..., "stream": true}``
-followed by raw bytes until the command exits.
+``key`` is the idempotency key of a submission: a digest of what was asked (service, task, files,
+options), so a retried `serve update`, or the same command run again, stores its version once
+(``submission_outcome`` asks what became of one). Some methods send raw bytes after the line
+(``put_blobs``: the blobs, back to back, sizes in ``params``). The answer is one line, ``{"protocol": 1,
+"sky_lite": ..., "result": ...}`` (with ``"replayed": true`` when it answers a submission stored before,
+storing nothing) or ``{..., "error": {"type": "NotFoundError", "message": ...}}``; a streamed answer
+(``stream_log``) is ``{..., "stream": true}`` followed by raw bytes until the command exits.
 
 Versions: the host refuses every method but ``describe`` from a client whose protocol or sky-lite version
 differs from its own (``ControllerVersionError``, naming `sky-lite controller upgrade`), so two versions
@@ -38,8 +40,9 @@ def make_request(method: str, params: dict[str, Any], key: str | None = None) ->
             "key": key}
 
 
-def make_result(result: Any) -> dict[str, Any]:
-    return {"protocol": PROTOCOL_VERSION, "sky_lite": __version__, "result": result}
+def make_result(result: Any, *, replayed: bool = False) -> dict[str, Any]:
+    message = {"protocol": PROTOCOL_VERSION, "sky_lite": __version__, "result": result}
+    return message | {"replayed": True} if replayed else message
 
 
 def make_stream_header() -> dict[str, Any]:

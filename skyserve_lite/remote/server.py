@@ -4,7 +4,10 @@ The request comes on stdin, the answer goes to stdout; nothing else is ever writ
 is a thin call of ``LocalController`` with its parameters decoded to the api's types (``codec``), plus
 what only a remote client needs: ``describe`` (what runs here, for `controller status`), ``missing_blobs``
 and ``put_blobs`` (a submission uploads only the file contents the host lacks, then submits the version
-in one call). Every method is safe to retry; submissions carry an idempotency key.
+in one call). Every method is safe to retry; submissions carry an idempotency key, and
+``submission_outcome`` tells a client whose connection dropped whether its submission was stored. An answer
+to a submission the host had stored already (a retry, or the same command run again) says so
+(``replayed``).
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from typing import IO, Any
 from skyserve_lite import __version__
 from skyserve_lite.api import DEFAULT_EVENTS, LocalController
 from skyserve_lite.codec import decode, encode
-from skyserve_lite.errors import ControllerVersionError, SkyLiteError, UsageError
+from skyserve_lite.errors import ControllerVersionError, NotFoundError, SkyLiteError, UsageError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.remote import protocol
-from skyserve_lite.remote.wire import BlobHeader, HostInfo, WireTask
+from skyserve_lite.remote.wire import BlobHeader, HostInfo, SubmissionOutcome, WireTask
 
 # At most this many bytes of one blob are held in memory while it is checked and stored.
 _CHUNK = 1 << 20
@@ -75,7 +78,7 @@ class RpcServer:
         c = self._controller
         return {
             "describe": lambda p, k: self._answer(self._describe()),
-            "create_service": lambda p, k: self._answer(c.create_service(
+            "create_service": lambda p, k: self._answer_submission(p, k, "create_service", lambda: c.create_service(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task(),
                 endpoint_port=_get(p, "endpoint_port", int | None), key=_key(k))),
             "get_status": lambda p, k: self._answer(c.get_status(
@@ -88,10 +91,12 @@ class RpcServer:
             "plan_update": lambda p, k: self._answer(c.plan_update(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task(), _get(p, "mode", UpdateMode),
                 reuse_identical_files=_get(p, "reuse_identical_files", bool))),
-            "submit_update": lambda p, k: self._answer(c.submit_update(
+            "submit_update": lambda p, k: self._answer_submission(p, k, "submit_update", lambda: c.submit_update(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task(), _get(p, "mode", UpdateMode),
                 expect_version=_get(p, "expect_version", int | None), note=_get(p, "note", str | None),
                 reuse_identical_files=_get(p, "reuse_identical_files", bool), key=_key(k))),
+            "submission_outcome": lambda p, k: self._answer(self._submission_outcome(
+                _get(p, "name", str), _required_key(k), _get(p, "method", str), _get(p, "base", int | None))),
             "controller_status": lambda p, k: self._answer(c.controller_status()),
             "start_controller": lambda p, k: self._answer(c.start_controller()),
             "request_down": lambda p, k: self._answer_after(lambda: c.request_down(_get(p, "names", tuple[str, ...]))),
@@ -114,8 +119,45 @@ class RpcServer:
         call()
         self._answer(None)
 
-    def _answer(self, result: object) -> None:
-        protocol.write_message(self._out, protocol.make_result(encode(result)))
+    def _answer(self, result: object, *, replayed: bool = False) -> None:
+        protocol.write_message(self._out, protocol.make_result(encode(result), replayed=replayed))
+
+    def _answer_submission(self, params: dict[str, Any], key: object, method: str, call: Callable[[], object]) -> None:
+        """Answer a submission, saying whether it is one this host had stored already (its key names the
+        current version): then the answer is that version's, and nothing was stored."""
+        found = _key(key)
+        before = None if found is None else self._submission_outcome(_get(params, "name", str), found, method, None)
+        result = call()
+        self._answer(result, replayed=before is not None and before.stored and before.current)
+
+    def _submission_outcome(self, name: str, key: str, method: str, base: int | None) -> SubmissionOutcome:
+        """Whether the submission ``key`` (``method`` of service ``name``) was stored, and what: a `serve up`
+        is stored under its key, an update under its key and the version it was applied on top of
+        (``api.submission_key``): the current version's predecessor, or ``base`` (the version the client
+        expected it on)."""
+        from skyserve_lite.api import submission_key
+        from skyserve_lite.state.store import Store
+
+        if method not in ("create_service", "submit_update"):
+            raise UsageError(f"params.method: {method!r} is not a submission (create_service or submit_update)")
+        try:
+            store = Store.open(self.home, create=False)
+        except NotFoundError:  # no store: nothing was ever stored here
+            return SubmissionOutcome(stored=False)
+        try:
+            try:
+                current: int | None = store.get_service(name).current_version
+            except NotFoundError:
+                current = None
+            bases = [b for b in (current - 1 if current else None, base) if b is not None]
+            keys = [key] if method == "create_service" else [submission_key(key, b) for b in bases]
+            for candidate in keys:
+                done = store.find_submission(candidate)
+                if done is not None and done[0] == name:
+                    return SubmissionOutcome(stored=True, version=done[1], current=done[1] == current)
+            return SubmissionOutcome(stored=False)
+        finally:
+            store.close()
 
     def _stream(self, chunks: Iterator[bytes], *, until_client_leaves: bool) -> None:
         """Send the header, then the chunks as raw bytes. With ``until_client_leaves`` (a follow), the
@@ -207,6 +249,13 @@ def _check_digest(digest: str) -> str:
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise UsageError(f"not a sha256 digest: {digest[:80]!r}")
     return digest
+
+
+def _required_key(key: object) -> str:
+    found = _key(key)
+    if found is None:
+        raise protocol.ProtocolError("this request needs an idempotency key")
+    return found
 
 
 def _get(params: dict[str, Any], name: str, tp: Any) -> Any:

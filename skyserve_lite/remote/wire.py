@@ -50,6 +50,16 @@ class WireTask:
 
 
 @dataclass(frozen=True)
+class SubmissionOutcome:
+    """What became of a submission (``submission_outcome``): whether the host stored it, the version it
+    stored (1 for a `serve up`), and whether that version is still the service's current one."""
+
+    stored: bool
+    version: int | None = None
+    current: bool = False
+
+
+@dataclass(frozen=True)
 class BlobHeader:
     digest: str
     size: int
