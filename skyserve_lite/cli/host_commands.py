@@ -28,8 +28,9 @@ from skyserve_lite.cli.params import FiniteFloatRange
 @click.option("--extra", "extras", multiple=True, type=click.Choice(["aws"]),
               help="Also install the dependencies of this cloud on the host (repeatable; --cloud adds its own).")
 @click.option("--host-key-fingerprint", default=None, metavar="SHA256:...",
-              help="The host key to expect (from the host's console); default: trust the key the host presents "
-              "the first time and pin it.")
+              help="The host key to expect (from the host's console). Default: with --cloud, the keys the cloud "
+              "reports; with --ssh, the key the host presents the first time. Only keys the host then proves on "
+              "a login are pinned.")
 @click.option("--region", default=None, help="With --cloud: the region (default: the cloud's configured one).")
 @click.option("--zone", default=None, help="With --cloud: the zone (default: the cloud's choice).")
 @click.option("--instance-type", default=None,

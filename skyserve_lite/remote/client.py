@@ -269,10 +269,10 @@ class RemoteController:
         found = cast(SubmissionOutcome, decode(SubmissionOutcome, message.get("result")))
         where = self.transport.where
         if found.stored:
-            self._say(f"The connection to {where} dropped after the request was sent; the controller had stored it "
+            self._say(f"The connection to {where} dropped before its answer arrived; the controller had stored it "
                       f"(version {found.version}). Asking for its answer again.")
         else:
-            self._say(f"The connection to {where} dropped after the request was sent; the controller had not "
+            self._say(f"The connection to {where} dropped before its answer arrived; the controller had not "
                       "stored it. Sending it again.")
         return found
 

@@ -160,7 +160,7 @@ def test_after_a_drop_the_client_says_whether_it_was_stored_and_it_is_stored_onc
     assert methods == [method, "submission_outcome", method]
     keys = {r["key"] for r in transport.requests}
     assert len(keys) == 1  # the outcome is asked of the submission's own key, which is sent again
-    expected = [f"The connection to {WHERE} dropped after the request was sent; " + outcome_line.format(v=version)]
+    expected = [f"The connection to {WHERE} dropped before its answer arrived; " + outcome_line.format(v=version)]
     if replayed:
         expected.append(f"The controller at {WHERE} had stored this request already (an earlier attempt or run "
                         "sent the same one); this is its answer, and nothing was stored again.")
