@@ -82,6 +82,11 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
                                      else "")
         click.echo(f"The controller runs on {where} (sky-lite {info.sky_lite}, state in {record.remote_home}); "
                    f"host key {record.fingerprint} pinned. Every `sky-lite serve` command now talks to it.")
+        if info.cron_running is False:
+            click.echo(f"Warning: no cron daemon runs on {record.target.url}: the cron lines are installed but "
+                       "nothing runs them, so nothing restarts the controller loop if it stops or the host "
+                       "reboots. Start cron there (Debian and Ubuntu: `sudo systemctl enable --now cron`).",
+                       err=True)
 
 
 def _check_cidr(option: str, value: str | None) -> None:
@@ -144,12 +149,12 @@ def controller_status(output: str) -> None:
         document = {"where": where, "home": info.home, "sky_lite": info.sky_lite, "client_sky_lite": __version__,
                     "build": info.build, "running": info.running, "pid": info.pid,
                     "last_pass_at": format_timestamp(info.last_pass_at), "cron_installed": info.cron_installed,
-                    "services": list(info.services)}
+                    "cron_running": info.cron_running, "services": list(info.services)}
         if output == "json":
             click.echo(json.dumps(document, indent=2))
             return
         age = "" if info.last_pass_at is None else f" ({time.time() - info.last_pass_at:.0f}s ago)"
-        cron = {True: "installed", False: "not installed", None: "unknown (crontab not readable)"}[info.cron_installed]
+        cron = describe_cron(info.cron_installed, info.cron_running)
         lines = [f"Controller: {where} (state in {info.home})",
                  f"sky-lite:   {info.sky_lite}" + ("" if info.sky_lite == __version__ else
                                                   f" (this client: {__version__}; run `sky-lite controller upgrade`)"),
@@ -158,6 +163,20 @@ def controller_status(output: str) -> None:
                  f"Cron lines: {cron}",
                  f"Services:   {', '.join(info.services) if info.services else 'none'}"]
         click.echo("\n".join(lines))
+
+
+def describe_cron(installed: bool | None, running: bool | None) -> str:
+    """The `Cron lines:` of `controller status`: whether the lines are in the crontab, and whether a cron
+    daemon runs them (None: the host cannot tell, having no /proc, or is older and does not say)."""
+    lines = {True: "installed", False: "not installed", None: "unknown (crontab not readable)"}[installed]
+    if running is None:
+        return f"{lines} (cron daemon: unknown)"
+    if running:
+        return f"{lines}; the cron daemon runs"
+    if installed:
+        return ("installed, but no cron daemon runs: nothing restarts the loop if it stops (start cron; Debian "
+                "and Ubuntu: `sudo systemctl enable --now cron`)")
+    return f"{lines}; no cron daemon runs"
 
 
 @click.command("upgrade")

@@ -4,6 +4,10 @@
 ``render_cron_lines``, ``merge_crontab`` and ``remove_from_crontab`` are pure (text in, text out);
 ``install_cron`` and ``uninstall_cron`` apply them to the user's crontab through the ``crontab`` command, and
 ``ensure_supervised`` is what the lines run.
+
+Lines in a crontab run only if a cron daemon does: containers and minimal images often have ``crontab`` and
+no daemon. ``find_cron_daemon`` tells one from a process listing (pure), ``is_cron_daemon_running`` reads
+that listing from ``/proc``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller
@@ -24,6 +29,10 @@ from skyserve_lite.state.store import prepare_home
 
 ENSURE_LOCK_FILE = "ensure.lock"
 SCRIPT_NAME = "sky-lite"
+# The daemons that run users' crontabs: Vixie cron and Debian's `cron`, cronie's, dcron's and BusyBox's
+# `crond`, fcron, bcron's scheduler. (anacron runs daily jobs only, not the minute lines.)
+CRON_DAEMONS = frozenset({"cron", "crond", "fcron", "bcron-sched"})
+MULTICALL_BINARIES = frozenset({"busybox", "toybox"})  # `busybox crond`: the applet is the first argument
 
 
 class CronChange(enum.Enum):
@@ -204,3 +213,56 @@ def ensure_supervised(home: Path, timeout_seconds: float = 15.0) -> int | None:
         return ensure_controller(home, timeout_seconds)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class ProcessName:
+    """What a process listing says of one process: its pid, the kernel's name of it (``/proc/PID/comm``, the
+    executable's file name cut to 15 characters) and its arguments."""
+
+    pid: int
+    comm: str
+    argv: tuple[str, ...] = ()
+
+
+def find_cron_daemon(processes: Iterable[ProcessName]) -> int | None:
+    """The pid of a cron daemon among ``processes`` (by its executable's name, its first argument's file name,
+    or a multi-call binary's applet), None when none is one."""
+    for process in processes:
+        names = {process.comm}
+        if process.argv:
+            names.add(os.path.basename(process.argv[0]))
+        if names & MULTICALL_BINARIES and len(process.argv) > 1:
+            names.add(os.path.basename(process.argv[1]))
+        if names & CRON_DAEMONS:
+            return process.pid
+    return None
+
+
+def list_processes(proc: Path = Path("/proc")) -> list[ProcessName] | None:
+    """Every process ``proc`` shows, by pid; None when it cannot be read, or shows no pid 1 (no /proc at all, or one
+    mounted with ``hidepid`` that hides other users' processes: then the daemon may run unseen). A process
+    that ends while it is read is left out."""
+    if not (proc / "1").is_dir():
+        return None
+    try:
+        entries = sorted((entry for entry in proc.iterdir() if entry.name.isdigit()), key=lambda e: int(e.name))
+    except OSError:
+        return None
+    processes = []
+    for entry in entries:
+        try:
+            comm = (entry / "comm").read_text(errors="replace").strip()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        processes.append(ProcessName(int(entry.name), comm,
+                                     tuple(a.decode(errors="replace") for a in argv if a)))
+    return processes
+
+
+def is_cron_daemon_running(proc: Path = Path("/proc")) -> bool | None:
+    """Whether a cron daemon runs here (``find_cron_daemon`` over ``list_processes``); None when this cannot
+    be told."""
+    processes = list_processes(proc)
+    return None if processes is None else find_cron_daemon(processes) is not None

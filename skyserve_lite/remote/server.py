@@ -209,15 +209,22 @@ class RpcServer:
 
 def describe_host(controller: LocalController) -> HostInfo:
     """What this host runs for the state directory of ``controller``."""
-    from skyserve_lite.controller.cron import is_cron_installed
+    from skyserve_lite.controller.cron import is_cron_daemon_running, is_cron_installed
     from skyserve_lite.remote.wheel import installed_digest
+    from skyserve_lite.state.store import Store
 
     state = controller.controller_status()
     services = tuple(view.service.name for view in controller.get_status())
+    store = Store.open(controller.home)
+    try:
+        controller_id = store.controller_id
+    finally:
+        store.close()
     return HostInfo(sky_lite=__version__, protocol=protocol.PROTOCOL_VERSION, home=str(controller.home),
                     python=sys.version.split()[0], executable=sys.executable,
                     cron_installed=is_cron_installed(controller.home), build=installed_digest(),
-                    running=state.running, pid=state.pid, last_pass_at=state.last_pass_at, services=services)
+                    running=state.running, pid=state.pid, last_pass_at=state.last_pass_at, services=services,
+                    cron_running=is_cron_daemon_running(), controller_id=controller_id)
 
 
 class _Exactly:

@@ -27,6 +27,8 @@ class HostInfo:
     pid: int | None = None
     last_pass_at: float | None = None
     services: tuple[str, ...] = ()
+    cron_running: bool | None = None  # whether a cron daemon runs on the host; None: cannot tell (no /proc)
+    controller_id: str | None = None  # of the host's state directory: what a controller VM's grants name
 
 
 @dataclass(frozen=True)
