@@ -22,7 +22,8 @@ from skyserve_lite.clock import Clock, SystemClock, format_timestamp
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller, stop_controller
 from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import LB_PORT_END, LB_PORT_START, find_lb_port, lb_log_path
-from skyserve_lite.controller.pidfile import read_controller_pid
+from skyserve_lite.controller.pidfile import PID_FILE as CONTROLLER_PID_FILE
+from skyserve_lite.controller.pidfile import find_controller, read_controller_pid
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.defaults import DEFAULT_EVENTS as DEFAULT_EVENTS  # re-exported: the clients import it here
 from skyserve_lite.errors import (
@@ -564,7 +565,11 @@ class LocalController:
             ensure_controller(self.home)
 
     def finish_down(self, names: Sequence[str], timeout_seconds: float, poll_seconds: float = 0.2) -> None:
+        """See ``Controller``. With a background controller (``start_daemon``), one that is not running for
+        ``CONTROLLER_GONE_SECONDS`` ends the wait with a ``ControllerError`` saying what to run: nothing would
+        take the services down until it runs again. (The grace lets a restart, `controller upgrade`'s, pass.)"""
         deadline = self._clock.now() + timeout_seconds
+        gone_since: float | None = None
         while True:
             store = self._open()
             try:
@@ -574,7 +579,16 @@ class LocalController:
                 store.close()
             if not left:
                 break
-            if self._clock.now() >= deadline:
+            now = self._clock.now()
+            if self._start_daemon:
+                if find_controller(self.home) is not None:
+                    gone_since = None
+                elif gone_since is None:
+                    gone_since = now
+                elif now - gone_since >= CONTROLLER_GONE_SECONDS:
+                    raise ControllerError(describe_stopped_controller(
+                        procs.read_pid_file(self.home / CONTROLLER_PID_FILE), left))
+            if now >= deadline:
                 raise WaitTimeoutError(f"still shutting down after {timeout_seconds:g}s: {', '.join(left)}; "
                                        "the controller keeps working on it (see `sky-lite serve logs "
                                        f"{left[0]} --controller`)")
@@ -637,6 +651,21 @@ class LocalController:
         from skyserve_lite.forcedown import force_down
 
         return force_down(self.home, regions=regions)
+
+
+# How long `serve down` lets the controller it waits on be gone before saying so: long enough for a restart
+# (`controller upgrade` stops the loop, then starts it within a second or two), far short of any timeout.
+CONTROLLER_GONE_SECONDS = 3.0
+
+
+def describe_stopped_controller(recorded: procs.RecordedProcess | None, left: Sequence[str]) -> str:
+    """What `serve down` says when the controller stopped before ``left`` were down: ``recorded`` is what its
+    pid file still holds (the pid of a loop that died without removing it; None after a clean stop)."""
+    which = "the controller" if recorded is None else f"the controller (pid {recorded.pid})"
+    services = ", ".join(left)
+    return (f"{which} stopped before {services} {'was' if len(left) == 1 else 'were'} down, and nothing takes "
+            f"{'it' if len(left) == 1 else 'them'} down until it runs again: run `sky-lite controller start` "
+            f"(it finishes the job); `sky-lite serve logs {left[0]} --controller` says why it stopped")
 
 
 def submission_key(key: str, base: int) -> str:
