@@ -1,7 +1,8 @@
-"""How a controller host exposes its load balancers: the address they bind and the one endpoints show.
+"""How a controller host exposes its load balancers: the address they bind and the one endpoints show; and,
+on a controller VM `controller up --cloud aws` launched, the instance profile made for its replicas.
 
-On this machine both are 127.0.0.1 (nothing listens beyond loopback). `sky-lite controller up` writes
-``host.json`` in a controller host's state directory: load balancers bind the host's interface and
+On this machine both addresses are 127.0.0.1 (nothing listens beyond loopback). `sky-lite controller up`
+writes ``host.json`` in a controller host's state directory: load balancers bind the host's interface and
 endpoints show the address clients reach it at.
 """
 
@@ -10,18 +11,23 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from skyserve_lite.errors import ControllerError, UsageError
 
 HOST_FILE = "host.json"
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,128}")  # IAM's instance profile names
 
 
 @dataclass(frozen=True)
 class HostSettings:
     lb_host: str = "127.0.0.1"  # the address load balancers listen on
     endpoint_host: str = "127.0.0.1"  # the address endpoints show
+    # The instance profile AWS replicas get when SKY_LITE_AWS_INSTANCE_PROFILE names none: on a controller
+    # VM, the one made for its replicas, the only role the VM's own policy may pass.
+    aws_instance_profile: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("lb_host", "endpoint_host"):
@@ -32,6 +38,8 @@ class HostSettings:
             ipaddress.ip_address(self.lb_host)
         except ValueError:
             raise UsageError(f"lb-host: {self.lb_host!r} is not an IP address (0.0.0.0: every interface)") from None
+        if self.aws_instance_profile is not None and not _PROFILE_NAME.fullmatch(self.aws_instance_profile):
+            raise UsageError(f"aws-instance-profile: {self.aws_instance_profile!r} is not an instance profile name")
 
 
 def load_host_settings(home: Path) -> HostSettings:
@@ -44,8 +52,10 @@ def load_host_settings(home: Path) -> HostSettings:
     except (OSError, ValueError) as exc:
         raise ControllerError(f"cannot read {path}: {exc}; write it again with `sky-lite controller up`") from exc
     try:
-        return HostSettings(lb_host=str(document["lb_host"]), endpoint_host=str(document["endpoint_host"]))
-    except (KeyError, TypeError, UsageError) as exc:
+        profile = document.get("aws_instance_profile")
+        return HostSettings(lb_host=str(document["lb_host"]), endpoint_host=str(document["endpoint_host"]),
+                            aws_instance_profile=None if profile is None else str(profile))
+    except (KeyError, TypeError, AttributeError, UsageError) as exc:
         raise ControllerError(f"{path} is damaged ({exc}); write it again with `sky-lite controller up`") from exc
 
 
@@ -54,5 +64,8 @@ def write_host_settings(home: Path, settings: HostSettings) -> None:
     temporary = path.with_name(HOST_FILE + ".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as stream:
-        json.dump({"lb_host": settings.lb_host, "endpoint_host": settings.endpoint_host}, stream)
+        document = {"lb_host": settings.lb_host, "endpoint_host": settings.endpoint_host}
+        if settings.aws_instance_profile is not None:
+            document["aws_instance_profile"] = settings.aws_instance_profile
+        json.dump(document, stream)
     os.replace(temporary, path)

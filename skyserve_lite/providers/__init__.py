@@ -76,7 +76,7 @@ def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mappin
     boots each instance from its version as ``find_version`` returns it (the controller's store; None when
     it has no such version). Without ``find_version`` emulation boots nothing, and still finds the logs of
     what a controller booted. ``SKY_LITE_AWS_INSTANCE_PROFILE`` names the instance profile AWS replicas read
-    S3 files with.
+    S3 files with, else the host settings do (on a controller VM: the profile made for its replicas).
     """
     from skyserve_lite.providers.local import LocalProvider
 
@@ -84,10 +84,11 @@ def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mappin
     providers: dict[str, Provider] = {"local": LocalProvider(home, clock)}
     if "aws" in available_clouds():
         def build_aws() -> Provider:
+            from skyserve_lite.controller.host import load_host_settings
             from skyserve_lite.files.blobs import blob_store_of
             from skyserve_lite.providers.aws import AwsProvider
 
-            profile = env.get("SKY_LITE_AWS_INSTANCE_PROFILE") or None
+            profile = env.get("SKY_LITE_AWS_INSTANCE_PROFILE") or load_host_settings(home).aws_instance_profile
             aws = AwsProvider(controller_id, clock, blobs=blob_store_of(home), instance_profile=profile)
             if env.get("SKY_LITE_EMULATE_INSTANCES") != "1":
                 return aws

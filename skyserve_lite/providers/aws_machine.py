@@ -4,16 +4,25 @@ Everything goes through ``AwsProvider.call``, the replicas' own API path (one cl
 every vendor error translated once), and is named and tagged after the machine id recorded in the local
 state directory (``sky-lite:controller-host``), so each step finds what an earlier, interrupted run made:
 
-- an IAM role ``sky-lite-controller-<id>`` that EC2 may assume, with an inline policy for what the
-  controller does (EC2 instances, security groups and tags; S3 buckets of its snapshots; passing an instance
-  profile to replicas), and an instance profile of the same name holding it: the controller's cloud access
-  is the VM's own identity, never credentials copied from here;
-- a key pair of the same name from a public key made in the local state directory;
-- a security group of the same name in the region's default VPC that opens the load balancer port range to
-  ``allow_cidr`` and SSH (22) to ``ssh_cidr``, and nothing else;
+- an IAM role ``sky-lite-controller-<id>`` that EC2 may assume and an instance profile of the same name
+  holding it: the controller's cloud access is the VM's own identity, never credentials copied from here;
+- an IAM role and instance profile ``sky-lite-replica-<id>`` for the replicas that controller launches (they
+  read their files from S3 with it), the only role the controller may pass;
+- a key pair of the same name as the first from a public key made in the local state directory;
+- a security group of that name in the region's default VPC that opens the load balancer port range to
+  ``allow_cidr`` and SSH (22) to ``ssh_cidr``, and nothing else (a block an earlier run opened those ports
+  to is revoked);
 - one instance with all of that, ``RunInstances``' ``ClientToken`` derived from the machine id.
 
-``delete`` takes them away again in the reverse order, each step tolerating what is already gone.
+The roles get their permissions afterwards, from ``grant``, once the VM's controller has said its controller
+id: the value of the ``sky-lite:controller`` tag on everything it launches, and the prefix of its buckets
+(``staging.compute_bucket_prefix``). ``compute_controller_policy`` and ``compute_replica_policy`` are pure
+functions of that ``AwsScope``, so the policy documents are values tests read statement by statement: instance
+actions only on instances carrying the controller's tag, buckets only its own, ``iam:PassRole`` only for the
+replicas' role. Each kind of resource is one small function of the scope in ``CONTROLLER_STATEMENTS`` (or
+``REPLICA_STATEMENTS``); granting a new kind of resource adds a function there.
+
+``delete`` takes everything away again in the reverse order, each step tolerating what is already gone.
 """
 
 from __future__ import annotations
@@ -21,28 +30,149 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from skyserve_lite.errors import ProviderError, TransientProviderError
-from skyserve_lite.providers.aws import AwsPermanentError, AwsProvider
+from skyserve_lite.providers.aws import TAG_CONTROLLER, AwsPermanentError, AwsProvider
 from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest, wait_until_running
+from skyserve_lite.providers.staging import compute_bucket_prefix
 
 TAG_HOST = "sky-lite:controller-host"
 GLOBAL_REGION = "us-east-1"  # IAM is global; its client is made for this region
 DEFAULT_INSTANCE_TYPE = "t3.small"
 _TRUST_POLICY = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
-_CONTROLLER_POLICY = {"Version": "2012-10-17", "Statement": [
-    {"Effect": "Allow", "Resource": "*", "Action": [
-        "ec2:RunInstances", "ec2:TerminateInstances", "ec2:CreateTags", "ec2:Describe*",
-        "ec2:GetConsoleOutput", "ec2:CreateSecurityGroup", "ec2:AuthorizeSecurityGroupIngress"]},
-    {"Effect": "Allow", "Resource": ["arn:aws:s3:::sky-lite-*", "arn:aws:s3:::sky-lite-*/*"], "Action": [
-        "s3:CreateBucket", "s3:DeleteBucket", "s3:PutBucketTagging", "s3:PutPublicAccessBlock", "s3:ListBucket",
-        "s3:PutObject", "s3:GetObject", "s3:DeleteObject"]},
-    {"Effect": "Allow", "Resource": "*", "Action": "iam:PassRole",
-     "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}}]}
 POLICY_NAME = "sky-lite-controller"
+REPLICA_POLICY_NAME = "sky-lite-replica"
+SSH_PORT = 22
+
+Statement = dict[str, Any]
+Rule = tuple[int, int, str]  # an ingress rule: from port, to port, IPv4 block
+
+
+def controller_name(machine_id: str) -> str:
+    """The name of the VM's role, instance profile, key pair and security group."""
+    return f"sky-lite-controller-{machine_id}"
+
+
+def replica_name(machine_id: str) -> str:
+    """The name of the role and instance profile the VM's controller gives its replicas."""
+    return f"sky-lite-replica-{machine_id}"
+
+
+@dataclass(frozen=True)
+class AwsScope:
+    """What a controller VM's policies are about. ``partition`` and ``account`` come from its role's ARN."""
+
+    partition: str  # "aws" ("aws-cn", "aws-us-gov")
+    account: str
+    controller_id: str  # of the VM's own state directory: its ``sky-lite:controller`` tag, its buckets' prefix
+    replica_role: str  # the role its replicas get: the only one it may pass
+
+    def arn(self, service: str, resource: str, *, region: str = "*", account: str | None = None) -> str:
+        return f"arn:{self.partition}:{service}:{region}:{self.account if account is None else account}:{resource}"
+
+    @property
+    def buckets(self) -> str:
+        return f"arn:{self.partition}:s3:::{compute_bucket_prefix(self.controller_id)}*"
+
+
+def _allow(sid: str, actions: Sequence[str], resources: Sequence[str],
+           condition: dict[str, dict[str, Any]] | None = None) -> Statement:
+    statement: Statement = {"Sid": sid, "Effect": "Allow", "Action": list(actions), "Resource": list(resources)}
+    if condition is not None:
+        statement["Condition"] = condition
+    return statement
+
+
+def _instance_statements(scope: AwsScope) -> list[Statement]:
+    """EC2, for ``aws.AwsProvider``: launch instances that carry the controller's tag, and terminate or read
+    only those; security groups likewise."""
+    def ec2(resource: str, account: str | None = None) -> str:
+        return scope.arn("ec2", resource, account=account)
+
+    tagged = {"StringEquals": {f"aws:ResourceTag/{TAG_CONTROLLER}": scope.controller_id}}
+    tagging = {"StringEquals": {f"aws:RequestTag/{TAG_CONTROLLER}": scope.controller_id}}
+    return [
+        # The Describe calls take no resource-level permission: "*" is the only resource they accept.
+        _allow("Describe", ["ec2:DescribeInstances", "ec2:DescribeAvailabilityZones", "ec2:DescribeImages",
+                            "ec2:DescribeVpcs", "ec2:DescribeSecurityGroups"], ["*"]),
+        # RunInstances is authorized once per resource it touches: what it creates must carry the tag (its
+        # TagSpecifications tag the instance and its volumes), what it only uses may be anybody's (a public AMI
+        # has no account in its ARN).
+        _allow("LaunchTagged", ["ec2:RunInstances"], [ec2("instance/*"), ec2("volume/*")], tagging),
+        _allow("LaunchUsing", ["ec2:RunInstances"], [
+            ec2("image/*", account=""), ec2("snapshot/*", account=""), ec2("subnet/*"), ec2("network-interface/*"),
+            ec2("security-group/*"), ec2("key-pair/*"), ec2("spot-instances-request/*")]),
+        # Tags only as part of the call that creates what they tag: nothing else can be retagged into reach.
+        _allow("TagOnCreate", ["ec2:CreateTags"], [ec2("instance/*"), ec2("volume/*"), ec2("security-group/*")],
+               {"StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateSecurityGroup"]}}),
+        _allow("ActOnTagged", ["ec2:TerminateInstances", "ec2:GetConsoleOutput"], [ec2("instance/*")], tagged),
+        _allow("GroupCreate", ["ec2:CreateSecurityGroup"], [ec2("security-group/*")], tagging),
+        _allow("GroupInVpc", ["ec2:CreateSecurityGroup"], [ec2("vpc/*")]),
+        _allow("GroupIngress", ["ec2:AuthorizeSecurityGroupIngress"], [ec2("security-group/*")], tagged),
+    ]
+
+
+def _image_statements(scope: AwsScope) -> list[Statement]:
+    """A task without ``image_id`` boots the AMI a public SSM parameter names (``aws._find_image``); public
+    parameters have no account in their ARN."""
+    return [_allow("PublicImages", ["ssm:GetParameter"], [scope.arn("ssm", "parameter/aws/service/*", account="")])]
+
+
+def _bucket_statements(scope: AwsScope) -> list[Statement]:
+    """S3, for ``staging.SnapshotStager``: its own buckets (one per service), created, listed once per start,
+    written and deleted; it never reads an object back."""
+    return [_allow("Buckets", ["s3:CreateBucket", "s3:ListBucket", "s3:DeleteBucket"], [scope.buckets]),
+            _allow("Objects", ["s3:PutObject", "s3:DeleteObject"], [f"{scope.buckets}/*"])]
+
+
+def _pass_role_statements(scope: AwsScope) -> list[Statement]:
+    """Launching with an instance profile passes its role: only the replicas' role, only to EC2."""
+    return [_allow("PassReplicaRole", ["iam:PassRole"], [scope.arn("iam", f"role/{scope.replica_role}", region="")],
+                   {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}})]
+
+
+def _replica_file_statements(scope: AwsScope) -> list[Statement]:
+    """The boot script copies the snapshot's file list and blobs from the service's bucket (`aws s3 cp` of
+    one key each: GetObject, never a listing)."""
+    return [_allow("ReadSnapshots", ["s3:GetObject"], [f"{scope.buckets}/*"])]
+
+
+StatementGroup = Callable[[AwsScope], list[Statement]]
+CONTROLLER_STATEMENTS: tuple[StatementGroup, ...] = (
+    _instance_statements, _image_statements, _bucket_statements, _pass_role_statements)
+REPLICA_STATEMENTS: tuple[StatementGroup, ...] = (_replica_file_statements,)
+
+
+def compute_controller_policy(scope: AwsScope) -> dict[str, Any]:
+    """The inline policy of the VM's role: every statement of ``CONTROLLER_STATEMENTS``."""
+    return {"Version": "2012-10-17", "Statement": [s for group in CONTROLLER_STATEMENTS for s in group(scope)]}
+
+
+def compute_replica_policy(scope: AwsScope) -> dict[str, Any]:
+    """The inline policy of the replicas' role: every statement of ``REPLICA_STATEMENTS``."""
+    return {"Version": "2012-10-17", "Statement": [s for group in REPLICA_STATEMENTS for s in group(scope)]}
+
+
+def parse_role_arn(arn: str) -> tuple[str, str]:
+    """The partition and account of an IAM role ARN (``arn:aws:iam::123456789012:role/NAME``). Raises
+    ``AwsPermanentError`` for anything else."""
+    parts = arn.split(":")
+    if len(parts) != 6 or parts[0] != "arn" or parts[2] != "iam" or not parts[4] or not parts[5].startswith("role/"):
+        raise AwsPermanentError(f"IAM answered {arn!r} for a role's ARN", "UnexpectedArn")
+    return parts[1], parts[4]
+
+
+def plan_ingress(have: Collection[Rule], wanted: Collection[Rule]) -> tuple[list[Rule], list[Rule]]:
+    """The rules to authorize and to revoke so the group holds ``wanted``: those missing, and those on a port
+    range of ``wanted`` for another block (an earlier run's ``--ssh-cidr``, say). Rules on other ports are
+    somebody else's and stay."""
+    ranges = {(low, high) for low, high, _ in wanted}
+    return (sorted(set(wanted) - set(have)),
+            sorted(rule for rule in set(have) - set(wanted) if (rule[0], rule[1]) in ranges))
 
 
 class AwsMachines:
@@ -53,14 +183,16 @@ class AwsMachines:
         self._sleep = sleep
 
     def ensure(self, request: MachineRequest) -> LaunchedMachine:
-        """Make (or find) everything of the module docstring and the instance. Idempotent. Raises
-        ``ProviderError``."""
-        profile = self._ensure_identity(request.name)
+        """Make (or find) everything of the module docstring and the instance; the roles' permissions are
+        ``grant``'s. Idempotent. Raises ``ProviderError``."""
+        profile = self._ensure_identity(request.name, request.machine_id, "sky-lite controller VM")
+        replicas = self._ensure_identity(replica_name(request.machine_id), request.machine_id,
+                                         f"replicas of sky-lite controller VM {request.machine_id}")
         key_pair = self._ensure_key_pair(request)
         group = self._ensure_group(request)
         found = self.find(request.machine_id, request.region)
-        resources = (("role", request.name), ("instance-profile", profile), ("key-pair", key_pair),
-                     ("security-group", group))
+        resources = (("role", request.name), ("instance-profile", profile), ("replica-role", replicas),
+                     ("replica-instance-profile", replicas), ("key-pair", key_pair), ("security-group", group))
         if found is not None and found.state not in ("shutting-down", "terminated"):
             return LaunchedMachine(found.instance_id, found.region, found.state, found.public_ip, found.private_ip,
                                    resources)
@@ -80,6 +212,24 @@ class AwsMachines:
             "ec2", request.region, "run_instances", **params))
         raw = response["Instances"][0]
         return _machine(raw, request.region, resources)
+
+    def grant(self, machine_id: str, location: str, controller_id: str) -> list[str]:
+        """Put the policies of the VM's role and its replicas' role for ``controller_id``, the id of the VM's
+        own state directory (``compute_controller_policy``, ``compute_replica_policy``); what was granted, one
+        line each. Idempotent: each policy is replaced whole, so this also narrows an older VM's broader one.
+        ``location`` is unused (IAM is global). Raises ``ProviderError``."""
+        name, replicas = controller_name(machine_id), replica_name(machine_id)
+        arn = str(self._aws.call("iam", GLOBAL_REGION, "get_role", RoleName=name)["Role"]["Arn"])
+        partition, account = parse_role_arn(arn)
+        scope = AwsScope(partition=partition, account=account, controller_id=controller_id, replica_role=replicas)
+        for role, policy_name, policy in ((name, POLICY_NAME, compute_controller_policy(scope)),
+                                          (replicas, REPLICA_POLICY_NAME, compute_replica_policy(scope))):
+            self._aws.call("iam", GLOBAL_REGION, "put_role_policy", RoleName=role, PolicyName=policy_name,
+                           PolicyDocument=json.dumps(policy))
+        buckets = f"{compute_bucket_prefix(controller_id)}*"
+        return [f"granted role {name} the instances and security groups tagged {TAG_CONTROLLER}={controller_id}, "
+                f"the buckets {buckets} and passing role {replicas}",
+                f"granted role {replicas} reading the objects of {buckets}"]
 
     def find(self, machine_id: str, region: str) -> LaunchedMachine | None:
         """The machine's newest instance that is not terminated, if any."""
@@ -101,7 +251,7 @@ class AwsMachines:
     def delete(self, machine_id: str, region: str, timeout_seconds: float = 600, poll_seconds: float = 5) -> list[str]:
         """Terminate the machine's instances and delete what was made for them; what was deleted, one line
         each. Idempotent."""
-        name = f"sky-lite-controller-{machine_id}"
+        name = controller_name(machine_id)
         done: list[str] = []
         reservations = self._aws.call("ec2", region, "describe_instances", Filters=[
             {"Name": f"tag:{TAG_HOST}", "Values": [machine_id]}]).get("Reservations", [])
@@ -130,31 +280,46 @@ class AwsMachines:
         if self._ignore_missing(lambda: self._aws.call("ec2", region, "describe_key_pairs", KeyNames=[name])):
             self._aws.call("ec2", region, "delete_key_pair", KeyName=name)
             done.append(f"deleted key pair {name}")
-        iam = GLOBAL_REGION
-        self._ignore_missing(lambda: self._aws.call("iam", iam, "remove_role_from_instance_profile",
-                                                    InstanceProfileName=name, RoleName=name))
-        if self._ignore_missing(lambda: self._aws.call("iam", iam, "delete_instance_profile",
-                                                       InstanceProfileName=name)):
-            done.append(f"deleted instance profile {name}")
-        self._ignore_missing(lambda: self._aws.call("iam", iam, "delete_role_policy", RoleName=name,
-                                                    PolicyName=POLICY_NAME))
-        if self._ignore_missing(lambda: self._aws.call("iam", iam, "delete_role", RoleName=name)):
-            done.append(f"deleted role {name}")
-        return done
+        return done + self._delete_identity(name) + self._delete_identity(replica_name(machine_id))
 
     # --- the pieces ------------------------------------------------------------------------------------
-    def _ensure_identity(self, name: str) -> str:
+    def _ensure_identity(self, name: str, machine_id: str, description: str) -> str:
+        """A role EC2 may assume and an instance profile holding it, both ``name``; no policy yet."""
         iam = GLOBAL_REGION
         self._ignore_existing(lambda: self._aws.call(
             "iam", iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(_TRUST_POLICY),
-            Description="sky-lite controller VM", Tags=[{"Key": TAG_HOST, "Value": name}]))
-        self._aws.call("iam", iam, "put_role_policy", RoleName=name, PolicyName=POLICY_NAME,
-                       PolicyDocument=json.dumps(_CONTROLLER_POLICY))
+            Description=description, Tags=[{"Key": TAG_HOST, "Value": machine_id}]))
         self._ignore_existing(lambda: self._aws.call("iam", iam, "create_instance_profile", InstanceProfileName=name))
         profile = self._aws.call("iam", iam, "get_instance_profile", InstanceProfileName=name)["InstanceProfile"]
         if name not in {r["RoleName"] for r in profile.get("Roles", [])}:
             self._aws.call("iam", iam, "add_role_to_instance_profile", InstanceProfileName=name, RoleName=name)
         return name
+
+    def _delete_identity(self, name: str) -> list[str]:
+        """Delete the instance profile and role ``name``, the role's policies first (ours inline, and any the
+        owner attached to it: the role goes, the managed policies themselves stay)."""
+        iam = GLOBAL_REGION
+        done = []
+        self._ignore_missing(lambda: self._aws.call("iam", iam, "remove_role_from_instance_profile",
+                                                    InstanceProfileName=name, RoleName=name))
+        if self._ignore_missing(lambda: self._aws.call("iam", iam, "delete_instance_profile",
+                                                       InstanceProfileName=name)):
+            done.append(f"deleted instance profile {name}")
+        try:
+            inline = self._aws.call("iam", iam, "list_role_policies", RoleName=name).get("PolicyNames", [])
+            attached = self._aws.call("iam", iam, "list_attached_role_policies",
+                                      RoleName=name).get("AttachedPolicies", [])
+        except AwsPermanentError as exc:
+            if exc.code != "NoSuchEntity":
+                raise
+            return done
+        for policy_name in inline:
+            self._aws.call("iam", iam, "delete_role_policy", RoleName=name, PolicyName=policy_name)
+        for policy in attached:
+            self._aws.call("iam", iam, "detach_role_policy", RoleName=name, PolicyArn=policy["PolicyArn"])
+        if self._ignore_missing(lambda: self._aws.call("iam", iam, "delete_role", RoleName=name)):
+            done.append(f"deleted role {name}")
+        return done
 
     def _ensure_key_pair(self, request: MachineRequest) -> str:
         self._ignore_existing(lambda: self._aws.call(
@@ -174,8 +339,9 @@ class AwsMachines:
         found = self._aws.call("ec2", region, "describe_security_groups", Filters=filters).get("SecurityGroups", [])
         if found:
             group_id = str(found[0]["GroupId"])
-            have = {(int(p.get("FromPort", -1)), int(p.get("ToPort", -1)), r["CidrIp"])
-                    for p in found[0].get("IpPermissions", []) for r in p.get("IpRanges", [])}
+            have = {(int(p.get("FromPort", -1)), int(p.get("ToPort", -1)), str(r["CidrIp"]))
+                    for p in found[0].get("IpPermissions", []) if p.get("IpProtocol") == "tcp"
+                    for r in p.get("IpRanges", [])}
         else:
             group_id = str(self._aws.call(
                 "ec2", region, "create_security_group", GroupName=request.name, VpcId=vpc_id,
@@ -184,11 +350,16 @@ class AwsMachines:
                     {"Key": TAG_HOST, "Value": request.machine_id}]}])["GroupId"])
             have = set()
         low, high = request.lb_ports
-        wanted = {(low, high, request.allow_cidr): "sky-lite load balancers", (22, 22, request.ssh_cidr): "ssh"}
-        missing = [{"IpProtocol": "tcp", "FromPort": f, "ToPort": t, "IpRanges": [{"CidrIp": c, "Description": d}]}
-                   for (f, t, c), d in wanted.items() if (f, t, c) not in have]
-        if missing:
-            self._aws.call("ec2", region, "authorize_security_group_ingress", GroupId=group_id, IpPermissions=missing)
+        wanted = {(low, high, request.allow_cidr): "sky-lite load balancers",
+                  (SSH_PORT, SSH_PORT, request.ssh_cidr): "ssh"}
+        add, remove = plan_ingress(have, wanted)
+        if add:
+            self._aws.call("ec2", region, "authorize_security_group_ingress", GroupId=group_id, IpPermissions=[
+                {"IpProtocol": "tcp", "FromPort": f, "ToPort": t, "IpRanges": [{"CidrIp": c, "Description": wanted[
+                    (f, t, c)]}]} for f, t, c in add])
+        if remove:
+            self._aws.call("ec2", region, "revoke_security_group_ingress", GroupId=group_id, IpPermissions=[
+                {"IpProtocol": "tcp", "FromPort": f, "ToPort": t, "IpRanges": [{"CidrIp": c}]} for f, t, c in remove])
         return group_id
 
     def _all(self, machine_id: str, region: str) -> list[LaunchedMachine]:
@@ -236,6 +407,7 @@ def _machine(raw: dict[str, Any], region: str, resources: tuple[tuple[str, str],
                            state=str(raw.get("State", {}).get("Name", "pending")),
                            public_ip=raw.get("PublicIpAddress"), private_ip=raw.get("PrivateIpAddress"),
                            resources=resources)
+
 
 # --- the VM's host keys, as the cloud saw them ------------------------------------------------------------
 def host_keys_of(aws: AwsProvider, instance_id: str, region: str) -> tuple[str, ...]:

@@ -4,11 +4,21 @@ removes; the twin of ``aws_machine`` on ``GcpProvider``'s API path (its clients,
 Named ``sky-lite-controller-<id>`` after the machine id recorded in the local state directory, so a rerun
 finds what an interrupted one made:
 
+- a service account ``sky-lite-ctl-<id>``, the VM's own identity: the controller's cloud access is never
+  credentials copied from here;
 - two firewall rules on the network tag ``sky-lite-controller-<id>``: ``-lb`` opens the load balancer port
-  range to ``allow_cidr``, ``-ssh`` opens 22 to ``ssh_cidr``; nothing else;
+  range to ``allow_cidr``, ``-ssh`` opens 22 to ``ssh_cidr``; nothing else (a rule an earlier run made for
+  another block is replaced);
 - one instance (``instances.insert``, idempotent by name) with an external address, the login key in its
-  ``ssh-keys`` metadata, and the project's default service account with the ``cloud-platform`` scope: the
-  controller's cloud access is the VM's own identity, never credentials copied from here.
+  ``ssh-keys`` metadata, running as that service account with the ``cloud-platform`` scope (IAM, not the
+  scope, is what limits it).
+
+The service account gets its roles afterwards, from ``grant``, once the VM's controller has said its
+controller id: ``plan_controller_grants`` is a pure function of a ``GcpScope`` giving each role on the
+narrowest resource that can hold it (the project only for Compute Engine, whose instances and firewall rules
+have nothing narrower before they exist; the buckets by a condition on their name; acting as the replicas'
+service account on that account alone). Each kind of resource is one small function in
+``CONTROLLER_GRANTS``; granting a new kind adds a function there.
 
 ``delete`` removes them again, tolerating what is gone already.
 """
@@ -17,36 +27,101 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from skyserve_lite.errors import TransientProviderError
 from skyserve_lite.providers.gcp import DEFAULT_IMAGE, GcpPermanentError, GcpProvider, _as_dict, _image_url
+from skyserve_lite.providers.gcp_iam import CLOUD_PLATFORM, Condition, GcpIam, Grant
 from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest, wait_until_running
+from skyserve_lite.providers.staging import compute_bucket_prefix
 
 LABEL_HOST = "sky-lite-controller-host"
 DEFAULT_MACHINE_TYPE = "e2-small"
+# A new service account takes a few seconds to be usable by Compute Engine (IAM is eventually consistent).
+ACCOUNT_WAIT_ATTEMPTS = 12
+ACCOUNT_WAIT_SECONDS = 5.0
+
+
+def controller_account_id(machine_id: str) -> str:
+    """The controller VM's service account id: 6 to 30 characters, so not ``sky-lite-controller-<id>``."""
+    return f"sky-lite-ctl-{machine_id}"
+
+
+def controller_account_email(project: str, machine_id: str) -> str:
+    return f"{controller_account_id(machine_id)}@{project}.iam.gserviceaccount.com"
+
+
+@dataclass(frozen=True)
+class GcpScope:
+    """What a controller VM's service account is granted roles on."""
+
+    project: str
+    controller_id: str  # of the VM's own state directory: the prefix of its buckets
+    replica_account: str  # the service account its replicas run as (the project's default compute one)
+
+    @property
+    def project_resource(self) -> str:
+        return f"projects/{self.project}"
+
+
+def _compute_grants(scope: GcpScope) -> list[Grant]:
+    """Instances in any zone, their disks, and the replicas' firewall rules: Compute Engine grants on a project
+    or on a resource that exists, and these are created by the calls themselves, so the project it is."""
+    return [Grant(scope.project_resource, "roles/compute.instanceAdmin.v1"),
+            Grant(scope.project_resource, "roles/compute.securityAdmin")]
+
+
+def _bucket_grants(scope: GcpScope) -> list[Grant]:
+    """The controller's own buckets (``staging.compute_bucket_prefix``) and their objects, by a condition on
+    the name: a bucket to be created has no policy of its own to grant on."""
+    prefix = compute_bucket_prefix(scope.controller_id)
+    return [Grant(scope.project_resource, "roles/storage.admin", Condition(
+        title=f"sky-lite controller {scope.controller_id} buckets",
+        expression=f'resource.name.startsWith("projects/_/buckets/{prefix}")'))]
+
+
+def _act_as_grants(scope: GcpScope) -> list[Grant]:
+    """Launching an instance that runs as a service account needs acting as it: that account only."""
+    return [Grant(f"projects/{scope.project}/serviceAccounts/{scope.replica_account}", "roles/iam.serviceAccountUser")]
+
+
+GrantGroup = Callable[[GcpScope], list[Grant]]
+CONTROLLER_GRANTS: tuple[GrantGroup, ...] = (_compute_grants, _bucket_grants, _act_as_grants)
+
+
+def plan_controller_grants(scope: GcpScope) -> tuple[Grant, ...]:
+    """Every grant of ``CONTROLLER_GRANTS`` for ``scope``. Pure."""
+    return tuple(grant for group in CONTROLLER_GRANTS for grant in group(scope))
 
 
 class GcpMachines:
     """Controller VMs; the constructor makes nothing. A machine's ``region`` here is its zone."""
 
-    def __init__(self, provider: GcpProvider, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, provider: GcpProvider, sleep: Callable[[float], None] = time.sleep,
+                 iam: GcpIam | None = None) -> None:
         self._gcp = provider
         self._sleep = sleep
+        self._iam = iam or GcpIam(provider)
 
     def find_zone(self, region: str, zone: str | None) -> str:
         return zone or self._gcp._list_zones(region)[0]
 
     def ensure(self, request: MachineRequest) -> LaunchedMachine:
-        """Make (or find) the firewall rules and the instance in ``request.zone``. Idempotent."""
+        """Make (or find) the service account, the firewall rules and the instance in ``request.zone``; the
+        account's roles are ``grant``'s. Idempotent."""
         zone = self.find_zone(request.region, request.zone)
+        project = self._gcp._get_project()
+        account = str(self._iam.create_service_account(project, controller_account_id(request.machine_id),
+                                                       f"sky-lite controller VM {request.machine_id}")["email"])
         tag = request.name
         low, high = request.lb_ports
         rules = {f"{request.name}-lb": (f"{low}-{high}", request.allow_cidr),
                  f"{request.name}-ssh": ("22", request.ssh_cidr)}
         for name, (ports, cidr) in rules.items():
             self._ensure_rule(name, tag, ports, cidr)
-        resources = (("firewall", f"{request.name}-lb"), ("firewall", f"{request.name}-ssh"))
+        resources = (("service-account", account), ("firewall", f"{request.name}-lb"),
+                     ("firewall", f"{request.name}-ssh"))
         found = self.find(request.machine_id, zone)
         if found is None:
             body: dict[str, Any] = {
@@ -61,11 +136,10 @@ class GcpMachines:
                 "metadata": {"items": [{"key": "ssh-keys",
                                         "value": f"{request.ssh_user}:{request.public_key.strip()}"},
                                        *HOST_KEY_METADATA]},
-                "service_accounts": [{"email": "default",
-                                      "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}],
+                "service_accounts": [{"email": account, "scopes": [CLOUD_PLATFORM]}],
             }
-            self._gcp._wait(self._gcp._call("instances", "insert", project=self._gcp._get_project(), zone=zone,
-                                            instance_resource=body), "instances.insert")
+            self._insert_as(account, lambda: self._gcp._wait(self._gcp._call(
+                "instances", "insert", project=project, zone=zone, instance_resource=body), "instances.insert"))
             found = self.find(request.machine_id, zone)
             if found is None:
                 raise TransientProviderError(f"the controller VM {request.name} is not visible yet")
@@ -83,6 +157,34 @@ class GcpMachines:
         nat = next((a.get("natIP") for a in interface.get("accessConfigs", []) if a.get("natIP")), None)
         return LaunchedMachine(f"{zone}/{raw['name']}", zone, str(raw.get("status", "")), nat,
                                interface.get("networkIP"), ())
+
+    def grant(self, machine_id: str, zone: str, controller_id: str) -> list[str]:
+        """Give the VM's service account the roles of ``plan_controller_grants`` for ``controller_id``, the id
+        of the VM's own state directory, and no others; what was granted, one line each. Idempotent. Raises
+        ``ProviderError``."""
+        project = self._gcp._get_project()
+        email = controller_account_email(project, machine_id)
+        if self._iam.find_service_account(project, email) is None:
+            raise GcpPermanentError(f"the controller VM's service account {email} is gone; run `sky-lite "
+                                    "controller up` again", "notFound")
+        scope = GcpScope(project=project, controller_id=controller_id.lower(),
+                         replica_account=self._replica_account(project))
+        grants = plan_controller_grants(scope)
+        done = []
+        for resource in dict.fromkeys(g.resource for g in grants):
+            mine = [g for g in grants if g.resource == resource]
+            changed = self._iam.bind(resource, f"serviceAccount:{email}", mine)
+            roles = ", ".join(g.role + (f" ({g.condition.title})" if g.condition else "") for g in mine)
+            done.append(f"{'granted' if changed else 'kept'} {email} {roles} on {resource}")
+        raw = _as_dict(self._gcp._call("instances", "get", project=project, zone=zone,
+                                       instance=f"sky-lite-controller-{machine_id}"))
+        running_as = str(((raw.get("serviceAccounts") or [{}])[0]).get("email") or "")
+        if running_as != email:
+            # A VM's service account can be changed only while it is stopped: it is not done behind your back.
+            done.append(f"the VM runs as {running_as or 'no service account'} (an older sky-lite launched it), with "
+                        f"that account's permissions; `sky-lite controller down --force` and `controller up` make "
+                        f"a VM that runs as {email}")
+        return done
 
     def wait_running(self, machine_id: str, zone: str, timeout_seconds: float = 600) -> LaunchedMachine:
         """Poll until the machine's instance runs (``machines.wait_until_running``)."""
@@ -106,27 +208,62 @@ class GcpMachines:
                                                  "`controller down` again")
                 self._sleep(poll_seconds)
         for rule in (f"{name}-lb", f"{name}-ssh"):
-            try:
-                self._gcp._wait(self._gcp._call("firewalls", "delete", project=project, firewall=rule),
-                                "firewalls.delete")
+            if self._delete_rule(project, rule):
                 done.append(f"deleted firewall rule {rule}")
-            except GcpPermanentError as exc:
-                if not _is_not_found(exc):
-                    raise
+        email = controller_account_email(project, machine_id)
+        if self._iam.find_service_account(project, email) is not None:
+            member = f"serviceAccount:{email}"
+            for resource in (f"projects/{project}", f"projects/{project}/serviceAccounts/"
+                                                    f"{self._replica_account(project)}"):
+                try:
+                    if self._iam.bind(resource, member, []):
+                        done.append(f"removed the roles of {email} on {resource}")
+                except GcpPermanentError as exc:
+                    if not _is_not_found(exc):  # the default compute service account may be deleted
+                        raise
+            if self._iam.delete_service_account(project, email):
+                done.append(f"deleted service account {email}")
         return done
 
     def host_keys(self, instance_id: str, location: str) -> tuple[str, ...]:
         """The instance's SSH host keys from its guest attributes (``host_keys_of``)."""
         return host_keys_of(self._gcp, instance_id, location)
 
-    def _ensure_rule(self, name: str, tag: str, ports: str, cidr: str) -> None:
-        project = self._gcp._get_project()
+    def _replica_account(self, project: str) -> str:
+        """The project's default compute service account, which replicas run as (``gcp.py``)."""
+        return f"{self._iam.project_number(project)}-compute@developer.gserviceaccount.com"
+
+    def _insert_as(self, account: str, insert: Callable[[], None]) -> None:
+        for attempt in range(ACCOUNT_WAIT_ATTEMPTS):
+            try:
+                insert()
+                return
+            except GcpPermanentError as exc:
+                if account not in str(exc) or attempt == ACCOUNT_WAIT_ATTEMPTS - 1:
+                    raise
+                self._sleep(ACCOUNT_WAIT_SECONDS)
+
+    def _delete_rule(self, project: str, rule: str) -> bool:
         try:
-            self._gcp._call("firewalls", "get", project=project, firewall=name)
-            return
+            self._gcp._wait(self._gcp._call("firewalls", "delete", project=project, firewall=rule),
+                            "firewalls.delete")
+            return True
         except GcpPermanentError as exc:
             if not _is_not_found(exc):
                 raise
+            return False
+
+    def _ensure_rule(self, name: str, tag: str, ports: str, cidr: str) -> None:
+        project = self._gcp._get_project()
+        try:
+            found = _as_dict(self._gcp._call("firewalls", "get", project=project, firewall=name))
+        except GcpPermanentError as exc:
+            if not _is_not_found(exc):
+                raise
+        else:
+            if list(found.get("sourceRanges") or []) == [cidr]:
+                return
+            self._delete_rule(project, name)  # made for another block (an earlier --ssh-cidr): replaced
         rule = {"name": name, "network": "global/networks/default", "direction": "INGRESS",
                 "source_ranges": [cidr], "target_tags": [tag], "allowed": [{"I_p_protocol": "tcp", "ports": [ports]}],
                 "description": "sky-lite controller VM"}
@@ -138,6 +275,7 @@ def _is_not_found(exc: GcpPermanentError) -> bool:
     from google.api_core import exceptions as core
 
     return exc.code == "notFound" or isinstance(exc.__cause__, core.NotFound)
+
 
 # --- the VM's host keys, as the cloud saw them ------------------------------------------------------------
 # The guest agent publishes the VM's host keys as guest attributes (namespace "hostkeys") only where they are

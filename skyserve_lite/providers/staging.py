@@ -30,8 +30,17 @@ BLOB_PREFIX = "blobs/"
 FILE_LIST_PREFIX = "files/"
 
 
+def compute_bucket_prefix(controller_id: str) -> str:
+    """What the name of every bucket of ``controller_id`` starts with (``compute_bucket_name``): a controller
+    VM's identity is granted the buckets matching it and no others. A store's controller id is 12 hex digits,
+    so no controller's prefix starts another's."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"sky-lite-{controller_id}-".lower())
+
+
 def compute_bucket_name(controller_id: str, service: str) -> str:
-    """The bucket of one service's uploaded files: lowercase, at most 63 characters, unique per controller."""
+    """The bucket of one service's uploaded files: lowercase, at most 63 characters, unique per controller,
+    starting with ``compute_bucket_prefix`` (a shortened name keeps its first 53 characters: the prefix of a
+    controller id of up to 40 characters)."""
     name = re.sub(r"[^a-z0-9-]+", "-", f"sky-lite-{controller_id}-{service}".lower()).strip("-")
     if len(name) > 63:
         name = f"{name[:54].rstrip('-')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"

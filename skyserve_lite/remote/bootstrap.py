@@ -102,8 +102,10 @@ def install(shell: RemoteShell, plan: HostPlan, home: str, wheel: Path, *, resta
     shell.run(f"{pip} {q(requirement)} && {pip} --force-reinstall --no-deps {q(remote_wheel)}",
               what="installing sky-lite and its dependencies")
     run = remote_sky_lite(home)
+    profile = plan.settings.aws_instance_profile
     shell.run(run("controller", "host-settings", "--lb-host", plan.settings.lb_host,
-                  "--endpoint-host", plan.settings.endpoint_host), what="writing the host settings")
+                  "--endpoint-host", plan.settings.endpoint_host,
+                  *(("--aws-instance-profile", profile) if profile else ())), what="writing the host settings")
     say("installing the cron lines")
     shell.run(run("controller", "cron", "install"), what="installing the cron lines")
     if restart:

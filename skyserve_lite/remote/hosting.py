@@ -5,9 +5,10 @@ the cloud's ``Machines``: ``aws_machine``, ``gcp_machine``), then pins the host 
 (``bootstrap``) and records it (``config``). The keys pinned are those the host proves on a strict
 connection that trusts only the cloud's word (for a VM sky-lite launched), the key the user named, the keys
 pinned before, or on first contact with an ``--ssh`` host the key it presents (``ssh.plan_host_keys``);
-a key scan never decides what is trusted. The record is written as soon as a VM exists, so a failed
-bootstrap leaves something `controller down` can remove; running `controller up` again resumes from it.
-``take_down_machine`` is the reverse.
+a key scan never decides what is trusted. A VM's identity gets its permissions last, once its controller
+has said its controller id (what they are scoped to). The record is written as soon as a VM exists, so a
+failed bootstrap leaves something `controller down` can remove; running `controller up` again resumes from
+it. ``take_down_machine`` is the reverse.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
     record = ControllerRecord(target=target, remote_home=home_there, host_keys=tuple(keys),
                               fingerprint=record.fingerprint, machine=machine)
     config.save_record(home, record)
+    if machine is not None:
+        grant_machine(home, record, say)
     return record
 
 
@@ -133,8 +136,11 @@ def host_settings_of(record: ControllerRecord) -> HostSettings:
     target = record.target
     if record.machine is not None and record.machine.address:
         emulated = target.is_loopback
+        # A VM an older sky-lite launched has no replica profile: its replicas keep getting none.
+        profile = dict(record.machine.resources).get("replica-instance-profile")
         return HostSettings(lb_host="127.0.0.1" if emulated else "0.0.0.0",
-                            endpoint_host="127.0.0.1" if emulated else record.machine.address)
+                            endpoint_host="127.0.0.1" if emulated else record.machine.address,
+                            aws_instance_profile=profile if record.machine.cloud == "aws" else None)
     return HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
 
 
@@ -145,6 +151,8 @@ class Machines(Protocol):
     def ensure(self, request: MachineRequest) -> LaunchedMachine: ...
 
     def wait_running(self, machine_id: str, location: str) -> LaunchedMachine: ...
+
+    def grant(self, machine_id: str, location: str, controller_id: str) -> list[str]: ...
 
     def delete(self, machine_id: str, location: str) -> list[str]: ...
 
@@ -230,6 +238,22 @@ def _emulated_host_keys(home: Path, instance_id: str) -> tuple[str, ...]:
 
     path = EmulatedHosts(home).root / _host_folder(instance_id) / "host_ed25519.pub"
     return (path.read_text().strip(),)
+
+
+def grant_machine(home: Path, record: ControllerRecord, say: Say) -> None:
+    """Give the recorded VM's identity the permissions its controller needs, scoped to the controller id its
+    state directory has (asked over the protocol: a VM an older sky-lite set up has its own). Idempotent."""
+    from skyserve_lite.remote.connect import open_remote
+
+    machine = record.machine
+    assert machine is not None
+    controller_id = open_remote(home, record).describe().controller_id
+    if not controller_id:
+        raise ControllerError(f"the controller on {record.target.url} did not say its controller id; run "
+                              "`sky-lite controller up` again")
+    machines, _region = _machines(home, machine.cloud, machine.machine_id, machine.region)
+    for line in machines.grant(machine.machine_id, machine.zone or machine.region, controller_id):
+        say(line)
 
 
 def take_down_machine(home: Path, machine: CloudMachine, say: Say) -> None:

@@ -30,6 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.providers.gcp_iam_fake import FakeIam
+
 PROJECT_ZONES = {"us-central1": ("us-central1-a", "us-central1-b", "us-central1-c"),
                  "europe-west1": ("europe-west1-b", "europe-west1-c", "europe-west1-d")}
 _PREFIX = "/compute/v1/projects/"
@@ -58,6 +60,7 @@ class FakeCompute:
     quota: set[str] = field(default_factory=set)
     lag: set[str] = field(default_factory=set)  # instance names listings leave out
     fail_next: dict[str, list[Failure]] = field(default_factory=dict)
+    iam: FakeIam = field(default_factory=FakeIam)  # a controller VM's service account and its roles
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -386,6 +389,8 @@ def serve_fake_compute(fake: FakeCompute | None = None) -> Iterator[tuple[FakeCo
             if parsed.path == TOKEN_PATH:  # google-auth's token exchange for a service account key
                 state.calls["oauth2.token"] += 1
                 status, answer = 200, {"access_token": "fake-token", "expires_in": 3600, "token_type": "Bearer"}
+            elif (iam := state.iam.answer(verb, parsed.path, raw)) is not None:
+                status, answer = iam
             elif parsed.path.startswith(("/storage/", "/upload/storage/")):
                 status, answer, headers = state.storage(verb, parsed.path, query, raw,
                                                         self.headers.get("Content-Type", ""), endpoint)

@@ -68,6 +68,16 @@ def test_controller_vm_on_aws_from_up_to_down(sky: SkyLite, tmp_path: Path) -> N
     # The host has the cloud's dependencies, and its own state; this machine only the record.
     assert json.loads(sky.run("controller", "status", "-o", "json").stdout)["running"] is True
     assert not (sky.home / "state.db").exists()
+    # The VM's role may pass only its replicas' role, and act only on what its controller id names.
+    machine_id = record.machine.machine_id
+    policy = iam.get_role_policy(RoleName=f"sky-lite-controller-{machine_id}", PolicyName="sky-lite-controller")
+    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+    assert statements["PassReplicaRole"]["Resource"][0].endswith(f":role/sky-lite-replica-{machine_id}")
+    (controller_id,) = {s["Condition"]["StringEquals"]["aws:ResourceTag/sky-lite:controller"]
+                        for s in statements.values() if "aws:ResourceTag/sky-lite:controller" in str(s)}
+    assert f"sky-lite:controller={controller_id}" in result.stderr
+    (host_home,) = (sky.home / "emulated-hosts").glob("*/login-home/.sky-lite")
+    assert (host_home / "controller-id").read_text().strip() == controller_id  # the host's own id
 
     serve_one_through_the_host(sky, tmp_path)
 
