@@ -38,13 +38,16 @@ from skyserve_lite.cli.params import FiniteFloatRange
 @click.option("--image-id", default=None,
               help="With --cloud: the image (an AMI on aws, required the first time; default Debian 12 on gcp).")
 @click.option("--ssh-user", default="ubuntu", show_default=True, help="With --cloud: the image's login user.")
-@click.option("--allow-cidr", default="0.0.0.0/0", show_default=True,
-              help="With --cloud: who may reach the load balancers (the security group's only other rule is SSH).")
-@click.option("--ssh-cidr", default=None, help="With --cloud: who may reach sshd (default: --allow-cidr).")
+@click.option("--allow-cidr", default=None, metavar="CIDR",
+              help="With --cloud: who may reach the load balancers (default: 0.0.0.0/0, every address; the "
+              "security group's only other rule is SSH).")
+@click.option("--ssh-cidr", default=None, metavar="CIDR",
+              help="With --cloud, required: who may reach sshd, e.g. your address/32 (an --allow-cidr given is "
+              "taken when this is not; 0.0.0.0/0 only when written out).")
 def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | None, remote_home: str | None,
                   remote_python: str, extras: tuple[str, ...], host_key_fingerprint: str | None,
                   region: str | None, zone: str | None, instance_type: str | None, image_id: str | None,
-                  ssh_user: str, allow_cidr: str, ssh_cidr: str | None) -> None:
+                  ssh_user: str, allow_cidr: str | None, ssh_cidr: str | None) -> None:
     """Install this sky-lite on a host (--ssh) or on a VM launched for it (--cloud) and make it this
     machine's controller. Running it again repairs a half-done install."""
     from skyserve_lite.errors import StateConflictError, UsageError
@@ -55,7 +58,7 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
         if (ssh_target is None) == (cloud is None):
             raise UsageError("pass --ssh USER@HOST or --cloud CLOUD (one of them)")
         cloud_only = {"--region": region, "--zone": zone, "--instance-type": instance_type, "--image-id": image_id,
-                      "--ssh-cidr": ssh_cidr}
+                      "--ssh-cidr": ssh_cidr, "--allow-cidr": allow_cidr}
         if ssh_target is not None and any(v is not None for v in cloud_only.values()):
             raise UsageError(f"{next(k for k, v in cloud_only.items() if v is not None)} goes with --cloud")
         if cloud is not None and key_file is not None:
@@ -64,18 +67,22 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
         _check_remote_text("--remote-python", remote_python)
         for option, cidr in (("--allow-cidr", allow_cidr), ("--ssh-cidr", ssh_cidr)):
             _check_cidr(option, cidr)
+        ssh_block = None if cloud is None else choose_ssh_cidr(ssh_cidr, allow_cidr)
         home = home_dir()
         if _has_local_services(home):
             raise StateConflictError(f"this machine's own controller ({home}) holds services; take them down "
                                      "with `sky-lite serve down --all` before moving the controller to a host")
         target = (ssh.parse_ssh_target(ssh_target, key_file=key_file.resolve() if key_file else None)
                   if ssh_target is not None else None)
+        if ssh_block is not None and _is_everyone(ssh_block):
+            click.echo(f"Warning: --ssh-cidr {ssh_block} opens SSH (port 22) of the controller VM to every "
+                       "address; give your own block (e.g. 203.0.113.7/32) to narrow it.", err=True)
         request = hosting.UpRequest(
             target=target, remote_home=remote_home, remote_python=remote_python, extras=extras,
             host_key_fingerprint=host_key_fingerprint,
             cloud=None if cloud is None else hosting.CloudRequest(
                 cloud=cloud, region=region, zone=zone, instance_type=instance_type, image_id=image_id,
-                ssh_user=ssh_user, allow_cidr=allow_cidr, ssh_cidr=ssh_cidr))
+                ssh_user=ssh_user, allow_cidr=allow_cidr or hosting.DEFAULT_ALLOW_CIDR, ssh_cidr=ssh_block))
         record = hosting.bring_up(home, request, say=lambda line: click.echo(f"  {line}", err=True))
         info = open_remote(home, record).describe()
         where = record.target.url + (f" ({record.machine.cloud} {record.machine.instance_id})" if record.machine
@@ -87,6 +94,24 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
                        "nothing runs them, so nothing restarts the controller loop if it stops or the host "
                        "reboots. Start cron there (Debian and Ubuntu: `sudo systemctl enable --now cron`).",
                        err=True)
+
+
+def choose_ssh_cidr(ssh_cidr: str | None, allow_cidr: str | None) -> str:
+    """Who may reach a controller VM's sshd: ``--ssh-cidr``, else an ``--allow-cidr`` that was given. Never a
+    default: with neither, a ``UsageError`` naming ``--ssh-cidr``."""
+    from skyserve_lite.errors import UsageError
+
+    chosen = ssh_cidr or allow_cidr
+    if chosen is None:
+        raise UsageError("--ssh-cidr: say who may reach the controller VM's sshd, e.g. --ssh-cidr 203.0.113.7/32 "
+                         "(your address); --ssh-cidr 0.0.0.0/0 opens it to every address")
+    return chosen
+
+
+def _is_everyone(cidr: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_network(cidr, strict=True).prefixlen == 0
 
 
 def _check_cidr(option: str, value: str | None) -> None:

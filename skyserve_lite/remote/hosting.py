@@ -53,7 +53,7 @@ class CloudRequest:
     image_id: str | None = None
     ssh_user: str = "ubuntu"
     allow_cidr: str = DEFAULT_ALLOW_CIDR
-    ssh_cidr: str | None = None  # default: allow_cidr
+    ssh_cidr: str | None = None  # required: who may reach sshd is never a default
 
 
 @dataclass(frozen=True)
@@ -185,11 +185,14 @@ def launch_machine(home: Path, previous: ControllerRecord | None, request: Cloud
     if request.cloud == "aws" and not request.image_id and old is None:
         raise UsageError("--image-id: the controller VM needs an AMI of the region (Ubuntu 22.04 or later, or "
                          "any Linux with python3 >= 3.10 and OpenSSH)")
+    if not request.ssh_cidr:
+        raise UsageError("--ssh-cidr: say who may reach the controller VM's sshd (your address, e.g. "
+                         "203.0.113.7/32)")
     machines, region = _machines(home, request.cloud, machine_id, region)
     say(f"launching the controller VM in {region}")
     launched = machines.ensure(MachineRequest(
         machine_id=machine_id, region=region, image_id=request.image_id or "", public_key=key.with_suffix(
-            ".pub").read_text(), allow_cidr=request.allow_cidr, ssh_cidr=request.ssh_cidr or request.allow_cidr,
+            ".pub").read_text(), allow_cidr=request.allow_cidr, ssh_cidr=request.ssh_cidr,
         lb_ports=(LB_PORT_START, LB_PORT_END), instance_type=request.instance_type,
         zone=request.zone or (old.zone if old else None), ssh_user=request.ssh_user))
     location = launched.region  # the zone on GCP
