@@ -35,12 +35,12 @@ class FakeIam:
 
     def answer(self, verb: str, path: str, raw: bytes) -> tuple[int, Any] | None:
         """The answer to a request for one of these endpoints; None for any other path."""
-        body = json.loads(raw) if raw.strip() else {}
         with self._lock:
             for route_verb, pattern, method in _ROUTES:
                 match = re.fullmatch(pattern, path)
                 if match and route_verb == verb:
                     self.calls[method] += 1
+                    body = json.loads(raw) if raw.strip() else {}  # only ours: an upload's body is no JSON
                     handler = getattr(self, "_" + method.replace(".", "_"))
                     answered: tuple[int, Any] = handler(body, **match.groupdict())
                     return answered
