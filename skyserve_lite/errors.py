@@ -12,6 +12,7 @@ The tree::
     ├── StateDamagedError           the state database is not SQLite, truncated or corrupt (exit 1)
     ├── StateBusyError              the state database stayed locked by another process (exit 1)
     ├── StateUnwritableError        the state database cannot be written: a full disk, a read-only home (exit 1)
+    ├── StateUnavailableError       the state's PostgreSQL server cannot be reached or refuses the login (exit 1)
     ├── ControllerError             the controller could not be reached, started or locked (exit 1)
     │   ├── ControllerVersionError  the controller host runs another sky-lite version (exit 1)
     │   └── HostKeyError            the controller host's SSH key is not the pinned one (exit 1)
@@ -22,8 +23,8 @@ The tree::
             └── ProviderNotConfiguredError  the cloud has no credentials here at all
 
 Vendor exceptions (botocore, OSError from a spawn) are translated into ``ProviderError`` subclasses
-in exactly one place per provider, with ``raise ... from exc``; ``sqlite3`` errors into ``StateDamagedError``
-and ``StateBusyError`` in one place, the state store's connection.
+in exactly one place per provider, with ``raise ... from exc``; ``sqlite3`` and ``psycopg`` errors into the
+``State*Error`` classes in one place per engine, the state store's connection.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ class StateBusyError(SkyLiteError):
 
 class StateUnwritableError(SkyLiteError):
     """The state database cannot be written (a full disk, a read-only file system); nothing was changed."""
+
+
+class StateUnavailableError(SkyLiteError):
+    """The PostgreSQL server holding the state cannot be reached, refuses the login or lost the connection;
+    a later attempt may succeed. The message names the database without its password."""
 
 
 class ControllerError(SkyLiteError):

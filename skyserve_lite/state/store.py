@@ -1,8 +1,11 @@
-"""The SQLite state store: services, every version of their task YAML, replicas, events, request counts.
+"""The state store: services, every version of their task YAML, replicas, events, request counts.
 
-One file per ``$SKY_LITE_HOME`` in WAL mode, so the controller, the load balancers and the CLI read and
-write side by side. Every write is one short transaction (``BEGIN IMMEDIATE``), so a crash leaves either
-the old or the new state, never half of a change.
+By default one SQLite file per ``$SKY_LITE_HOME`` in WAL mode (``state.sqlite``), so the controller, the load
+balancers and the CLI read and write side by side; with ``SKY_LITE_DB_URL`` or the home's ``db_url``, a
+PostgreSQL database (``state.pg``). ``Store`` is the same over both: its queries are written once
+(``state.dialect`` holds what differs), and everything above it never knows which engine it talks to. Every
+write is one short transaction, writers one at a time (SQLite's ``BEGIN IMMEDIATE``, an advisory lock on
+PostgreSQL), so a crash leaves either the old or the new state, never half of a change.
 
 Who writes what: the CLI (through ``api``) creates services and versions and marks them for deletion;
 the controller's executor is the only writer of replica rows, service status and the replica history; a
@@ -16,30 +19,23 @@ import dataclasses
 import json
 import operator
 import os
-import sqlite3
 import stat
-import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from skyserve_lite.autoscalers.base import AutoscalerState
-from skyserve_lite.errors import (
-    NotFoundError,
-    SkyLiteError,
-    StateBusyError,
-    StateConflictError,
-    StateDamagedError,
-    StateUnwritableError,
-    UsageError,
-)
+from skyserve_lite.errors import NotFoundError, StateConflictError, StateUnwritableError, UsageError
 from skyserve_lite.files.manifest import TaskFiles
 from skyserve_lite.spec.inputs import BoundInputs
 from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.state import sqlite
 from skyserve_lite.state.access import StoreAccess, observe_home, plan_store_access
+from skyserve_lite.state.connection import StoreConnection
+from skyserve_lite.state.dburl import DatabaseUrl, find_database_url
 from skyserve_lite.state.history import REQUEST_COUNTS_KEEP_SECONDS, ReplicaSample
 from skyserve_lite.state.models import (
     REPLICA_STATUS_BY_VALUE,
@@ -143,133 +139,6 @@ def _is_marked_home(home: Path) -> bool:
     return stat.S_ISREG(marker.st_mode) and marker.st_uid == os.getuid()
 
 
-_T = TypeVar("_T")
-
-# How long opening the store (creating it, its PRAGMAs, its migrations) keeps trying while another process
-# holds the database. Two `serve up` on a fresh home meet at `PRAGMA journal_mode=WAL`, where SQLite answers
-# "locked" at once rather than calling its busy handler; the winner is done in milliseconds, so 5 s is
-# plenty for it and still an answer "within seconds" when something holds the file for good.
-_OPEN_WAIT_SECONDS = 5.0
-# How long a query of an open store waits for another writer (every write is one short transaction).
-_BUSY_TIMEOUT_SECONDS = 30.0
-_SQLITE_MAGIC = b"SQLite format 3\0"
-# sqlite3's messages for a file it cannot read, for Pythons without ``sqlite_errorname`` (3.10).
-_DAMAGE_MESSAGES = frozenset({"file is not a database", "database disk image is malformed", "disk I/O error"})
-_UNWRITABLE_MESSAGES = frozenset({"database or disk is full", "attempt to write a readonly database",
-                                  "unable to open database file"})
-
-
-def _translate(path: Path, exc: sqlite3.DatabaseError) -> SkyLiteError | None:
-    """sky-lite's error for an ``sqlite3`` one, or None when it is not about the file or its locks (a
-    constraint or an SQL mistake is a bug here, and keeps its own type and traceback)."""
-    name = str(getattr(exc, "sqlite_errorname", ""))
-    text = str(exc)
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or text in ("database is locked", "database table is locked"):
-        return StateBusyError(f"the state database {path} stayed locked by another process ({text}); "
-                              "try again in a moment")
-    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_IOERR_READ", "SQLITE_IOERR_SHORT_READ")) or (
-            not name and text in _DAMAGE_MESSAGES):
-        return _damaged(path, text)
-    if name.startswith(("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_IOERR")) or (
-            not name and text in _UNWRITABLE_MESSAGES):
-        # Nothing was written: every write is one transaction, rolled back whole.
-        return StateUnwritableError(f"cannot write the state database {path} ({text}): free some space or make "
-                                    f"{path.parent} writable, then try again; nothing was changed")
-    return None
-
-
-def _damaged(path: Path, problem: str) -> StateDamagedError:
-    return StateDamagedError(str(path), (
-        f"the state database {path} is damaged or not a sky-lite database ({problem}). Stop what this state "
-        f"directory started with `sky-lite serve down --all --force`, which works without it; then move "
-        f"{path.name} and any {path.name}-wal and {path.name}-shm beside it out of {path.parent}, and the next "
-        "command starts with an empty state"))
-
-
-def _guarded(path: Path, call: Callable[..., _T], *args: Any) -> _T:
-    try:
-        return call(*args)
-    except sqlite3.DatabaseError as exc:
-        translated = _translate(path, exc)
-        if translated is None:
-            raise
-        raise translated from exc
-
-
-class _Connection(sqlite3.Connection):
-    """The store's connection: every query and every fetch of its rows raises ``StateDamagedError`` or
-    ``StateBusyError`` for what ``_translate`` recognises. The one place ``sqlite3`` errors are translated,
-    so a damage found by any query of any method (not only at open) is one clear error."""
-
-    def __init__(self, database: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
-        super().__init__(database, *args, **kwargs)
-        self.db_path = Path(database)
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        return self.cursor(_Cursor).execute(sql, parameters)
-
-    def executemany(self, sql: str, parameters: Iterable[Any], /) -> sqlite3.Cursor:
-        return self.cursor(_Cursor).executemany(sql, parameters)
-
-
-class _Cursor(sqlite3.Cursor):
-    """A cursor of ``_Connection``: SQLite reads rows lazily, so a damaged page may surface at any fetch."""
-
-    @property
-    def _path(self) -> Path:
-        connection = self.connection
-        return connection.db_path if isinstance(connection, _Connection) else Path("?")
-
-    def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
-        return _guarded(self._path, super().execute, sql, parameters)
-
-    def executemany(self, sql: str, parameters: Iterable[Any], /) -> _Cursor:
-        return _guarded(self._path, super().executemany, sql, parameters)
-
-    def fetchone(self) -> Any:
-        return _guarded(self._path, super().fetchone)
-
-    def fetchmany(self, size: int | None = 1) -> list[Any]:
-        return _guarded(self._path, super().fetchmany, size)
-
-    def fetchall(self) -> list[Any]:
-        return _guarded(self._path, super().fetchall)
-
-    def __next__(self) -> Any:
-        return _guarded(self._path, super().__next__)
-
-
-def _retry_while_busy(path: Path, connection: sqlite3.Connection, step: Callable[[], None]) -> None:
-    """Run ``step`` (part of opening the store) again while the database is locked, for at most
-    ``_OPEN_WAIT_SECONDS`` in all. Still locked then: ``StateBusyError``, or ``StateDamagedError`` when the
-    file holds no SQLite header (it was emptied or truncated under a process that keeps it open)."""
-    deadline = time.monotonic() + _OPEN_WAIT_SECONDS
-    while True:
-        # SQLite's own busy handler waits where it can; the loop covers where it answers "locked" at once.
-        remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
-        connection.execute(f"PRAGMA busy_timeout = {remaining_ms}")
-        try:
-            step()
-            return
-        except StateBusyError:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            if time.monotonic() >= deadline:
-                if not _has_sqlite_header(path):
-                    raise _damaged(path, "the file is empty or truncated, and another process still has "
-                                         "it open") from None
-                raise
-            time.sleep(0.02)
-
-
-def _has_sqlite_header(path: Path) -> bool:
-    try:
-        with open(path, "rb") as stream:
-            return stream.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
-    except OSError:
-        return False
-
-
 @dataclass
 class StatementCounts:
     """What a stretch of store calls sent to SQLite (``Store.counting``): statements that read, statements
@@ -291,14 +160,19 @@ class StatementCounts:
 
 
 class Store:
-    """Typed access to the state database. Not thread-safe: one ``Store`` per thread."""
+    """Typed access to the state database, whichever engine holds it. Not thread-safe: one ``Store`` per
+    thread."""
 
-    def __init__(self, connection: sqlite3.Connection, path: Path, *, read_only: bool = False) -> None:
+    def __init__(self, connection: StoreConnection, path: Path, *, read_only: str | None = None) -> None:
+        """``read_only``: why writes are refused (the store was opened without write access), or None."""
         self._db = connection
+        # The SQLite file; on PostgreSQL the state directory (the database is ``location``).
         self.path = path
+        # What messages call the database: the file, or the URL without its password.
+        self.location = connection.location
         # Opened without write access (``state.access``): writes are refused before they begin.
-        self.read_only = read_only
-        self._identity = _file_identity(path)
+        self.read_only = read_only is not None
+        self._read_only_refusal = read_only or ""
         # Every replica as last read, with the ``replicas_generation`` it was read at (``list_replicas``).
         self._all_replicas: tuple[object, tuple[ReplicaRecord, ...]] | None = None
         # The raw rows of that read and their records: when some rows changed, the others are handed back as
@@ -315,21 +189,40 @@ class Store:
         self._services_read_at: str | None = None
         self._autoscalers_read_at: str | None = None
 
+    @property
+    def engine(self) -> str:
+        """``sqlite`` or ``postgresql``: for what is shown (`controller status`), never for a decision."""
+        return self._db.dialect.name
+
     @classmethod
     def open(cls, home: Path, *, create: bool = True) -> Store:
-        """Open (creating and migrating when needed) the store under ``home``.
+        """Open (creating and migrating when needed) the store of the state directory ``home``: the SQLite
+        file in it, or the PostgreSQL database ``SKY_LITE_DB_URL`` or the home's ``db_url`` names
+        (``state.dburl``; a bad URL is a ``UsageError``).
 
-        With ``create=False`` a missing store raises ``NotFoundError`` instead: processes the controller
-        starts (load balancers) must never create an empty store where a deleted one was.
+        With ``create=False`` a missing store (no file; a database without sky-lite's schema) raises
+        ``NotFoundError`` instead: processes the controller starts (load balancers) must never create an
+        empty store where a deleted one was.
 
-        Others opening or writing the same store at that moment (two `serve up` on a fresh home) are waited
-        for, a few seconds at most. Raises ``StateDamagedError`` at once for a file that is not a readable
-        SQLite database (and so does any later query that finds damage), ``StateBusyError`` when it stays
-        locked beyond the wait, ``UsageError`` for a home ``prepare_home`` refuses.
+        Others opening or writing the same store at that moment (two `serve up` on a fresh home, four
+        controllers on a fresh database) are waited for, and one of them migrates. SQLite: raises
+        ``StateDamagedError`` at once for a file that is not a readable SQLite database (and so does any later
+        query that finds damage), ``StateBusyError`` when it stays locked beyond a few seconds. PostgreSQL:
+        ``StateUnavailableError`` when the server cannot be reached or refuses the login, ``StateBusyError``
+        past the lock timeout. ``UsageError`` for a home ``prepare_home`` refuses.
 
-        A home this process cannot write (a read-only mount, another user's directory) is opened as
+        A home this process cannot write (a read-only mount, another user's directory) is opened on SQLite as
         ``open_read_only`` opens it: its reads work, its writes raise ``StateUnwritableError``.
         """
+        url = find_database_url(home, os.environ)
+        if url is not None:
+            return cls._open_postgresql(home, url, create=create)
+        return cls.open_sqlite(home, create=create)
+
+    @classmethod
+    def open_sqlite(cls, home: Path, *, create: bool = True) -> Store:
+        """``open`` of the SQLite file of ``home``, whatever ``SKY_LITE_DB_URL`` and ``db_url`` say (what a
+        change of ``db_url`` checks first)."""
         path = home / DB_NAME
         if not create and not path.exists():
             raise NotFoundError(f"no state store at {path}")
@@ -337,23 +230,10 @@ class Store:
         access = plan_store_access(observe_home(home, path))
         if access is not StoreAccess.READ_WRITE:
             return cls._open_read_only(path, access)
-        if not path.exists():
-            # Create the file with 0600 before SQLite writes anything into it.
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-        os.chmod(path, 0o600)
-        connection = sqlite3.connect(path, timeout=_OPEN_WAIT_SECONDS, isolation_level=None,
-                                     check_same_thread=False, factory=_Connection)
+        connection = sqlite.connect(path)
         try:
             store = cls(connection, path)
-
-            def set_up() -> None:
-                connection.execute("PRAGMA journal_mode=WAL")
-                connection.execute("PRAGMA synchronous=NORMAL")
-                connection.execute("PRAGMA foreign_keys=ON")
-                store._migrate()
-
-            _retry_while_busy(path, connection, set_up)
-            connection.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_SECONDS * 1000)}")
+            connection.prepare(store._migrate)
         except BaseException:
             connection.close()
             raise
@@ -361,11 +241,37 @@ class Store:
         return store
 
     @classmethod
+    def _open_postgresql(cls, home: Path, url: DatabaseUrl, *, create: bool, read_only: bool = False) -> Store:
+        from skyserve_lite.state import pg  # psycopg is loaded only for a store on PostgreSQL
+
+        connection = pg.connect(url, read_only=read_only)
+        try:
+            refusal = (f"the state database {connection.location} was opened read-only: nothing was changed"
+                       if read_only else None)
+            store = cls(connection, home, read_only=refusal)
+            if read_only:
+                store._check_readable_schema(f"the state database {connection.location}, opened read-only,")
+            elif not create and connection.read_schema_version() == 0:
+                raise NotFoundError(f"no state store in {connection.location}")
+            else:
+                # The home still holds what is not in the database (blobs, secrets, logs, the controller's lock).
+                prepare_home(home)
+                connection.prepare(store._migrate)
+        except BaseException:
+            connection.close()
+            raise
+        return store
+
+    @classmethod
     def open_read_only(cls, home: Path) -> Store:
-        """Open the store under ``home`` for reading only, whatever the directory allows: what ``open`` does
+        """Open the store of ``home`` for reading only, whatever the directory allows: what ``open`` does
         where this process cannot write it. Every read works; every write raises ``StateUnwritableError``
-        naming the directory before it begins. Creates no file: not the store, not SQLite's ``-shm`` index.
-        Raises ``StateUnwritableError`` too where there is no store, or one that would need migrating."""
+        naming the directory (or the database) before it begins. Creates no file: not the store, not
+        SQLite's ``-shm`` index. Raises ``StateUnwritableError`` too where there is no store, or one that
+        would need migrating."""
+        url = find_database_url(home, os.environ)
+        if url is not None:
+            return cls._open_postgresql(home, url, create=False, read_only=True)
         path = home / DB_NAME
         found = dataclasses.replace(observe_home(home, path), writable=False)
         return cls._open_read_only(path, plan_store_access(found))
@@ -381,24 +287,25 @@ class Store:
                 f"the state directory {home} is read-only, and {path.name}-wal holds changes that cannot be read "
                 f"without {path.name}-shm beside it: copy the directory somewhere writable and point "
                 "SKY_LITE_HOME there")
-        uri = f"{path.absolute().as_uri()}?mode=ro" + ("&immutable=1" if access is StoreAccess.IMMUTABLE else "")
-        connection = _guarded(path, lambda: sqlite3.connect(
-            uri, uri=True, timeout=_OPEN_WAIT_SECONDS, isolation_level=None, check_same_thread=False,
-            factory=_Connection))
-        connection.db_path = path
+        connection = sqlite.connect_read_only(path, access)
         try:
-            store = cls(connection, path, read_only=True)
-            version = store.schema_version
-            if version < len(MIGRATIONS):
-                raise StateUnwritableError(
-                    f"the state directory {home} is read-only, and its database (schema {version}) needs "
-                    f"migrating to schema {len(MIGRATIONS)} before this sky-lite can read it: run a command "
-                    "that writes it once where it is writable")
-            connection.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_SECONDS * 1000)}")
+            store = cls(connection, path, read_only=f"the state directory {home} is read-only: nothing was "
+                                                    "changed; make it writable, or run this where it is")
+            store._check_readable_schema(f"the state directory {home} is read-only, and its database")
+            connection.wait_when_busy()
         except BaseException:
             connection.close()
             raise
         return store
+
+    def _check_readable_schema(self, where: str) -> None:
+        """Refuse a read-only store whose schema this sky-lite cannot read until it is migrated; ``where`` says
+        which database it is and why it is read-only."""
+        version = self.schema_version
+        if version < len(MIGRATIONS):
+            raise StateUnwritableError(
+                f"{where} (schema {version}) needs migrating to schema {len(MIGRATIONS)} before this sky-lite "
+                "can read it: run a command that writes it once where it is writable")
 
     def close(self) -> None:
         self._db.close()
@@ -418,14 +325,15 @@ class Store:
 
     def is_current(self) -> bool:
         """False once the database file was deleted or replaced by another file since this store opened it:
-        this connection then reads a state nobody else sees."""
-        return _file_identity(self.path) == self._identity
+        this connection then reads a state nobody else sees. Always True on PostgreSQL."""
+        return self._db.is_current()
 
     @contextmanager
     def reading(self) -> Iterator[None]:
-        """Read in one transaction: every query inside sees the same committed state (one WAL snapshot),
-        not a write the controller committed between two of them. Only reads may run inside."""
-        self._db.execute("BEGIN")
+        """Read in one transaction: every query inside sees the same committed state (one WAL snapshot,
+        PostgreSQL's repeatable read), not a write the controller committed between two of them. Only reads
+        may run inside."""
+        self._db.execute(self._db.dialect.begin_read)
         try:
             yield
         finally:
@@ -433,12 +341,12 @@ class Store:
                 self._db.execute("COMMIT")
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> Iterator[StoreConnection]:
         if self.read_only:
-            raise StateUnwritableError(f"the state directory {self.path.parent} is read-only: nothing was "
-                                       "changed; make it writable, or run this where it is")
-        self._db.execute("BEGIN IMMEDIATE")
+            raise StateUnwritableError(self._read_only_refusal)
         try:
+            # Inside: on PostgreSQL the transaction has begun when the wait for the write lock times out.
+            self._db.execute(self._db.dialect.begin_write)
             yield self._db
         except BaseException:
             if self._db.in_transaction:  # SQLite rolls back on its own after some errors (a full disk)
@@ -451,22 +359,26 @@ class Store:
         self._db.execute("COMMIT")
 
     def _migrate(self) -> None:
-        with self._write() as db:
-            current = db.execute("PRAGMA user_version").fetchone()[0]
-            for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
-                for statement in _statements(script):
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {number}")
-            db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('controller_id', ?)",
+        """Bring the schema to ``MIGRATIONS``, in one transaction, and make the controller id if there is
+        none. One process does it, whatever the number opening the store at once (``migrating``)."""
+        if not self._db.needs_migration(len(MIGRATIONS)):
+            return
+        with self._db.migrating(), self._write() as db:
+            current = db.read_schema_version()
+            for number, migration in enumerate(MIGRATIONS[current:], start=current + 1):
+                db.run_script(db.dialect.render(migration))
+                db.write_schema_version(number)
+            db.execute("INSERT INTO meta (key, value) VALUES ('controller_id', ?) ON CONFLICT (key) DO NOTHING",
                        (uuid.uuid4().hex[:12],))
 
     @property
     def schema_version(self) -> int:
-        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        return self._db.read_schema_version()
 
     @property
     def controller_id(self) -> str:
-        """A random id made once per state directory; cloud resources are tagged with it."""
+        """A random id made once per store (state directory, or PostgreSQL database); cloud resources are
+        tagged with it. On SQLite it is kept in the home's ``controller-id`` file too."""
         return str(self._db.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()[0])
 
     # --- services and versions ------------------------------------------------------------------
@@ -499,13 +411,14 @@ class Store:
         """The service and version the submission ``key`` stored, if it did."""
         return _find_submission(self._db, key)
 
-    def _insert_version(self, db: sqlite3.Connection, name: str, version: int, task: SubmittedTask,
+    def _insert_version(self, db: StoreConnection, name: str, version: int, task: SubmittedTask,
                         mode: str, now: float, note: str | None = None, reuse_identical_files: bool = False, *,
                         inputs: BoundInputs | None = None) -> None:
         files = task.spec.files
         spec_json = parsed_spec_json(task.spec)
         if files is not None:
-            db.execute("INSERT OR IGNORE INTO snapshots (digest, manifest_json, size) VALUES (?, ?, ?)",
+            db.execute("INSERT INTO snapshots (digest, manifest_json, size) VALUES (?, ?, ?)"
+                       " ON CONFLICT (digest) DO NOTHING",
                        (files.digest, json.dumps(files.to_json(), sort_keys=True, separators=(",", ":")),
                         files.size))
         db.execute(
@@ -547,7 +460,8 @@ class Store:
             self._insert_version(db, name, version, task, mode, now, note, reuse_identical_files, inputs=inputs)
             db.execute("UPDATE services SET current_version = ? WHERE name = ?", (version, name))
             if key is not None:
-                db.execute("INSERT OR REPLACE INTO submissions (key, service, version) VALUES (?, ?, ?)",
+                db.execute("INSERT INTO submissions (key, service, version) VALUES (?, ?, ?) ON CONFLICT (key)"
+                           " DO UPDATE SET service = excluded.service, version = excluded.version",
                            (key, name, version))
             if keep_snapshot_versions > 0:
                 expired = db.execute(
@@ -556,7 +470,7 @@ class Store:
                     " AND version NOT IN (SELECT version FROM replicas WHERE service = ?)",
                     (name, version - keep_snapshot_versions, name)).rowcount
                 if expired:
-                    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gc_pending', '1')")
+                    db.execute(_SET_GC_PENDING)
         return self.get_version(name, version)
 
     # --- snapshots -------------------------------------------------------------------------------
@@ -576,7 +490,7 @@ class Store:
     def set_gc_pending(self, pending: bool) -> None:
         with self._write() as db:
             if pending:
-                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gc_pending', '1')")
+                db.execute(_SET_GC_PENDING)
             else:
                 db.execute("DELETE FROM meta WHERE key = 'gc_pending'")
 
@@ -588,7 +502,8 @@ class Store:
     def record_pass(self, now: float) -> None:
         """A controller pass completed at ``now`` (with everything it decided written)."""
         with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('pass_completed_at', ?)", (repr(now),))
+            db.execute("INSERT INTO meta (key, value) VALUES ('pass_completed_at', ?)"
+                       " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (repr(now),))
 
     @property
     def last_pass_at(self) -> float | None:
@@ -659,8 +574,8 @@ class Store:
     def request_replica_termination(self, service: str, replica_id: int, now: float) -> None:
         """Ask the controller to terminate one replica (idempotent: the first request's time stays)."""
         with self._write() as db:
-            db.execute("INSERT OR IGNORE INTO replica_terminations (service, replica_id, requested_at) "
-                       "VALUES (?, ?, ?)", (service, replica_id, now))
+            db.execute("INSERT INTO replica_terminations (service, replica_id, requested_at) VALUES (?, ?, ?)"
+                       " ON CONFLICT (service, replica_id) DO NOTHING", (service, replica_id, now))
 
     def list_replica_terminations(self) -> dict[tuple[str, int], float]:
         """Every pending request: (service, replica id) -> when it was asked for."""
@@ -831,7 +746,7 @@ class Store:
         with self._write() as db:
             db.executemany(
                 "INSERT INTO request_counts (service, second, count) VALUES (?, ?, ?)"
-                " ON CONFLICT (service, second) DO UPDATE SET count = count + excluded.count",
+                " ON CONFLICT (service, second) DO UPDATE SET count = request_counts.count + excluded.count",
                 [(service, second, count) for second, count in counts.items()])
             db.execute("DELETE FROM request_counts WHERE service = ? AND second < ?",
                        (service, max(counts) - keep_seconds))
@@ -840,7 +755,9 @@ class Store:
         """Replace the service's load balancer report (one row per service)."""
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO lb_reports (service, reported_at, waiting, in_flight_json) VALUES (?, ?, ?, ?)",
+                "INSERT INTO lb_reports (service, reported_at, waiting, in_flight_json) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (service) DO UPDATE SET reported_at = excluded.reported_at, waiting = excluded.waiting,"
+                " in_flight_json = excluded.in_flight_json",
                 (service, report.reported_at, report.waiting, json.dumps(dict(report.in_flight), sort_keys=True)))
 
     def list_lb_reports(self) -> dict[str, LbReport]:
@@ -890,8 +807,11 @@ class Store:
             return
         with self._write() as db:
             db.executemany(
-                "INSERT OR REPLACE INTO autoscaler_state (service, version, target, upscale_count, downscale_count,"
-                " last_decision_at, observed_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO autoscaler_state (service, version, target, upscale_count, downscale_count,"
+                " last_decision_at, observed_json) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (service) DO UPDATE SET"
+                " version = excluded.version, target = excluded.target, upscale_count = excluded.upscale_count,"
+                " downscale_count = excluded.downscale_count, last_decision_at = excluded.last_decision_at,"
+                " observed_json = excluded.observed_json",
                 [(name, state.version, state.target, state.upscale_count, state.downscale_count,
                   state.last_decision_at, json.dumps(dataclasses.asdict(observed), sort_keys=True))
                  for name, state, observed in states])
@@ -917,8 +837,11 @@ class Store:
         is not written."""
         with self._write() as db:
             db.executemany(
-                "INSERT OR REPLACE INTO replica_history (service, minute, ready, target)"
-                " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM services WHERE name = ?)",
+                # SQLite reads the ON of an upsert after INSERT ... SELECT as a join's unless the SELECT has a
+                # WHERE, which this one has.
+                "INSERT INTO replica_history (service, minute, ready, target)"
+                " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM services WHERE name = ?)"
+                " ON CONFLICT (service, minute) DO UPDATE SET ready = excluded.ready, target = excluded.target",
                 [(s.service, s.minute, s.ready, s.target, s.service) for s in samples])
             db.execute("DELETE FROM replica_history WHERE minute < ?", (keep_from_minute,))
 
@@ -928,6 +851,8 @@ class Store:
             " ORDER BY minute", (service, since_minute)).fetchall()
         return [ReplicaSample(*row) for row in rows]
 
+
+_SET_GC_PENDING = "INSERT INTO meta (key, value) VALUES ('gc_pending', '1') ON CONFLICT (key) DO UPDATE SET value = '1'"
 
 _SERVICE_SELECT = (
     "name, current_version, status, status_reason, lb_port, lb_pid, lb_policy, deleting, created_at,"
@@ -940,17 +865,9 @@ _VERSION_SELECT = (
 )
 
 
-def _find_submission(db: sqlite3.Connection, key: str) -> tuple[str, int] | None:
+def _find_submission(db: StoreConnection, key: str) -> tuple[str, int] | None:
     row = db.execute("SELECT service, version FROM submissions WHERE key = ?", (key,)).fetchone()
     return (str(row[0]), int(row[1])) if row else None
-
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    return stat.st_dev, stat.st_ino
 
 
 def _version(row: tuple[Any, ...]) -> VersionRecord:
@@ -1001,7 +918,7 @@ def _replica_values(record: ReplicaRecord) -> tuple[Any, ...]:
     return (*values[:_STATUS_INDEX], record.status.value, *values[_STATUS_INDEX + 1:])
 
 
-def _put_replicas(db: sqlite3.Connection, records: Sequence[ReplicaRecord]) -> None:
+def _put_replicas(db: StoreConnection, records: Sequence[ReplicaRecord]) -> None:
     """Write whole rows in one statement, and count the change (``list_replicas``)."""
     if not records:
         return
@@ -1009,27 +926,6 @@ def _put_replicas(db: sqlite3.Connection, records: Sequence[ReplicaRecord]) -> N
     _bump_replicas_generation(db)
 
 
-def _statements(script: str) -> Iterator[str]:
-    """The statements of ``script``, each whole: a trigger's body holds statements of its own (and its
-    semicolons), which ``executescript`` would run outside the migration's transaction."""
-    pending = ""
-    pieces = script.split(";")
-    for index, piece in enumerate(pieces):
-        pending += piece if index == len(pieces) - 1 else piece + ";"
-        if sqlite3.complete_statement(pending):
-            yield pending
-            pending = ""
-    if pending.strip() and not _is_comment_only(pending):
-        if not sqlite3.complete_statement(pending + "\n;"):
-            raise ValueError(f"an incomplete statement at the end of a migration: {pending.strip()!r}")
-        yield pending  # a last statement without its semicolon
-
-
-def _is_comment_only(text: str) -> bool:
-    """Whether ``text`` is only whitespace and SQL comments."""
-    return all(not line.strip() or line.strip().startswith("--") for line in text.splitlines())
-
-
-def _bump_replicas_generation(db: sqlite3.Connection) -> None:
-    db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'replicas_generation'")
+def _bump_replicas_generation(db: StoreConnection) -> None:
+    db.execute("UPDATE meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE key = 'replicas_generation'")
 

@@ -27,8 +27,13 @@ from skyserve_lite.state.access import (
     observe_home,
     plan_store_access,
 )
+from skyserve_lite.state.dialect import SQLITE
 from skyserve_lite.state.schema import MIGRATIONS
 from skyserve_lite.state.store import DB_NAME, Store, prepare_home
+
+# A read-only state directory is the SQLite file's case; a read-only store on PostgreSQL is in
+# test_postgresql_store.py.
+pytestmark = pytest.mark.sqlite_only(reason="the SQLite file of a read-only home")
 
 TEXT = "service:\n  replicas: 1\nrun: echo hi\n"
 
@@ -149,7 +154,7 @@ def test_no_store_to_read(tmp_path: Path) -> None:
 
 def test_a_store_that_needs_migrating_is_refused(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / DB_NAME) as old:
-        old.executescript(MIGRATIONS[0] + "PRAGMA user_version = 1;")
+        old.executescript(SQLITE.render(MIGRATIONS[0]) + "PRAGMA user_version = 1;")
     old.close()
 
     with pytest.raises(StateUnwritableError, match=rf"database \(schema 1\) needs migrating to schema "

@@ -25,7 +25,8 @@ from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 from skyserve_lite.state.schema import MIGRATIONS
-from skyserve_lite.state.store import HOME_MARKER, Store, _statements, prepare_home
+from skyserve_lite.state.sqlite import split_statements
+from skyserve_lite.state.store import HOME_MARKER, Store, prepare_home
 
 TEXT = "# my service\nservice:\n  replicas: 2   # two of them\nrun: echo hi\n"
 
@@ -39,6 +40,7 @@ def template(version: int = 1) -> ReplicaRecord:
                          cloud="local", launched_at=1.0, status_since=1.0, launch_token="tok")
 
 
+@pytest.mark.sqlite_only(reason="the database file's mode; on PostgreSQL there is no file")
 def test_home_is_private_and_database_is_owner_only(tmp_path: Path) -> None:
     home = tmp_path / "new" / "home"
     Store.open(home).close()
@@ -76,20 +78,25 @@ def test_version_text_is_stored_exactly_as_submitted(tmp_path: Path) -> None:
     ("SELECT 1;\n-- only a comment after", ["SELECT 1;"]),
 ])
 def test_a_migration_script_is_split_into_whole_statements(script: str, statements: list[str]) -> None:
-    assert list(_statements(script)) == statements
+    assert list(split_statements(script)) == statements
 
 
 def test_a_migration_script_ending_inside_a_statement_is_refused() -> None:
     with pytest.raises(ValueError, match="incomplete statement"):
-        list(_statements("SELECT 1; CREATE TRIGGER t AFTER INSERT ON a BEGIN UPDATE a SET x = 1;"))
+        list(split_statements("SELECT 1; CREATE TRIGGER t AFTER INSERT ON a BEGIN UPDATE a SET x = 1;"))
 
 
-def test_the_services_counter_has_its_triggers(tmp_path: Path) -> None:
+TRIGGERS = {
+    "sqlite": "SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger'",
+    "postgresql": "SELECT DISTINCT trigger_name, event_object_table FROM information_schema.triggers",
+}
+
+
+def test_the_services_counter_has_its_triggers(tmp_path: Path, store_engine: str) -> None:
     """A migration that rebuilt ``services`` or ``autoscaler_state`` would drop their triggers, and the
     counter would never move again: the controller would read those rows once and never again."""
     store = Store.open(tmp_path)
-    triggers = {row[0]: row[1] for row in store._db.execute("SELECT name, tbl_name FROM sqlite_master "
-                                                            "WHERE type = 'trigger'")}
+    triggers = {row[0]: row[1] for row in store._db.execute(TRIGGERS[store_engine])}
     assert triggers == {f"{table}_{event}": table for table in ("services", "autoscaler_state")
                         for event in ("inserted", "updated", "deleted")}
     store.close()
@@ -107,6 +114,37 @@ def test_a_rolled_back_write_leaves_no_read_of_its_rows_behind(tmp_path: Path) -
     other.set_service_status("svc", ServiceStatus.READY, "committed elsewhere")
     other.close()
     assert store.list_services()[0].status_reason == "committed elsewhere"
+    store.close()
+
+
+def test_the_services_counter_moves_with_each_write_and_only_then(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    generation = store._services_generation
+    start = generation()
+    store.create_service("svc", task(), 30001, now=5.0)
+    created = generation()
+    store.mark_deleting(["nope"])  # matches no row
+    assert generation() == created
+    store.set_service_status("svc", ServiceStatus.READY, None)
+    assert start != created != generation()
+    store.close()
+
+
+def test_services_are_listed_in_the_order_of_their_names_bytes(tmp_path: Path) -> None:
+    """As SQLite sorts text, whatever the locale of a PostgreSQL database (its columns are COLLATE "C")."""
+    store = Store.open(tmp_path)
+    for port, name in enumerate(["b", "B", "a-2", "a1", "_z"], start=30001):
+        store.create_service(name, task(), port, now=5.0)
+    assert [s.name for s in store.list_services()] == ["B", "_z", "a-2", "a1", "b"]
+    store.close()
+
+
+def test_times_keep_every_digit(tmp_path: Path) -> None:
+    """Floats round-trip exactly (PostgreSQL's REAL would keep 6 digits: the schema says DOUBLE PRECISION)."""
+    store = Store.open(tmp_path)
+    now = 1764672000.123456
+    store.create_service("svc", task(), 30001, now=now)
+    assert store.get_service("svc").created_at == now
     store.close()
 
 
@@ -225,6 +263,7 @@ def test_deleting_a_service_drops_versions_and_replicas(tmp_path: Path) -> None:
     assert store.add_replicas("svc", 1, template())[0].replica_id == 1
 
 
+@pytest.mark.sqlite_only(reason="a file deleted or replaced under the store")
 def test_a_store_notices_its_file_deleted_or_replaced(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     assert store.is_current()
@@ -297,6 +336,7 @@ def test_a_home_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 
 # --- opening at the same time ----------------------------------------------------------------------------
+@pytest.mark.sqlite_only(reason="a fresh SQLite file per home; PostgreSQL: test_postgresql_store")
 def test_threads_opening_a_fresh_home_at_once_all_get_the_store(tmp_path: Path) -> None:
     # The race is rare per home (without the retry, 4 to 12 openers lost in 100 homes of 3 openers):
     # the next test makes the losing moment certain.
@@ -320,6 +360,7 @@ def test_threads_opening_a_fresh_home_at_once_all_get_the_store(tmp_path: Path) 
     assert errors == []
 
 
+@pytest.mark.sqlite_only(reason="SQLite's own locking of a fresh file")
 def test_an_open_waits_for_a_writer_sqlite_answers_locked_at_once_for(tmp_path: Path) -> None:
     # What the loser of two fresh opens meets: the winner writes the not-yet-WAL file (a RESERVED lock),
     # and SQLite answers `PRAGMA journal_mode=WAL` with "database is locked" at once, without waiting.
@@ -352,6 +393,7 @@ def _open_and_create(home: str, barrier: Any, results: Any) -> None:
         results.put(f"{type(exc).__name__}: {exc}")
 
 
+@pytest.mark.sqlite_only(reason="a fresh SQLite file per trial; PostgreSQL: test_postgresql_store")
 def test_processes_creating_on_a_fresh_home_at_once_get_one_winner_and_clean_conflicts(tmp_path: Path) -> None:
     context = multiprocessing.get_context("fork")
     for trial in range(5):
@@ -378,6 +420,7 @@ def _real_database(tmp_path: Path) -> bytes:
     return (tmp_path / "real" / "state.db").read_bytes()
 
 
+@pytest.mark.sqlite_only(reason="a damaged SQLite file")
 @pytest.mark.parametrize("damage", ["garbage", "zeros", "text", "truncated-half", "truncated-header"])
 def test_a_damaged_database_is_one_clear_error_at_open(tmp_path: Path, damage: str) -> None:
     real = _real_database(tmp_path)
@@ -397,6 +440,7 @@ def test_a_damaged_database_is_one_clear_error_at_open(tmp_path: Path, damage: s
     assert (home / "state.db").read_bytes() == content  # left for the operator to look at
 
 
+@pytest.mark.sqlite_only(reason="a damaged SQLite file")
 def test_damage_a_later_query_finds_is_the_same_clear_error(tmp_path: Path) -> None:
     real = bytearray(_real_database(tmp_path))
     page = 4096
@@ -419,10 +463,11 @@ def test_damage_a_later_query_finds_is_the_same_clear_error(tmp_path: Path) -> N
     store.close()
 
 
+@pytest.mark.sqlite_only(reason="a damaged SQLite file")
 def test_a_database_emptied_under_a_process_that_holds_it_is_damaged_not_a_hang(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The open waits out its whole bound here (a fresh file being created looks the same for a moment).
-    monkeypatch.setattr("skyserve_lite.state.store._OPEN_WAIT_SECONDS", 1.0)
+    monkeypatch.setattr("skyserve_lite.state.sqlite._OPEN_WAIT_SECONDS", 1.0)
     holder = Store.open(tmp_path)
     holder.create_service("svc", task(), 30001, now=1.0)  # WAL frames and shared memory held by `holder`
     os.truncate(tmp_path / "state.db", 0)
@@ -433,9 +478,10 @@ def test_a_database_emptied_under_a_process_that_holds_it_is_damaged_not_a_hang(
     holder.close()
 
 
+@pytest.mark.sqlite_only(reason="SQLite's file lock; PostgreSQL: test_postgresql_store")
 def test_a_locked_healthy_database_is_waited_for_then_a_clear_busy_error(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("skyserve_lite.state.store._OPEN_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr("skyserve_lite.state.sqlite._OPEN_WAIT_SECONDS", 0.5)
     Store.open(tmp_path).close()
     blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # holds the write lock every open takes for its migration check
@@ -446,6 +492,7 @@ def test_a_locked_healthy_database_is_waited_for_then_a_clear_busy_error(tmp_pat
     Store.open(tmp_path).close()
 
 
+@pytest.mark.sqlite_only(reason="the home's copy of the id; PostgreSQL keeps it in meta only")
 def test_the_controller_id_is_kept_outside_the_database_too(tmp_path: Path) -> None:
     """`serve down --all --force` finds the cloud instances by it when state.db is damaged."""
     store = Store.open(tmp_path)
@@ -454,6 +501,7 @@ def test_the_controller_id_is_kept_outside_the_database_too(tmp_path: Path) -> N
     store.close()
 
 
+@pytest.mark.sqlite_only(reason="SQLite's page limit stands for a full disk")
 def test_a_full_disk_is_one_clear_error_and_nothing_is_half_written(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     store.create_service("a", SubmittedTask("service: {replicas: 1}\nrun: x\n", "/t.yaml",
