@@ -28,6 +28,12 @@ of files. Instances read the bucket, and any ``s3://`` source, with their own ro
 ``instance_profile``). A version stored before snapshots existed (``needs_capture``) is a permanent launch
 outcome: it has to be submitted again.
 
+Secrets: each value goes to Secrets Manager in the launch's region before the instances are asked for
+(``cloud_secrets.SecretKeeper``: one secret per controller, service and value digest, its bytes as
+``SecretBinary``), and the user data names its ARN; the instance reads it with its own role. A service's
+secrets are deleted with its bucket (``release_service``), in every region the provider wrote one to or was
+asked to list.
+
 Errors: boto3's and botocore's exceptions are translated by one function, ``translate_error``, at one
 boundary, ``_translated``: every public method runs inside it (so a session that cannot be built, e.g. for
 an ``AWS_PROFILE`` that names no profile, is a ``PermanentProviderError`` too), and so does each API call in
@@ -86,8 +92,9 @@ from skyserve_lite.providers.boot_script import (
     find_placements,
 )
 from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError, failed_outcome
+from skyserve_lite.providers.cloud_secrets import SecretKeeper, compute_secret_prefix, find_cloud_secrets
 from skyserve_lite.providers.staging import SnapshotStager
-from skyserve_lite.spec.model import TaskSpec
+from skyserve_lite.spec.model import Pairs, Secret, TaskSpec
 from skyserve_lite.spec.placement import SSM_PREFIX
 
 log = logging.getLogger(__name__)
@@ -374,6 +381,8 @@ class AwsProvider:
         self._root_devices: dict[tuple[str, str], str] = {}
         self._stager = SnapshotStager(_S3Objects(self), blobs, controller_id,
                                       lambda message: AwsPermanentError(message, "MissingBlob"))
+        self._secrets = SecretKeeper(_SecretsManager(self), controller_id)
+        self._listed_regions: set[str] = set()  # every region an inventory was asked for: where secrets may be
 
     # --- Provider ------------------------------------------------------------------------------------------
     @_boundary
@@ -392,6 +401,7 @@ class AwsProvider:
         """
         default_region = self._find_default_region()
         instances = []
+        self._listed_regions.update(regions)
         for region in sorted(set(regions) | ({default_region} if default_region else set())):
             filters = [{"Name": f"tag:{TAG_CONTROLLER}", "Values": [self._controller_id]}]
             for raw in self._describe_instances(region, filters):
@@ -431,8 +441,12 @@ class AwsProvider:
 
     @_boundary
     def release_service(self, service: str) -> None:
-        """Delete the service's bucket and every object in it. Idempotent: a missing bucket is fine."""
-        self._stager.release(service, self._find_default_region() or "us-east-1")
+        """Delete the service's bucket and every object in it, and its secrets in every region the provider
+        wrote one to or listed (the controller lists every region its services name on each pass, so a
+        restarted controller knows them too). Idempotent: a missing bucket or secret is fine."""
+        default_region = self._find_default_region() or "us-east-1"
+        self._secrets.release(service, self._listed_regions | {default_region})
+        self._stager.release(service, default_region)
 
     @_boundary
     def read_log(self, service: str, replica_id: int, instance_id: str | None,
@@ -510,9 +524,11 @@ class AwsProvider:
         placement = group.placement
         image_id = self._find_image(group.region, placement.image)
         port = find_service_port(spec)
-        batch = BootBatch(service=first.service, version=first.version, replica_ids=group.replica_ids,
-                          envs=first.envs, setup=spec.setup, run=spec.run, port=port)
         fetches, files = self._stage_files(first, group.region)
+        # The task's envs only: its secrets' values stay in Secrets Manager, the script names them.
+        batch = BootBatch(service=first.service, version=first.version, replica_ids=group.replica_ids,
+                          envs=spec.envs, setup=spec.setup, run=spec.run, port=port,
+                          secrets=self._store_secrets(first, group.region), run_as_root=resources.run_as_root)
         user_data = render_user_data(batch, fetches, files)
         if len(user_data.encode()) > USER_DATA_LIMIT_BYTES:
             raise AwsPermanentError(f"setup, run and envs make {len(user_data.encode())} bytes of EC2 user data, "
@@ -670,6 +686,19 @@ class AwsProvider:
             staged = self._stager.stage(request.service, region, files, placements)
         return tuple(fetches), staged
 
+    def _store_secrets(self, request: LaunchRequest, region: str) -> Pairs:
+        """The request's secrets in ``region``'s Secrets Manager; (variable, ARN) for the user data. Raises
+        ``ProviderError``."""
+        try:
+            secrets = find_cloud_secrets(self._controller_id, request)
+        except ValueError as exc:
+            raise AwsPermanentError(str(exc), "NoSecretDigest") from exc
+        if secrets and not self._instance_profile:
+            raise AwsPermanentError("secrets: instances read their secrets from Secrets Manager with their own "
+                                    "role, and this controller has no instance profile configured "
+                                    "(SKY_LITE_AWS_INSTANCE_PROFILE; see docs/aws.md)", "NoInstanceProfile")
+        return self._secrets.ensure(request.service, region, secrets)
+
     # --- inventory and termination -------------------------------------------------------------------------
     def _describe_instances(self, region: str, filters: list[dict[str, Any]]) -> Iterator[Mapping[str, Any]]:
         params: dict[str, Any] = {"Filters": filters, "MaxResults": self._page_size}
@@ -809,4 +838,53 @@ class _S3Objects:
             self._aws._call("s3", region, "delete_bucket", Bucket=bucket)
         except AwsPermanentError as exc:
             if exc.code != "NoSuchBucket":
+                raise
+
+
+class _SecretsManager:
+    """Secrets Manager as the keeper's ``SecretBackend``, through the provider's ``_call``. The value is
+    ``SecretBinary`` (its bytes exactly; the boot script gets them in base64), the secret tagged with the
+    controller and service; the replicas' role reads it (see docs/aws.md for the policies)."""
+
+    def __init__(self, provider: AwsProvider) -> None:
+        self._aws = provider
+
+    def put(self, name: str, value: Secret, service: str, region: str) -> str:
+        controller = self._aws._controller_id
+        try:
+            created = self._aws._call(
+                "secretsmanager", region, "create_secret", Name=name, SecretBinary=value.value.encode(),
+                Description=f"sky-lite controller {controller}, service {service}",
+                Tags=[{"Key": TAG_CONTROLLER, "Value": controller}, {"Key": TAG_SERVICE, "Value": service}])
+            return str(created["ARN"])
+        except AwsPermanentError as exc:
+            if exc.code not in ("ResourceExistsException", "InvalidRequestException"):
+                raise
+            existing = exc
+        # The name is the value's: a secret of that name holds the value already, unless it is being deleted
+        # (a `serve down` of a service of the same name moments ago), which takes a little while.
+        found = self._aws._call("secretsmanager", region, "describe_secret", SecretId=name)
+        if found.get("DeletedDate") is not None:
+            raise AwsTransientError(f"the secret {name} is being deleted in {region}; launching again later",
+                                    "SecretBeingDeleted") from existing
+        if existing.code != "ResourceExistsException":
+            raise existing
+        return str(found["ARN"])
+
+    def list_names(self, service: str, region: str) -> Iterator[str]:
+        prefix = compute_secret_prefix(self._aws._controller_id, service)
+        params: dict[str, Any] = {"Filters": [{"Key": "name", "Values": [prefix]}], "MaxResults": 100}
+        while True:
+            page = self._aws._call("secretsmanager", region, "list_secrets", **params)
+            yield from (str(item["Name"]) for item in page.get("SecretList", []))
+            if not page.get("NextToken"):
+                return
+            params["NextToken"] = page["NextToken"]
+
+    def delete(self, name: str, region: str) -> None:
+        try:
+            self._aws._call("secretsmanager", region, "delete_secret", SecretId=name,
+                            ForceDeleteWithoutRecovery=True)
+        except AwsPermanentError as exc:
+            if exc.code != "ResourceNotFoundException":
                 raise

@@ -1,8 +1,10 @@
-"""EC2's part of the boot script (``boot_script``): its replica id from the launch index, S3 copies.
+"""EC2's part of the boot script (``boot_script``): its replica id from the launch index, S3 copies, secrets.
 
 An EC2 instance finds which of its batch's replica ids it is from its position in the ``RunInstances`` call
-(``ami-launch-index`` from the metadata service, IMDSv2), and copies its snapshot and ``s3://`` sources with
-the AWS CLI under the instance's own role. The whole script is the instance's user data, which EC2 limits
+(``ami-launch-index`` from the metadata service, IMDSv2), and copies its snapshot and ``s3://`` sources and
+reads its secrets from Secrets Manager with the AWS CLI under the instance's own role. A secret's reference
+is its ARN, which says the region to ask. Ubuntu's AMIs (the default image) lack the CLI: the script installs
+it from snap when it needs it and finds none. The whole script is the instance's user data, which EC2 limits
 to 16 KB.
 """
 
@@ -26,6 +28,11 @@ AWS_BOOT = BootCloud(
     ),
     copy_object='aws s3 cp --only-show-errors "$1" "$2"',
     copy_tree='aws s3 cp --recursive --only-show-errors "$1" "$2"',
+    # The secret's value is stored as SecretBinary, which the CLI prints in base64: every byte comes through.
+    read_secret='local region=${1#arn:*:secretsmanager:}; aws secretsmanager get-secret-value '
+                '--region "${region%%:*}" --secret-id "$1" --query SecretBinary --output text',
+    prepare=("command -v aws >/dev/null || snap install aws-cli --classic >/dev/null || "
+             "fail \"this image has no AWS CLI, and snap cannot install it\"",),
 )
 
 

@@ -4,16 +4,27 @@ The script, run once as root on first boot (EC2's user data through cloud-init, 
 
 1. finds its replica id: the batch's replica ids are embedded as a list, and the cloud's metadata service
    says which of them this instance is (``BootCloud.find_replica_id``: on EC2 its launch index);
-2. writes ``/opt/sky-lite/env.sh`` (the task's ``envs`` plus ``PORT``, ``SKY_LITE_REPLICA_ID`` and
+2. creates the unprivileged user ``sky`` that runs the workload (unless the task says
+   ``resources.run_as_root: true``: then root does, as before that field existed);
+3. writes ``/opt/sky-lite/env.sh`` (the task's ``envs`` plus ``PORT``, ``SKY_LITE_REPLICA_ID`` and
    ``SKY_LITE_SERVICE``) and the task's ``setup`` and ``run`` as files;
-3. writes the version's snapshot (``workdir`` into ``/opt/sky-lite/workdir``, each local ``file_mounts``
+4. reads each of the task's secrets from the cloud's secret store with the instance's own identity
+   (``BootCloud.read_secret``) into ``/opt/sky-lite/secrets.sh``: the script names the secrets
+   (``BootBatch.secrets``), never holds a value, so user data and instance metadata carry none;
+5. writes the version's snapshot (``workdir`` into ``/opt/sky-lite/workdir``, each local ``file_mounts``
    source to its destination): it downloads the snapshot's file list and applies it line by line
    (``apply_files``), each file from the bucket's ``blobs/<sha256>``; then copies every cloud mount source
    (``s3://``, ``gs://``). Both with the cloud's own CLI and the instance's own identity
-   (``BootCloud.copy_object``, ``copy_tree``): no credential is ever written into the script;
-4. runs ``setup`` in the workdir; if it fails the instance powers itself off, so the controller sees it
-   stopped instead of waiting for a readiness probe that cannot succeed;
-5. installs ``run`` as the systemd unit ``sky-lite-replica`` that restarts it whenever it exits.
+   (``BootCloud.copy_object``, ``copy_tree``): no credential is ever written into the script. The workdir
+   and the workload user's home then belong to that user;
+6. runs ``setup`` in the workdir as the workload user; if it fails the instance powers itself off, so the
+   controller sees it stopped instead of waiting for a readiness probe that cannot succeed;
+7. installs ``run`` as the systemd unit ``sky-lite-replica`` that restarts it whenever it exits, again as
+   the workload user.
+
+``env.sh`` and ``secrets.sh`` are root's alone (mode 0600): root sources them and only then becomes the
+workload user (``runuser``), so the values reach the workload's environment and that user cannot read the
+files themselves.
 
 Its output goes to the console (and on EC2 to ``/var/log/cloud-init-output.log``); ``run``'s goes to the
 journal, which keeps each line's time (``journalctl -u sky-lite-replica -o short-iso``). Lines are not
@@ -31,10 +42,12 @@ File list format (``render_file_list``), one line per entry, fields separated by
     dir<TAB>755<TAB>-<TAB>/opt/sky-lite/workdir/empty
     link<TAB>777<TAB>../shared/lib<TAB>/opt/sky-lite/workdir/lib
 
-The mode is octal; the last field is the absolute path on the instance. Capture refuses names with tabs or
-newlines, and ``find_placements`` refuses link targets and destinations holding them, so every line splits
-into exactly these four fields. ``apply_files`` refuses a relative path and a path with a ``..`` component
-(a file list is data from a bucket: the script does not trust it to stay where the task said).
+The mode is octal; the last field is the absolute path on the instance, or ``~/...`` below the home of the
+user the workload runs as (``sky``'s, or root's with ``run_as_root``: the boot script knows which, so one file
+list serves both). Capture refuses names with tabs or newlines, and ``find_placements`` refuses link targets
+and destinations holding them, so every line splits into exactly these four fields. ``apply_files`` refuses a
+relative path and a path with a ``..`` component (a file list is data from a bucket: the script does not
+trust it to stay where the task said).
 
 Everything here is pure: values in, text out.
 """
@@ -52,7 +65,19 @@ from skyserve_lite.spec.model import Pairs
 BOOT_ROOT = "/opt/sky-lite"
 WORKDIR = f"{BOOT_ROOT}/workdir"
 UNIT_NAME = "sky-lite-replica"
+UNIT_DIR = "/etc/systemd/system"
 FILE_LIST_PATH = f"{BOOT_ROOT}/files.tsv"
+ENV_FILE = f"{BOOT_ROOT}/env.sh"
+SECRETS_FILE = f"{BOOT_ROOT}/secrets.sh"
+# The workload's user unless the task asks for root (``resources.run_as_root``): no sudo, no password.
+WORKLOAD_USER = "sky"
+WORKLOAD_HOME = f"/home/{WORKLOAD_USER}"
+ROOT_HOME = "/root"
+
+# File lists and cloud mounts name ``~`` as the task wrote it; the script knows whose home that is (``$home``).
+EXPAND_HOME = r"""homed() {  # path: REPLY is the path with a leading ~ made the workload user's home
+  case "$1" in "~") REPLY=$home ;; "~/"*) REPLY="$home/${1#"~/"}" ;; *) REPLY=$1 ;; esac
+}"""
 
 # The boot script's half of the file list format (module docstring). The list is read on descriptor 3, so a
 # command in the loop that reads its stdin cannot eat the rest of the list; each step is its own command,
@@ -60,6 +85,8 @@ FILE_LIST_PATH = f"{BOOT_ROOT}/files.tsv"
 APPLY_FILES = r"""apply_files() {  # file-list blob-prefix: write every entry of a snapshot's file list
   local kind mode ref path
   while IFS=$'\t' read -r -u 3 kind mode ref path; do
+    homed "$path"
+    path=$REPLY
     case "$path" in /*) ;; *) fail "file list: $path is not an absolute path" ;; esac
     case "$path/" in */../*) fail "file list: refusing $path: it has a .. component" ;; esac
     case "$mode" in ''|*[!0-7]*) fail "file list: bad mode $mode for $path" ;; esac
@@ -79,17 +106,30 @@ APPLY_FILES = r"""apply_files() {  # file-list blob-prefix: write every entry of
   done 3< "$1"
 }"""
 
+# ``secret_env VARIABLE REFERENCE`` appends ``export VARIABLE=<value>`` to the secrets file, the value read with
+# ``cloud_secret`` (base64 from the cloud, so every byte comes through: a trailing newline too, which a plain
+# command substitution would drop; the ``.`` keeps it). A secret that cannot be read fails the boot.
+READ_SECRETS = (r"""secret_env() {
+  local encoded value
+  encoded=$(cloud_secret "$2") || fail "cannot read the secret $1 ($2) with this instance's identity"
+  value=$(printf '%s' "$encoded" | base64 -d; echo .)
+  printf 'export %s=%q\n' "$1" "${value%.}" >> """ + SECRETS_FILE + "\n}")
+
 
 @dataclass(frozen=True)
 class BootCloud:
     """A cloud's part of the boot script: shell lines that set ``replica_id`` (from ``$replica_ids``, the
-    batch's ids separated by commas), and the bodies of ``cloud_copy SRC DST`` (one object) and
-    ``cloud_copy_tree SRC DST`` (everything under a prefix), with the instance's own identity."""
+    batch's ids separated by commas), and the bodies of ``cloud_copy SRC DST`` (one object),
+    ``cloud_copy_tree SRC DST`` (everything under a prefix) and ``cloud_secret REFERENCE`` (print a secret's
+    value in base64), with the instance's own identity. ``prepare`` makes the cloud's CLI available before
+    its first use (an image may lack it)."""
 
     name: str
     find_replica_id: tuple[str, ...]
     copy_object: str
     copy_tree: str
+    read_secret: str
+    prepare: tuple[str, ...] = ()
 
 
 def render_copy_functions(cloud: BootCloud) -> str:
@@ -102,7 +142,8 @@ class BootBatch:
     """What the boot script of one launch batch needs: whose instances they are and what they run.
 
     ``replica_ids[i]`` is the replica id of the instance with launch index ``i``; ``port`` is the service
-    port ``run`` listens on (``$PORT``).
+    port ``run`` listens on (``$PORT``). ``envs`` are written into the script; ``secrets`` are (variable, the
+    secret store's reference to its value) and only their references are: never a secret's value.
     """
 
     service: str
@@ -112,6 +153,13 @@ class BootBatch:
     setup: str | None
     run: str
     port: int
+    secrets: Pairs = ()
+    run_as_root: bool = False
+
+    @property
+    def home(self) -> str:
+        """The home of the user ``setup`` and ``run`` run as: where ``~`` lands."""
+        return ROOT_HOME if self.run_as_root else WORKLOAD_HOME
 
 
 @dataclass(frozen=True)
@@ -179,7 +227,8 @@ def render_boot_script(cloud: BootCloud, batch: BootBatch, fetches: Sequence[Fet
     """The boot script for one launch batch on ``cloud``. See the module docstring for what it does.
 
     ``files`` (the snapshot) is written first, then ``fetches`` in order, so a cloud mount into the workdir
-    lands after the workdir itself. The script's size does not depend on how many files there are.
+    lands after the workdir itself. The script's size does not depend on how many files there are, and it
+    holds no secret's value: ``batch.secrets`` are references the instance resolves itself.
     """
     env_lines = [f"export {key}={shlex.quote(value)}" for key, value in batch.envs]
     env_lines.append(f"export PORT={batch.port}")
@@ -196,36 +245,60 @@ def render_boot_script(cloud: BootCloud, batch: BootBatch, fetches: Sequence[Fet
         f"replica_ids={_id_list(batch.replica_ids)}",
         *cloud.find_replica_id,
         "[ -n \"$replica_id\" ] || fail \"no replica id for this instance among $replica_ids\"",
-        # The environment holds the task's secrets: readable by root only, from its first byte.
-        f"(umask 077 && {_write_file(f'{BOOT_ROOT}/env.sh', chr(10).join(env_lines) + chr(10))})",
-        f"echo \"export SKY_LITE_REPLICA_ID=$replica_id\" >> {BOOT_ROOT}/env.sh",
+    ]
+    if not batch.run_as_root:
+        # A system user of its own, no password and no sudo: the workload cannot become root.
+        lines.append(f"id -u {WORKLOAD_USER} >/dev/null 2>&1 || useradd --create-home --home-dir {WORKLOAD_HOME} "
+                     f"--user-group --shell /bin/bash {WORKLOAD_USER}")
+    lines += [
+        f"home={batch.home}",
+        # Root's alone from their first byte; the workload gets their values through its environment only.
+        f"(umask 077 && {_write_file(ENV_FILE, chr(10).join(env_lines) + chr(10))})",
+        f"echo \"export SKY_LITE_REPLICA_ID=$replica_id\" >> {ENV_FILE}",
+        f"(umask 077 && : > {SECRETS_FILE})",
         _write_file(f"{BOOT_ROOT}/setup.sh", batch.setup or ""),
         _write_file(f"{BOOT_ROOT}/run.sh", batch.run),
     ]
+    if batch.secrets or files is not None or fetches:
+        # Ubuntu installs cloud CLIs as snaps, which cloud-init's PATH leaves out.
+        lines += ["export PATH=\"$PATH:/snap/bin\"", *cloud.prepare]
+    if batch.secrets:
+        lines.append(f"cloud_secret() {{ {cloud.read_secret}; }}")
+        lines.append(READ_SECRETS)
+        lines += [f"secret_env {name} {shlex.quote(reference)}" for name, reference in batch.secrets]
     if files is not None or fetches:
         lines.append(render_copy_functions(cloud))
+        lines.append(EXPAND_HOME)
     if files is not None:
         lines.append(APPLY_FILES)
         lines.append(f"cloud_copy {shlex.quote(files.file_list)} {FILE_LIST_PATH}")
         lines.append(f"apply_files {FILE_LIST_PATH} {shlex.quote(files.blobs)}")
     if fetches:
         lines.append("fetch() {  # source destination: one object, else everything under the prefix")
-        lines.append("  mkdir -p \"$(dirname \"$2\")\"")
-        lines.append("  cloud_copy \"$1\" \"$2\" 2>/dev/null || cloud_copy_tree \"$1\" \"$2\"")
+        lines.append("  homed \"$2\"")
+        lines.append("  mkdir -p \"$(dirname \"$REPLY\")\"")
+        lines.append("  cloud_copy \"$1\" \"$REPLY\" 2>/dev/null || cloud_copy_tree \"$1\" \"$REPLY\"")
         lines.append("}")
         for fetch in fetches:
             lines.append(f"fetch {shlex.quote(fetch.source)} {shlex.quote(fetch.destination)}")
+    # What the workload runs: root sources the two files, then (unless the task runs as root) becomes the
+    # workload user, who keeps the environment but cannot read the files.
+    become = "" if batch.run_as_root else f"runuser -u {WORKLOAD_USER} -- "
+    load = f". {ENV_FILE} && . {SECRETS_FILE}"
+    if not batch.run_as_root:
+        # The workdir and the home are the workload's: setup may write there (caches, builds, checkpoints).
+        lines.append(f"chown -R {WORKLOAD_USER}: {WORKDIR} {WORKLOAD_HOME}")
     lines += [
         f"cd {WORKDIR}",
-        f"if ! (. {BOOT_ROOT}/env.sh && bash {BOOT_ROOT}/setup.sh); then fail \"setup failed\"; fi",
-        f"cat > /etc/systemd/system/{UNIT_NAME}.service <<'UNIT'",
+        f"if ! ({load} && {become}/bin/bash {BOOT_ROOT}/setup.sh); then fail \"setup failed\"; fi",
+        f"cat > {UNIT_DIR}/{UNIT_NAME}.service <<'UNIT'",
         "[Unit]",
         "Description=sky-lite replica",
         "After=network-online.target",
         "Wants=network-online.target",
         "[Service]",
         f"WorkingDirectory={WORKDIR}",
-        f"ExecStart=/bin/bash -c '. {BOOT_ROOT}/env.sh && exec /bin/bash {BOOT_ROOT}/run.sh'",
+        f"ExecStart=/bin/bash -c '{load} && exec {become}/bin/bash {BOOT_ROOT}/run.sh'",
         "Restart=always",
         # 5 s between restarts: a crashing `run` costs at most 12 starts a minute, not a busy loop.
         "RestartSec=5",
@@ -239,24 +312,28 @@ def render_boot_script(cloud: BootCloud, batch: BootBatch, fetches: Sequence[Fet
 
 
 def find_mount_destination(destination: str) -> str:
-    """Where a ``file_mounts`` destination lands on the instance: absolute paths as given, ``~`` is root's
-    home (the bootstrap and the unit run as root), relative paths below the workdir."""
+    """Where a ``file_mounts`` destination lands on the instance: absolute paths as given, ``~`` as written
+    (the home of the user the workload runs as: the boot script expands it, ``EXPAND_HOME``), relative paths
+    below the workdir."""
     if destination == "~" or destination.startswith("~/"):
-        return "/root" + destination[1:]
+        return destination
     if destination.startswith("/"):
         return destination
     return f"{WORKDIR}/{destination}"
 
 
 def _join_path(field: str, root: str, relative: str) -> str:
-    """``root`` + ``relative`` as one absolute path without empty or ``.`` components. Raises ``ValueError``
-    for a ``..`` component, a tab or a newline."""
+    """``root`` + ``relative`` as one path without empty or ``.`` components: absolute, or ``~``-relative
+    when ``root`` is (``~/conf``). Raises ``ValueError`` for a ``..`` component, a tab or a newline."""
     joined = f"{root}/{relative}" if relative else root
-    parts = [p for p in joined.split("/") if p not in ("", ".")]
+    in_home = joined == "~" or joined.startswith("~/")
+    parts = [p for p in joined.removeprefix("~").split("/") if p not in ("", ".")]
     if ".." in parts:
         raise ValueError(f"{field}: {joined!r} has a '..' component: name the path it should land at")
     if "\t" in joined or "\n" in joined:
         raise ValueError(f"{field}: {joined!r}: paths with tabs or newlines are not supported")
+    if in_home:
+        return "/".join(["~", *parts])
     return "/" + "/".join(parts)
 
 

@@ -33,10 +33,20 @@ with a message naming what to fix.
 Files: the version's snapshot is staged in the service's Cloud Storage bucket by ``staging.SnapshotStager``
 (the same stager as AWS's S3: each blob once per digest, a file list per snapshot), and the startup script
 applies it with the instance's own service account.
+
+Secrets: each value goes to Secret Manager before the instances are asked for (``cloud_secrets.SecretKeeper``,
+the same keeper as AWS's), readable by the replicas' service account alone (the secret's own IAM policy),
+and the startup script names it; the instance reads it with ``gcloud`` under its own identity. Secret
+Manager takes only the ``cloud-platform`` scope, so a task with secrets needs a service account of its own
+for its replicas (``service_account``, from ``SKY_LITE_GCP_SERVICE_ACCOUNT``): the project's default one with
+that scope could do whatever the default account's roles allow (often Editor). Google's Secret Manager
+client library is not a dependency: its six REST calls go through google-auth's ``AuthorizedSession`` with
+the provider's credentials, endpoint and error translation (``_SecretManager``).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import hashlib
@@ -67,7 +77,9 @@ from skyserve_lite.providers.boot_script import (
     render_boot_script,
 )
 from skyserve_lite.providers.cloud import LaunchGroup, ZoneCapacityError, failed_outcome
+from skyserve_lite.providers.cloud_secrets import SecretKeeper, compute_secret_prefix, find_cloud_secrets
 from skyserve_lite.providers.staging import SnapshotStager
+from skyserve_lite.spec.model import Pairs, Secret
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +100,12 @@ TERMINATE_CONCURRENCY = 16
 PROJECT_SETTING = "SKY_LITE_GCP_PROJECT"
 REGION_SETTING = "SKY_LITE_GCP_REGION"
 ENDPOINT_SETTING = "SKY_LITE_GCP_ENDPOINT"  # e.g. a local fake of the API: http://127.0.0.1:PORT
+SERVICE_ACCOUNT_SETTING = "SKY_LITE_GCP_SERVICE_ACCOUNT"  # the replicas' own service account (an email)
+SECRET_MANAGER_URL = "https://secretmanager.googleapis.com"
+SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+STORAGE_READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+SECRETS_REGION = "global"  # Secret Manager's secrets are the project's, replicated by Google: one "region"
 _CAPACITY_CODES = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
                              "STOCKOUT", "QUOTA_EXCEEDED", "RESOURCE_POOL_EXHAUSTED"})
 _NAME = re.compile(r"sky-[a-z0-9]+-[a-f0-9]{8}-r(?P<replica>\d+)")
@@ -102,6 +120,8 @@ GCP_BOOT = BootCloud(
     ),
     copy_object='gcloud storage cp --quiet "$1" "$2"',
     copy_tree='gcloud storage cp --quiet --recursive "$1" "$2"',
+    # gcloud prints the payload in URL-safe base64 (Google's own recipe turns it into the standard alphabet).
+    read_secret="gcloud secrets versions access latest --secret=\"$1\" --format='get(payload.data)' | tr '_-' '/+'",
 )
 
 _P = ParamSpec("_P")
@@ -233,13 +253,16 @@ class GcpProvider:
 
     Builds nothing in its constructor: credentials, the project and the clients come on first use.
     ``api_endpoint`` points the clients elsewhere (``SKY_LITE_GCP_ENDPOINT``: a local fake of the API).
+    ``service_account`` (an email) is what replicas run as; None: the project's default one, which cannot
+    carry secrets (see the module docstring).
     """
 
     name = "gcp"
 
     def __init__(self, controller_id: str, clock: Clock, *, blobs: BlobStore, project: str | None = None,
                  credentials: Any = None, api_endpoint: str | None = None, default_region: str | None = None,
-                 sleep: Callable[[float], None] = time.sleep, page_size: int = PAGE_SIZE) -> None:
+                 sleep: Callable[[float], None] = time.sleep, page_size: int = PAGE_SIZE,
+                 service_account: str | None = None) -> None:
         self._controller_id = controller_id.lower()
         self._clock = clock
         self._project = project
@@ -253,13 +276,16 @@ class GcpProvider:
         self._firewall_ports: set[int] = set()
         self._stager = SnapshotStager(_GcsObjects(self), blobs, self._controller_id,
                                       lambda message: GcpPermanentError(message, "MissingBlob"))
+        self._service_account = service_account
+        self._secrets = SecretKeeper(_SecretManager(self), self._controller_id)
 
     @classmethod
     def from_env(cls, controller_id: str, clock: Clock, blobs: BlobStore,
                  env: Mapping[str, str] | None = None) -> GcpProvider:
         env = os.environ if env is None else env
         return cls(controller_id, clock, blobs=blobs, project=env.get(PROJECT_SETTING) or None,
-                   api_endpoint=env.get(ENDPOINT_SETTING) or None, default_region=env.get(REGION_SETTING) or None)
+                   api_endpoint=env.get(ENDPOINT_SETTING) or None, default_region=env.get(REGION_SETTING) or None,
+                   service_account=env.get(SERVICE_ACCOUNT_SETTING) or None)
 
     # --- Provider ------------------------------------------------------------------------------------------
     @_boundary
@@ -343,7 +369,8 @@ class GcpProvider:
 
     @_boundary
     def release_service(self, service: str) -> None:
-        """Delete the service's bucket and everything in it. Idempotent."""
+        """Delete the service's secrets, its bucket and everything in it. Idempotent."""
+        self._secrets.release(service, (SECRETS_REGION,))
         self._stager.release(service, self._default_region or "us-central1")
 
     @_boundary
@@ -420,9 +447,12 @@ class GcpProvider:
             raise GcpPermanentError(str(exc), "UnsupportedPath") from exc
         staged = (self._stager.stage(first.service, group.region, spec.files, placements)
                   if spec.files is not None and placements else None)
+        secrets = self._store_secrets(first)
+        # The task's envs only: its secrets' values stay in Secret Manager, the script names them.
         script = render_boot_script(GCP_BOOT, BootBatch(
-            service=first.service, version=first.version, replica_ids=group.replica_ids, envs=first.envs,
-            setup=spec.setup, run=spec.run, port=port), fetches, staged)
+            service=first.service, version=first.version, replica_ids=group.replica_ids, envs=spec.envs,
+            setup=spec.setup, run=spec.run, port=port, secrets=secrets, run_as_root=resources.run_as_root),
+            fetches, staged)
         labels = {**{k.lower(): v.lower() for k, v in resources.labels},
                   LABEL_CONTROLLER: self._controller_id, LABEL_SERVICE: first.service,
                   LABEL_VERSION: str(first.version), LABEL_TOKEN: first.launch_token.lower(), LABEL_PORT: str(port)}
@@ -443,9 +473,10 @@ class GcpProvider:
             "disks": [disk],
             "network_interfaces": [{"network": "global/networks/default"}],
             "metadata": {"items": [{"key": "startup-script", "value": script}]},
-            # The instance reads its snapshot and gs:// sources with its own (default) service account.
-            "service_accounts": [{"email": "default",
-                                  "scopes": ["https://www.googleapis.com/auth/devstorage.read_only"]}],
+            # The instance reads its snapshot and gs:// sources with its own service account; Secret Manager
+            # takes cloud-platform only, which secrets get with an account of their own (_store_secrets).
+            "service_accounts": [{"email": self._service_account or "default",
+                                  "scopes": [CLOUD_PLATFORM_SCOPE if secrets else STORAGE_READ_SCOPE]}],
         }
         scheduling: dict[str, Any] = {}
         if placement.accelerator_type and placement.accelerator:
@@ -459,6 +490,19 @@ class GcpProvider:
         if scheduling:
             properties["scheduling"] = scheduling
         return properties
+
+    def _store_secrets(self, request: LaunchRequest) -> Pairs:
+        """The request's secrets in Secret Manager, readable by the replicas' service account; (variable,
+        secret id) for the startup script. Raises ``ProviderError``."""
+        try:
+            secrets = find_cloud_secrets(self._controller_id, request)
+        except ValueError as exc:
+            raise GcpPermanentError(str(exc), "NoSecretDigest") from exc
+        if secrets and not self._service_account:
+            raise GcpPermanentError(f"secrets: instances read their secrets from Secret Manager with a service "
+                                    f"account of their own, and this controller has none configured "
+                                    f"({SERVICE_ACCOUNT_SETTING}; see docs/gcp.md)", "NoServiceAccount")
+        return self._secrets.ensure(request.service, SECRETS_REGION, secrets)
 
     @property
     def _network_tag(self) -> str:
@@ -632,6 +676,95 @@ class _GcsObjects:
                 pass
 
         self._gcp._retrying("buckets.delete", delete)
+
+
+
+class _SecretManager:
+    """Secret Manager's REST API as the keeper's ``SecretBackend``, on the provider's path: its credentials
+    and endpoint (a local fake when set), its retries and its one translation of errors (``_retrying``).
+    A secret is created with automatic replication and the controller's labels, gets its value as version
+    1, and an IAM policy of one binding: the replicas' service account may read it."""
+
+    def __init__(self, provider: GcpProvider) -> None:
+        self._gcp = provider
+        self._session: Any = None
+
+    def put(self, name: str, value: Secret, service: str, region: str) -> str:
+        from google.api_core import exceptions as core
+
+        project = self._gcp._get_project()
+        secret = f"projects/{project}/secrets/{name}"
+        labels = {LABEL_CONTROLLER: self._gcp._controller_id, LABEL_SERVICE: service}
+        try:
+            self._request("secrets.create", "POST", f"projects/{project}/secrets", params={"secretId": name},
+                          body={"replication": {"automatic": {}}, "labels": labels})
+            has_value = False
+        except GcpPermanentError as exc:
+            if not isinstance(exc.__cause__, core.Conflict):
+                raise
+            # Made by an earlier attempt: its value may not have been added yet.
+            versions = self._request("secrets.versions.list", "GET", f"{secret}/versions",
+                                     params={"filter": "state:ENABLED"})
+            has_value = bool(versions.get("versions"))
+        if not has_value:
+            data = base64.b64encode(value.value.encode()).decode("ascii")
+            self._request("secrets.addVersion", "POST", f"{secret}:addVersion", body={"payload": {"data": data}})
+        self._request("secrets.setIamPolicy", "POST", f"{secret}:setIamPolicy", body={"policy": {"bindings": [
+            {"role": SECRET_ACCESSOR, "members": [f"serviceAccount:{self._gcp._service_account}"]}]}})
+        return name
+
+    def list_names(self, service: str, region: str) -> Iterator[str]:
+        project = self._gcp._get_project()
+        params = {"filter": f"labels.{LABEL_CONTROLLER}={self._gcp._controller_id} AND "
+                            f"labels.{LABEL_SERVICE}={service}", "pageSize": str(self._gcp._page_size)}
+        prefix = compute_secret_prefix(self._gcp._controller_id, service)
+        while True:
+            page = self._request("secrets.list", "GET", f"projects/{project}/secrets", params=params)
+            for secret in page.get("secrets", []):
+                name = str(secret.get("name", "")).rsplit("/", 1)[-1]
+                if name.startswith(prefix):
+                    yield name
+            if not page.get("nextPageToken"):
+                return
+            params["pageToken"] = str(page["nextPageToken"])
+
+    def delete(self, name: str, region: str) -> None:
+        from google.api_core import exceptions as core
+
+        try:
+            self._request("secrets.delete", "DELETE", f"projects/{self._gcp._get_project()}/secrets/{name}")
+        except GcpPermanentError as exc:
+            if not isinstance(exc.__cause__, core.NotFound):
+                raise
+
+    def _request(self, what: str, verb: str, path: str, *, params: Mapping[str, str] | None = None,
+                 body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One call of ``v1/<path>``; its JSON answer. Raises ``GcpTransientError`` or ``GcpPermanentError``
+        (the google-api-core exception of the answer as its cause)."""
+        url = f"{self._gcp._endpoint or SECRET_MANAGER_URL}/v1/{path}"
+
+        def call() -> dict[str, Any]:
+            from google.api_core import exceptions as core
+
+            response = self._authorized().request(verb, url, params=params, json=body, timeout=CALL_TIMEOUT_SECONDS)
+            if response.status_code >= 400:
+                raise core.from_http_response(response)  # type: ignore[no-untyped-call]
+            return dict(response.json()) if response.content else {}
+
+        return self._gcp._retrying(what, call)
+
+    def _authorized(self) -> Any:
+        if self._session is None:
+            import google.auth.credentials
+            from google.auth.transport.requests import AuthorizedSession
+
+            self._gcp._client("instances")  # the credentials and the project, once
+            credentials = self._gcp._credentials
+            # The provider's credentials carry the compute scope; Secret Manager takes cloud-platform only.
+            if isinstance(credentials, google.auth.credentials.Scoped):
+                credentials = credentials.with_scopes([CLOUD_PLATFORM_SCOPE])  # type: ignore[no-untyped-call]
+            self._session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
+        return self._session
 
 
 def _image_url(image: str) -> str:

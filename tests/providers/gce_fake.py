@@ -1,9 +1,10 @@
 """A fake of the Compute Engine REST API on 127.0.0.1, for the GCP provider's tests.
 
 Stateful and small: the endpoints the provider calls (instances bulkInsert/aggregatedList/get/delete and
-the serial port, zone operations get/wait, zones list, firewalls get/insert; and Cloud Storage's buckets
-and objects, multipart and resumable uploads included, for staged snapshots), answered the way Compute
-Engine answers them (JSON shapes, pagination with ``pageToken``, operations with ``httpErrorStatusCode``
+the serial port, zone operations get/wait, zones list, firewalls get/insert; Cloud Storage's buckets
+and objects, multipart and resumable uploads included, for staged snapshots; Secret Manager's secrets
+create/list/delete, versions add/list/access and setIamPolicy, for the tasks' secrets), answered the way
+Compute Engine answers them (JSON shapes, pagination with ``pageToken``, operations with ``httpErrorStatusCode``
 and ``error.errors[].code`` on failure). The provider is pointed at it with an ``api_endpoint`` and
 anonymous credentials (or, in another process, a service account key whose token exchange goes to the fake's
 ``/token``: ``write_service_account_key``) and does not know it is a fake.
@@ -17,6 +18,7 @@ request by method name (``instances.bulkInsert``, ``instances.aggregatedList``, 
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -47,6 +49,21 @@ class Failure:
 
 
 @dataclass
+class FakeSecret:
+    """A Secret Manager secret: its labels, its versions' payloads (version n is ``payloads[n - 1]``) and its
+    IAM policy's bindings."""
+
+    labels: dict[str, str]
+    payloads: list[bytes] = field(default_factory=list)
+    bindings: list[dict[str, Any]] = field(default_factory=list)
+
+    def readers(self) -> list[str]:
+        """The members the secret's policy lets read its value."""
+        return [m for b in self.bindings if b.get("role") == "roles/secretmanager.secretAccessor"
+                for m in b.get("members", [])]
+
+
+@dataclass
 class FakeCompute:
     page_size: int = 500
     instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (zone, name) -> resource
@@ -54,6 +71,7 @@ class FakeCompute:
     firewalls: dict[str, dict[str, Any]] = field(default_factory=dict)
     buckets: dict[str, dict[str, bytes]] = field(default_factory=dict)  # Cloud Storage: bucket -> key -> bytes
     uploads: dict[str, tuple[str, str, bytearray]] = field(default_factory=dict)  # resumable: id -> bucket, key
+    secrets: dict[str, FakeSecret] = field(default_factory=dict)  # Secret Manager: secret id -> secret
     calls: Counter[str] = field(default_factory=Counter)
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (method, body) of each write
     stockout: set[str] = field(default_factory=set)
@@ -150,6 +168,71 @@ class FakeCompute:
                     return 204, None, {}
                 return 200, objects[key] if query.get("alt") == "media" else _object(bucket, key, objects[key]), {}
         return 404, _error(404, "notFound", f"no such storage endpoint: {verb} {path}"), {}
+
+    # --- Secret Manager (REST v1) ---------------------------------------------------------------------------
+    def secret_manager(self, verb: str, path: str, query: dict[str, str], body: dict[str, Any]
+                       ) -> tuple[int, Any]:
+        """The Secret Manager calls the provider makes, and ``access`` (what ``gcloud secrets versions access``
+        calls on an instance). Counted as ``secrets.<method>``; ``fail`` applies by that name."""
+        route = _secret_route(verb, path)
+        if route is None:
+            return 404, _error(404, "notFound", f"no such Secret Manager endpoint: {verb} {path}")
+        method, args = route
+        with self._lock:
+            self.calls[method] += 1
+            if verb != "GET":
+                self.requests.append((method, body))
+            pending = self.fail_next.get(method)
+            if pending:
+                failure = pending[0]
+                failure.times -= 1
+                if failure.times <= 0:
+                    pending.pop(0)
+                return failure.status, _error(failure.status, failure.reason, failure.message)
+            project, secret_id = args["project"], args.get("id", "")
+            if method == "secrets.create":
+                secret_id = query.get("secretId", "")
+                if secret_id in self.secrets:
+                    return 409, _error(409, "alreadyExists", f"Secret [projects/{project}/secrets/{secret_id}] "
+                                                             "already exists.")
+                self.secrets[secret_id] = FakeSecret(labels=dict(body.get("labels", {})))
+                return 200, _secret(project, secret_id, self.secrets[secret_id])
+            if method == "secrets.list":
+                wanted = _parse_label_filter(query.get("filter", ""))
+                names = sorted(name for name, secret in self.secrets.items()
+                               if all(secret.labels.get(k) == v for k, v in wanted.items()))
+                start = int(query.get("pageToken") or 0)
+                size = int(query.get("pageSize") or 25000)
+                answer: dict[str, Any] = {"secrets": [_secret(project, name, self.secrets[name])
+                                                      for name in names[start:start + size]]}
+                if start + size < len(names):
+                    answer["nextPageToken"] = str(start + size)
+                return 200, answer
+            secret = self.secrets.get(secret_id)
+            if secret is None:
+                return 404, _error(404, "notFound", f"Secret [projects/{project}/secrets/{secret_id}] not found.")
+            return self._secret_call(method, f"projects/{project}/secrets/{secret_id}", secret, args, body)
+
+    def _secret_call(self, method: str, name: str, secret: FakeSecret, args: dict[str, str],
+                     body: dict[str, Any]) -> tuple[int, Any]:
+        if method == "secrets.delete":
+            del self.secrets[args["id"]]
+            return 200, {}
+        if method == "secrets.versions.list":
+            return 200, {"versions": [{"name": f"{name}/versions/{n}", "state": "ENABLED"}
+                                      for n in range(1, len(secret.payloads) + 1)]}
+        if method == "secrets.addVersion":
+            secret.payloads.append(base64.b64decode(body["payload"]["data"]))
+            return 200, {"name": f"{name}/versions/{len(secret.payloads)}", "state": "ENABLED"}
+        if method == "secrets.setIamPolicy":
+            secret.bindings = list(body["policy"].get("bindings", []))
+            return 200, {"version": 1, "bindings": secret.bindings, "etag": "BwY="}
+        version = args["version"]
+        number = len(secret.payloads) if version == "latest" else int(version)
+        if not 1 <= number <= len(secret.payloads):
+            return 404, _error(404, "notFound", f"{name} has no version {version}")
+        return 200, {"name": f"{name}/versions/{number}",
+                     "payload": {"data": base64.b64encode(secret.payloads[number - 1]).decode()}}
 
     # --- the API --------------------------------------------------------------------------------------------
     def handle(self, verb: str, path: str, query: dict[str, str], body: dict[str, Any]) -> tuple[int, Any]:
@@ -337,6 +420,25 @@ _ROUTES = [
 ]
 
 
+_SECRET_ROUTES = [
+    ("POST", r"", "secrets.create"),
+    ("GET", r"", "secrets.list"),
+    ("DELETE", r"/(?P<id>[^/:]+)", "secrets.delete"),
+    ("GET", r"/(?P<id>[^/:]+)/versions", "secrets.versions.list"),
+    ("POST", r"/(?P<id>[^/:]+):addVersion", "secrets.addVersion"),
+    ("POST", r"/(?P<id>[^/:]+):setIamPolicy", "secrets.setIamPolicy"),
+    ("GET", r"/(?P<id>[^/:]+)/versions/(?P<version>[^/:]+):access", "secrets.versions.access"),
+]
+
+
+def _secret_route(verb: str, path: str) -> tuple[str, dict[str, str]] | None:
+    for route_verb, pattern, method in _SECRET_ROUTES:
+        match = re.fullmatch(r"/v1/projects/(?P<project>[^/]+)/secrets" + pattern, path)
+        if route_verb == verb and match:
+            return method, match.groupdict()
+    return None
+
+
 def _route(verb: str, path: str) -> tuple[str, dict[str, str]] | None:
     if not path.startswith(_PREFIX):
         return None
@@ -346,6 +448,11 @@ def _route(verb: str, path: str) -> tuple[str, dict[str, str]] | None:
         if route_verb == verb and match:
             return method, match.groupdict()
     return None
+
+
+def _secret(project: str, secret_id: str, secret: FakeSecret) -> dict[str, Any]:
+    return {"name": f"projects/{project}/secrets/{secret_id}", "labels": secret.labels,
+            "replication": {"automatic": {}}, "createTime": "2026-12-01T12:00:00Z"}
 
 
 def _object(bucket: str, key: str, data: bytes) -> dict[str, Any]:
@@ -394,6 +501,9 @@ def serve_fake_compute(fake: FakeCompute | None = None) -> Iterator[tuple[FakeCo
             elif parsed.path.startswith(("/storage/", "/upload/storage/")):
                 status, answer, headers = state.storage(verb, parsed.path, query, raw,
                                                         self.headers.get("Content-Type", ""), endpoint)
+            elif _secret_route(verb, urllib.parse.unquote(parsed.path)) is not None:
+                status, answer = state.secret_manager(verb, urllib.parse.unquote(parsed.path), query,
+                                                      json.loads(raw) if raw.strip() else {})
             else:
                 body = json.loads(raw) if raw.strip() else {}
                 status, answer = state.handle(verb, urllib.parse.unquote(parsed.path), query, body)

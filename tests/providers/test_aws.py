@@ -55,6 +55,7 @@ from skyserve_lite.providers.aws_userdata import AWS_BOOT, USER_DATA_LIMIT_BYTES
 from skyserve_lite.providers.base import InstanceState, LaunchRequest
 from skyserve_lite.providers.boot_script import (
     APPLY_FILES,
+    EXPAND_HOME,
     WORKDIR,
     BootBatch,
     Fetch,
@@ -384,10 +385,11 @@ def test_user_data_is_only_the_boot_script_so_a_6000_byte_run_fits() -> None:
     run = "echo " + "x" * 5995  # 6,000 bytes
     text = render_user_data(dataclasses.replace(BATCH, run=run))
     assert "emulation" not in text
-    # `run` is in the script once, base64-encoded (8,000 bytes): 9,619 bytes in all. With a header that repeated
-    # envs, setup and run, the same batch made 17,821 bytes, over the 16,384 EC2 accepts.
+    # `run` is in the script once, base64-encoded (8,000 bytes): 9,932 bytes in all (313 of them make the `sky`
+    # user, the secrets file and the switch to that user). With a header that repeated envs, setup and run, the
+    # same batch made 17,821 bytes, over the 16,384 EC2 accepts.
     assert text.count(base64.b64encode(run.encode()).decode()) == 1
-    assert len(text.encode()) == 9_619 < USER_DATA_LIMIT_BYTES
+    assert len(text.encode()) == 9_932 < USER_DATA_LIMIT_BYTES
 
 
 # --- launch ---------------------------------------------------------------------------------------------------------
@@ -770,7 +772,7 @@ def test_the_file_list_places_every_entry_with_its_mode(session: boto3.Session, 
         f"file\t755\t{digest('app/run.sh')}\t{WORKDIR}/run.sh",
         f"file\t600\t{digest('w.bin')}\t/data/w.bin",  # a single-file mount is the destination itself
         f"file\t644\t{digest('app/lib/x.py')}\t{WORKDIR}/extra/x.py",  # relative: below the workdir
-        f"file\t644\t{digest('conf/a.yaml')}\t/root/conf/a.yaml",
+        f"file\t644\t{digest('conf/a.yaml')}\t~/conf/a.yaml",  # the workload user's home: the boot script's
     ]
     assert put_keys(api).count(f"blobs/{digest('app/lib/x.py')}") == 1  # two entries, one blob
 
@@ -813,7 +815,7 @@ def test_s3_mounts_alone_need_no_bucket_of_ours(session: boto3.Session, api: Api
     provider = make_provider(session, instance_profile=profile)
     [outcome] = provider.launch([request(1, spec(image_id=ami(), file_mounts=(("~/d", "s3://someone/data"),)))])
     assert outcome.instance is not None
-    assert "fetch s3://someone/data /root/d" in api.named("RunInstances")[0].params["UserData"]
+    assert "fetch s3://someone/data '~/d'" in api.named("RunInstances")[0].params["UserData"]
     assert api.count("CreateBucket") == 0 and api.count("PutObject") == 0
 
 
@@ -902,7 +904,7 @@ def _apply(tmp_path: Path, blobs: BlobStore, file_list: str) -> subprocess.Compl
     os.chmod(stubs / "aws", 0o755)
     (tmp_path / "files.tsv").write_text(file_list)
     script = (f"set -Eeuo pipefail\nfail() {{ echo \"sky-lite: $1\" >&2; exit 1; }}\n"
-              f"{render_copy_functions(AWS_BOOT)}\n{APPLY_FILES}\n"
+              f"home={tmp_path / 'home'}\n{render_copy_functions(AWS_BOOT)}\n{EXPAND_HOME}\n{APPLY_FILES}\n"
               f"apply_files {tmp_path / 'files.tsv'} s3://bucket/blobs/\n")
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "BLOBS": str(blobs.root)}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -915,7 +917,8 @@ def test_apply_files_writes_the_snapshot_where_the_file_list_says(blobs: BlobSto
     (source / "link").symlink_to("../elsewhere")
     (tmp_path / "one.txt").write_text("one\n")
     target = tmp_path / "out dir"
-    task = spec(file_mounts=((f"{target}/tree", "src"), (f"{target}/single.txt", "one.txt")))
+    task = spec(file_mounts=((f"{target}/tree", "src"), (f"{target}/single.txt", "one.txt"),
+                             ("~/conf/one.txt", "one.txt")))
     files = capture_task_files(task, tmp_path, "t", blobs)
     assert files is not None
 
@@ -928,6 +931,7 @@ def test_apply_files_writes_the_snapshot_where_the_file_list_says(blobs: BlobSto
     assert (target / "tree" / "empty").is_dir() and not any((target / "tree" / "empty").iterdir())
     assert os.readlink(target / "tree" / "link") == "../elsewhere"
     assert (target / "single.txt").read_text() == "one\n"
+    assert (tmp_path / "home" / "conf" / "one.txt").read_text() == "one\n"  # ~: the home the script was given
 
 
 @pytest.mark.parametrize("line", [
