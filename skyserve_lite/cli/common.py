@@ -36,6 +36,9 @@ NO_SERVICES = "No service is running. Start one with `sky-lite serve up TASK.yam
 STORE_FILE = "state.db"
 REMOTE_RECORD_FILE = "controller.json"
 CONTROLLER_SETTING = "SKY_LITE_CONTROLLER"
+# A store in PostgreSQL (``state.dburl``): named by the environment or by the home's settings file.
+DB_URL_SETTING = "SKY_LITE_DB_URL"
+SETTINGS_FILE = "config.json"
 
 
 def get_controller(ctx: click.Context | None = None) -> api.Controller:
@@ -63,14 +66,27 @@ def has_no_state(home: Path, env: Mapping[str, str]) -> bool:
     are most of `serve status`'s start, ``docs/benchmarks.md``). Only a few ``lstat`` calls.
 
     "This machine's": ``SKY_LITE_CONTROLLER`` unset with no ``controller.json`` in ``home``, or ``local``.
-    False whenever in doubt (a remote controller chosen, a setting it does not understand, a path it cannot
-    look at: a home that is a file, a permission), so that the full path answers, with its errors."""
+    False for a store in PostgreSQL (``SKY_LITE_DB_URL``, or ``db_url`` in the settings), and whenever in
+    doubt (a remote controller chosen, a setting it does not understand, a path it cannot look at: a home
+    that is a file, a permission), so that the full path answers, with its errors."""
     setting = env.get(CONTROLLER_SETTING, "").strip()
     if setting not in ("", "local"):
         return False
     if setting == "" and not _is_absent(home / REMOTE_RECORD_FILE):
         return False
+    if env.get(DB_URL_SETTING, "").strip() or _may_name_a_database(home / SETTINGS_FILE):
+        return False  # the state is in PostgreSQL: only the store can tell whether it holds anything
     return _is_absent(home / STORE_FILE)
+
+
+def _may_name_a_database(settings: Path) -> bool:
+    """Whether the settings file may set ``db_url`` (a look at its bytes, no JSON: True when in doubt)."""
+    try:
+        return b'"db_url"' in settings.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
 
 
 def _is_absent(path: Path) -> bool:

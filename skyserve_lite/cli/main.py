@@ -676,11 +676,25 @@ def config_group() -> None:
 @click.argument("key")
 @click.argument("value")
 def config_set(key: str, value: str) -> None:
-    """Set KEY to VALUE. Keys: default_infra (CLOUD[/REGION[/ZONE]] for tasks that name no cloud)."""
-    from skyserve_lite.userconfig import set_config
+    """Set KEY to VALUE (- reads VALUE from standard input). Keys: default_infra (CLOUD[/REGION[/ZONE]] for
+    tasks that name no cloud), db_url (postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE: the state in
+    PostgreSQL; a password is kept in $SKY_LITE_HOME/pgpass, mode 0600, and shown as ***)."""
+    from skyserve_lite.userconfig import DB_URL, set_config
 
     with _errors():
+        if value == "-":  # keeps a password off the command line, where `ps` and shell histories show it
+            value = sys.stdin.readline().strip()
+        elif key == DB_URL and _has_password(value):
+            click.echo("Note: a password on the command line can be seen by other users of this machine and "
+                       "in your shell's history; `sky-lite config set db_url -` reads the URL from standard "
+                       "input.", err=True)
         click.echo(f"{key} = {set_config(home_dir(), key, value)}")
+
+
+def _has_password(url: str) -> bool:
+    """Whether ``url``'s authority holds ``user:password@`` (no parsing errors: the setting reports those)."""
+    authority = url.partition("://")[2].partition("/")[0]
+    return ":" in authority.rpartition("@")[0]
 
 
 @config_group.command("unset")
@@ -697,10 +711,10 @@ def config_unset(key: str) -> None:
 @config_group.command("list")
 def config_list() -> None:
     """Print every setting: KEY = VALUE (or its default), with what it means."""
-    from skyserve_lite.userconfig import KEYS, load_config
+    from skyserve_lite.userconfig import KEYS, show_config
 
     with _errors():
-        config = load_config(home_dir())
+        config = show_config(home_dir())
         for key, (meaning, _) in KEYS.items():
             click.echo(f"{key} = {config.get(key, '(unset)')}    # {meaning}")
 
