@@ -36,6 +36,7 @@ from typing import Any
 
 from skyserve_lite.errors import ProviderError, TransientProviderError
 from skyserve_lite.providers.aws import TAG_CONTROLLER, AwsPermanentError, AwsProvider
+from skyserve_lite.providers.cloud_secrets import compute_secret_prefix
 from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest, wait_until_running
 from skyserve_lite.providers.staging import compute_bucket_prefix
 
@@ -135,6 +136,24 @@ def _pass_role_statements(scope: AwsScope) -> list[Statement]:
                    {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}})]
 
 
+def _secret_arns(scope: AwsScope) -> str:
+    """Every secret the controller keeps for its tasks, in any region (``cloud_secrets.compute_secret_name``)."""
+    return scope.arn("secretsmanager", f"secret:{compute_secret_prefix(scope.controller_id)}*")
+
+
+def _secret_statements(scope: AwsScope) -> list[Statement]:
+    """Secrets Manager, for ``aws._SecretsManager``: the controller's own secrets, created (with their tags),
+    looked up and deleted; a value is never read back. ListSecrets takes no resource: "*" is all it accepts."""
+    return [_allow("Secrets", ["secretsmanager:CreateSecret", "secretsmanager:DescribeSecret",
+                               "secretsmanager:DeleteSecret", "secretsmanager:TagResource"], [_secret_arns(scope)]),
+            _allow("ListSecrets", ["secretsmanager:ListSecrets"], ["*"])]
+
+
+def _replica_secret_statements(scope: AwsScope) -> list[Statement]:
+    """The boot script reads the task's secrets (`aws secretsmanager get-secret-value`, by ARN)."""
+    return [_allow("ReadSecrets", ["secretsmanager:GetSecretValue"], [_secret_arns(scope)])]
+
+
 def _replica_file_statements(scope: AwsScope) -> list[Statement]:
     """The boot script copies the snapshot's file list and blobs from the service's bucket (`aws s3 cp` of
     one key each: GetObject, never a listing)."""
@@ -143,8 +162,8 @@ def _replica_file_statements(scope: AwsScope) -> list[Statement]:
 
 StatementGroup = Callable[[AwsScope], list[Statement]]
 CONTROLLER_STATEMENTS: tuple[StatementGroup, ...] = (
-    _instance_statements, _image_statements, _bucket_statements, _pass_role_statements)
-REPLICA_STATEMENTS: tuple[StatementGroup, ...] = (_replica_file_statements,)
+    _instance_statements, _image_statements, _bucket_statements, _pass_role_statements, _secret_statements)
+REPLICA_STATEMENTS: tuple[StatementGroup, ...] = (_replica_file_statements, _replica_secret_statements)
 
 
 def compute_controller_policy(scope: AwsScope) -> dict[str, Any]:

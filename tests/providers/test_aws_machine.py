@@ -30,6 +30,7 @@ from skyserve_lite.providers.aws_machine import (
     parse_role_arn,
     plan_ingress,
 )
+from skyserve_lite.providers.cloud_secrets import compute_secret_name
 from skyserve_lite.providers.machines import MachineRequest
 from skyserve_lite.providers.staging import compute_bucket_name
 from tests.providers.test_aws import REGION, Api, ami
@@ -138,6 +139,7 @@ TAGGED = {"StringEquals": {f"aws:ResourceTag/{TAG_CONTROLLER}": CONTROLLER_ID}}
 TAGGING = {"StringEquals": {f"aws:RequestTag/{TAG_CONTROLLER}": CONTROLLER_ID}}
 EC2 = f"arn:aws:ec2:*:{ACCOUNT}:"
 BUCKETS = "arn:aws:s3:::sky-lite-0123456789ab-*"
+SECRETS = f"arn:aws:secretsmanager:*:{ACCOUNT}:secret:sky-lite_0123456789ab_*"
 
 CONTROLLER_STATEMENTS = [
     ("Describe", ["ec2:DescribeInstances", "ec2:DescribeAvailabilityZones", "ec2:DescribeImages",
@@ -157,6 +159,9 @@ CONTROLLER_STATEMENTS = [
     ("Objects", ["s3:PutObject", "s3:DeleteObject"], [BUCKETS + "/*"], None),
     ("PassReplicaRole", ["iam:PassRole"], [f"arn:aws:iam::{ACCOUNT}:role/sky-lite-replica-m1"],
      {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}),
+    ("Secrets", ["secretsmanager:CreateSecret", "secretsmanager:DescribeSecret", "secretsmanager:DeleteSecret",
+                 "secretsmanager:TagResource"], [SECRETS], None),
+    ("ListSecrets", ["secretsmanager:ListSecrets"], ["*"], None),
 ]
 
 
@@ -177,9 +182,10 @@ def test_the_controller_policy_has_those_statements_and_no_other() -> None:
     assert list(_statements(compute_controller_policy(SCOPE))) == [row[0] for row in CONTROLLER_STATEMENTS]
 
 
-def test_only_describe_is_granted_on_every_resource() -> None:
-    # Describe* has no resource-level permissions; every other action names what it may touch.
-    assert [s["Sid"] for s in compute_controller_policy(SCOPE)["Statement"] if "*" in s["Resource"]] == ["Describe"]
+def test_only_describe_and_list_secrets_are_granted_on_every_resource() -> None:
+    # Describe* and ListSecrets have no resource-level permissions; every other action names what it may touch.
+    assert [s["Sid"] for s in compute_controller_policy(SCOPE)["Statement"] if "*" in s["Resource"]] == [
+        "Describe", "ListSecrets"]
 
 
 def test_every_action_that_changes_or_reads_an_existing_instance_is_held_to_the_controller_tag() -> None:
@@ -190,9 +196,11 @@ def test_every_action_that_changes_or_reads_an_existing_instance_is_held_to_the_
             assert statement.get("Condition"), statement["Sid"]
 
 
-def test_the_replica_policy_reads_the_objects_of_the_controller_buckets_only() -> None:
+def test_the_replica_policy_reads_the_objects_of_the_controller_buckets_and_its_secrets_only() -> None:
     assert compute_replica_policy(SCOPE) == {"Version": "2012-10-17", "Statement": [
-        {"Sid": "ReadSnapshots", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [BUCKETS + "/*"]}]}
+        {"Sid": "ReadSnapshots", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [BUCKETS + "/*"]},
+        {"Sid": "ReadSecrets", "Effect": "Allow", "Action": ["secretsmanager:GetSecretValue"],
+         "Resource": [SECRETS]}]}
 
 
 @pytest.mark.parametrize("service", ["web", "a-very-long-service-name-that-gets-its-bucket-name-shortened", "x1"])
@@ -200,6 +208,17 @@ def test_the_bucket_grant_covers_this_controller_buckets_and_not_another_one(ser
     granted = BUCKETS.removeprefix("arn:aws:s3:::")
     assert fnmatch.fnmatchcase(compute_bucket_name(CONTROLLER_ID, service), granted)
     assert not fnmatch.fnmatchcase(compute_bucket_name("ba9876543210", service), granted)
+
+
+def test_the_secret_grants_cover_this_controller_secrets_and_not_another_ones() -> None:
+    # Secrets Manager appends "-" and six random characters to a secret's ARN.
+    def arn(controller_id: str, service: str) -> str:
+        name = compute_secret_name(controller_id, service, "0123456789abcdef" * 2)
+        return f"arn:aws:secretsmanager:eu-west-1:{ACCOUNT}:secret:{name}-AbCdEf"
+
+    assert fnmatch.fnmatchcase(arn(CONTROLLER_ID, "web"), SECRETS)
+    assert not fnmatch.fnmatchcase(arn("0123456789abc", "web"), SECRETS)  # an id that starts with this one
+    assert not fnmatch.fnmatchcase(arn("ba9876543210", "web"), SECRETS)
 
 
 def test_the_policies_follow_the_partition_and_account() -> None:
