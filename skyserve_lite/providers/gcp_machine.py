@@ -193,7 +193,8 @@ class GcpMachines:
                                   ("STOPPING", "TERMINATED", "SUSPENDED"), self._sleep, timeout_seconds)
 
     def delete(self, machine_id: str, zone: str, timeout_seconds: float = 600, poll_seconds: float = 5) -> list[str]:
-        """Delete the instance (waiting until it is gone) and the firewall rules; what was deleted."""
+        """Delete the instance (waiting until it is gone), the firewall rules, and the service account after
+        taking it out of its bindings; what was deleted, one line each. Idempotent."""
         name = f"sky-lite-controller-{machine_id}"
         project = self._gcp._get_project()
         done: list[str] = []

@@ -64,6 +64,15 @@ def test_controller_vm_on_gcp_from_up_to_down(cloud: tuple[SkyLite, FakeCompute]
     public = (sky.home / "ssh" / f"controller-{record.machine.machine_id}.pub").read_text().strip()
     assert keys.endswith(public)
     assert instance["serviceAccounts"][0]["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
+    # The VM runs as an account of its own, bound to the roles its controller needs once it said its id.
+    account = f"sky-lite-ctl-{record.machine.machine_id}@p.iam.gserviceaccount.com"
+    assert instance["serviceAccounts"][0]["email"] == account
+    (host_home,) = (sky.home / "emulated-hosts").glob("*/login-home/.sky-lite")
+    controller_id = (host_home / "controller-id").read_text().strip()
+    bound = fake.iam.members_of("projects/p")
+    assert {role for role, members in bound.items() if f"serviceAccount:{account}" in members} == {
+        "roles/compute.instanceAdmin.v1", "roles/compute.securityAdmin",
+        f"roles/storage.admin if sky-lite controller {controller_id} buckets"}
     rules = {r["name"]: (r["sourceRanges"], r["allowed"][0]["ports"], r["targetTags"]) for r in fake.firewalls.values()}
     tag = [f"sky-lite-controller-{record.machine.machine_id}"]
     assert rules == {f"{tag[0]}-lb": (["198.51.100.0/24"], ["30001-30999"], tag),
@@ -74,5 +83,5 @@ def test_controller_vm_on_gcp_from_up_to_down(cloud: tuple[SkyLite, FakeCompute]
 
     down = sky.run("controller", "down", "-y", timeout=300)
     assert record.machine.instance_id in down.stdout and load_record(sky.home) is None
-    assert fake.instances == {} and fake.firewalls == {}
+    assert fake.instances == {} and fake.firewalls == {} and fake.iam.accounts == {}
     assert not list((sky.home / "emulated-hosts").glob("*"))
