@@ -22,12 +22,14 @@ REPO = Path(__file__).resolve().parents[2]
 class SkyLite:
     def __init__(self, home: Path) -> None:
         self.home = home
+        # Where commands run: relative paths in a task resolve against it (as SkyPilot resolves them).
+        self.cwd = REPO
         self.env = dict(os.environ, SKY_LITE_HOME=str(home), SKY_LITE_CONTROLLER_INTERVAL_SECONDS="0.5",
                         SKY_LITE_DRAIN_SECONDS="1.5",
                         PYTHONUNBUFFERED="1")
 
     def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([sys.executable, "-m", "skyserve_lite", *args], env=self.env, cwd=REPO,
+        result = subprocess.run([sys.executable, "-m", "skyserve_lite", *args], env=self.env, cwd=self.cwd,
                                 capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if check and result.returncode != 0:
             raise AssertionError(f"sky-lite {' '.join(args)} exited {result.returncode}:\n"

@@ -169,6 +169,7 @@ def test_aws_replicas_run_their_versions_snapshot_against_moto(moto: str, sky: S
     sky.env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")},
                    SKY_LITE_EMULATE_INSTANCES="1", SKY_LITE_AWS_INSTANCE_PROFILE="sky-lite-replica")
     image = ec2().describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    sky.cwd = tmp_path  # the project's folder: `workdir: ./app` is read from there
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "message.txt").write_text("version one")
     (tmp_path / "app" / "static.txt").write_text("never changes")

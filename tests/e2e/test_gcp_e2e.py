@@ -59,6 +59,7 @@ def images(fake: FakeCompute) -> set[str]:
 
 def test_up_update_scale_preempt_down_against_the_fake(gce: FakeCompute, sky: SkyLite, tmp_path: Path) -> None:
     task = tmp_path / "web.yaml"
+    sky.cwd = tmp_path  # the project's folder: `workdir: ./app` is read from there
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "message.txt").write_text("hello from the workdir\n")
     task.write_text(TASK.format(image="debian-12", replicas=2))

@@ -50,6 +50,7 @@ def answers(endpoint: str, count: int = 12) -> set[str]:
 
 def test_replicas_run_the_submitted_files_and_rollback_runs_the_old_ones(sky: SkyLite, tmp_path: Path) -> None:
     project = tmp_path / "project"
+    sky.cwd = project  # relative paths in the task are read from the directory sky-lite runs in
     (project / "app").mkdir(parents=True)
     (project / "app" / "serve.py").write_text(SERVER)
     (project / "app" / "message.txt").write_text("version one")

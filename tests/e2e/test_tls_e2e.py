@@ -63,10 +63,11 @@ def is_verified_by(url: str, cafile: Path) -> bool:
 
 def test_the_load_balancer_serves_https_with_the_tasks_certificate(sky: SkyLite, tmp_path: Path) -> None:
     project = tmp_path / "project"
+    sky.cwd = project  # relative paths in the task are read from the directory sky-lite runs in
     make_pair(project / "tls", "v1")
     make_pair(project / "tls", "v2")
     task = project / "secure.yaml"
-    task.write_text(TASK.format(key="tls/v1.key", cert="tls/v1.crt"))  # relative to the task's folder
+    task.write_text(TASK.format(key="tls/v1.key", cert="tls/v1.crt"))  # relative to the directory sky-lite runs in
 
     result = sky.run("serve", "up", str(task))
     match = re.fullmatch(r"Service secure is READY at (https://127\.0\.0\.1:(\d+))\n", result.stdout)
@@ -105,6 +106,7 @@ def test_the_load_balancer_serves_https_with_the_tasks_certificate(sky: SkyLite,
 
 def test_a_mismatched_pair_is_refused_at_submit(sky: SkyLite, tmp_path: Path) -> None:
     project = tmp_path / "project"
+    sky.cwd = project  # relative paths in the task are read from the directory sky-lite runs in
     make_pair(project / "tls", "a")
     make_pair(project / "tls", "b")
     task = project / "secure.yaml"
