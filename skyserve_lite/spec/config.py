@@ -3,6 +3,9 @@
 A replica's config is the whole task except the ``service`` section (probe, policy and load balancing
 can change under a running replica) and ``name``. Update, rollback and status all ask this module, so
 they cannot disagree about whether a replica can be kept.
+
+The secrets ``service.auth`` names are keys of the load balancer, not variables of a replica: they are no
+part of the replica config, and a rotated key is a service change (``service.auth.api_keys.NAME: changed``).
 """
 
 from __future__ import annotations
@@ -79,13 +82,18 @@ def compute_replica_config(spec: TaskSpec) -> dict[str, ConfigValue]:
     }
     flat.update({f"resources.labels.{key}": value for key, value in res.labels})
     flat.update({f"envs.{key}": value for key, value in spec.envs})
-    # A secret's digest (never its value): a changed value replaces replicas, shown as "changed".
-    flat.update({f"{SECRETS_PREFIX}{key}": digest or None for key, digest in spec.secrets})
+    # A secret's digest (never its value): a changed value replaces replicas, shown as "changed". The keys
+    # of `service.auth` are not here (``bind`` moves them out of `secrets`; an unbound spec still lists them).
+    auth_keys = spec.service.auth.key_names if spec.service.auth is not None else frozenset()
+    flat.update({f"{SECRETS_PREFIX}{key}": digest or None for key, digest in spec.secrets if key not in auth_keys})
     flat.update({f"file_mounts.{dst}": src for dst, src in spec.file_mounts})
     return {key: value for key, value in flat.items() if value is not None}
 
 
 SECRETS_PREFIX = "secrets."
+API_KEYS_PREFIX = "service.auth.api_keys."
+# Paths whose values are digests of secrets: a change is shown as added, changed or removed, never a digest.
+_SECRET_PREFIXES = (SECRETS_PREFIX, API_KEYS_PREFIX)
 
 
 def _candidate_fields(res: Resources) -> dict[str, ConfigValue]:
@@ -150,7 +158,7 @@ def find_config_changes(old: TaskSpec, new: TaskSpec, *, reuse_identical_files: 
 
 def _hide_secret(change: FieldChange) -> FieldChange:
     """A secret's change without its digests: ``secrets.HF_TOKEN: changed`` (or added, removed)."""
-    if not change.path.startswith(SECRETS_PREFIX):
+    if not change.path.startswith(_SECRET_PREFIXES):
         return change
     what = "added" if change.old is None else "removed" if change.new is None else "changed"
     return FieldChange(change.path, None, None, note=what)
@@ -206,6 +214,7 @@ def compute_service_settings(spec: TaskSpec) -> dict[str, ConfigValue]:
         "service.load_balancing_policy": spec.service.load_balancing_policy.value,
         "service.tls.keyfile": spec.service.tls.keyfile if spec.service.tls else None,
         "service.tls.certfile": spec.service.tls.certfile if spec.service.tls else None,
+        "service.auth.type": spec.service.auth.type.value if spec.service.auth else None,
     }
     if not policy.is_autoscaling and policy.min_replicas == policy.max_replicas:
         # A fixed count is what `replicas: N` says: shown so (`service.replicas: 2 -> 3`), not as two bounds.
@@ -216,12 +225,21 @@ def compute_service_settings(spec: TaskSpec) -> dict[str, ConfigValue]:
         flat.update({f"service.replica_policy.target_qps_per_replica.{name}": qps
                      for name, qps in policy.qps_per_accelerator})
     flat.update({f"service.readiness_probe.headers.{k}": v for k, v in probe.headers})
+    # Each key by its digest, which ``find_service_changes`` never shows: a rotated key reads "changed". A key
+    # not bound yet ("") is there too, so that adding one to an unbound spec is a change.
+    flat.update({f"{API_KEYS_PREFIX}{name}": digest or "unbound"
+                 for name, digest in (spec.service.auth.api_keys if spec.service.auth else ())})
+    for limit in spec.service.rate_limits:  # by prefix, which is unique: reordering the list changes nothing
+        flat.update({f"service.rate_limits.{limit.prefix}.rps": limit.rps,
+                     f"service.rate_limits.{limit.prefix}.burst": limit.burst,
+                     f"service.rate_limits.{limit.prefix}.key": limit.key.describe()})
     return {key: value for key, value in flat.items() if value is not None}
 
 
 def find_service_changes(old: TaskSpec, new: TaskSpec) -> tuple[FieldChange, ...]:
-    """What changed in the ``service`` section; informational (history), never a reason to replace."""
-    return _diff(compute_service_settings(old), compute_service_settings(new))
+    """What changed in the ``service`` section; informational (history), never a reason to replace. A key of
+    ``service.auth`` shows as added, changed or removed, never with its digest."""
+    return tuple(_hide_secret(change) for change in _diff(compute_service_settings(old), compute_service_settings(new)))
 
 
 def _diff(old_flat: dict[str, ConfigValue], new_flat: dict[str, ConfigValue]) -> tuple[FieldChange, ...]:

@@ -88,13 +88,30 @@ def bind(spec: TaskSpec, bound: BoundInputs, source: str, *, fill_mounts: bool =
     envs.update(bound.envs)
     digests = dict(spec.secrets)
     digests.update(bound.secrets)
+    auth = spec.service.auth
+    if auth is not None:  # a spec bound before: its keys' digests are in the section, not in `secrets`
+        digests = {**{name: digest for name, digest in auth.api_keys if digest}, **digests}
     for name in digests:
         if name in envs:
             raise SpecError(source, f"secrets.{name}", "also given in envs: name a variable in one of the two")
     spec = dataclasses.replace(
         spec, envs=tuple(sorted(envs.items())), unset_envs=tuple(n for n in spec.unset_envs if n not in envs),
         secrets=tuple(sorted(digests.items())), resolution=bound.resolution or spec.resolution)
-    return fill_references(spec, source) if fill_mounts else spec
+    return bind_auth_keys(fill_references(spec, source) if fill_mounts else spec)
+
+
+def bind_auth_keys(spec: TaskSpec) -> TaskSpec:
+    """``spec`` with the secrets ``service.auth`` names moved from ``secrets`` into ``service.auth.api_keys``,
+    digests and all: they are the load balancer's keys, so no replica gets them as a variable, and the replica
+    config (``spec.config``), which sees ``secrets``, does not change when one is rotated. Idempotent."""
+    auth = spec.service.auth
+    if auth is None:
+        return spec
+    digests = {**dict(auth.api_keys), **dict(spec.secrets)}
+    keys = tuple((name, digests.get(name, "")) for name in sorted(auth.key_names))
+    service = dataclasses.replace(spec.service, auth=dataclasses.replace(auth, api_keys=keys))
+    return dataclasses.replace(spec, service=service,
+                               secrets=tuple(pair for pair in spec.secrets if pair[0] not in auth.key_names))
 
 
 def fill_references(spec: TaskSpec, source: str) -> TaskSpec:
@@ -186,6 +203,7 @@ def find_unfilled_references(spec: TaskSpec) -> list[str]:
     """Where a bound ``spec`` still refers to a name that is neither an env nor a secret: such a reference is
     kept as written (as SkyPilot does), which is rarely what was meant. One line each, for plans."""
     known = {name for name, _ in spec.envs} | {name for name, _ in spec.secrets}
+    known |= spec.service.auth.key_names if spec.service.auth is not None else frozenset()
     probe, tls = spec.service.readiness_probe, spec.service.tls
     fields = [("workdir", spec.workdir or ""), (f"{_PROBE}.path", probe.path),
               (f"{_PROBE}.post_data", probe.post_data or ""),
@@ -255,7 +273,8 @@ def find_missing(spec: TaskSpec, source: str) -> SpecError | None:
     if spec.unset_envs:
         name = spec.unset_envs[0]
         return SpecError(source, f"envs.{name}", "has no value in the file: " + _GIVE_ENV.format(name=name))
-    for name, digest in spec.secrets:
+    keys = spec.service.auth.api_keys if spec.service.auth is not None else ()
+    for name, digest in sorted((*spec.secrets, *keys)):
         if not digest:
             return SpecError(source, f"secrets.{name}", "has no value: " + _GIVE_SECRET.format(name=name))
     return None
@@ -284,9 +303,31 @@ def with_inputs(task: SubmittedTask, envs: Pairs, secrets: Sequence[tuple[str, S
     for name in merged_secrets:
         if any(name == env for env, _ in task.spec.envs):
             raise UsageError(f"--secret {name}: the task's envs name {name} too; name a variable in one of the two")
+    keys = task.spec.service.auth.key_names if task.spec.service.auth is not None else frozenset()
+    for name, secret in sorted(merged_secrets.items()):
+        problem = find_api_key_problem(secret.value) if name in keys else None
+        if problem is not None:  # the value itself is never shown
+            raise UsageError(f"--secret {name}: a key of service.auth {problem}")
     inputs = TaskInputs(infra=infra, default_infra=default_infra, envs=tuple(sorted(merged_envs.items())),
                         secrets=tuple(sorted(merged_secrets.items())))
     return dataclasses.replace(task, inputs=inputs)
+
+
+# A key short enough to guess is no key: 16 characters of hex are 64 bits (`openssl rand -hex 32` gives 64).
+MIN_API_KEY_LENGTH = 16
+
+
+def find_api_key_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a key of ``service.auth``, or None; the reason never repeats the value.
+
+    A client sends the key as ``Authorization: Bearer KEY``: visible ASCII only (no space, which would end
+    the token, nor anything a header may not carry), at least ``MIN_API_KEY_LENGTH`` characters."""
+    if len(value) < MIN_API_KEY_LENGTH:
+        return f"must be at least {MIN_API_KEY_LENGTH} characters: `openssl rand -hex 32` makes a good one"
+    if not all("!" <= char <= "~" for char in value):
+        return "may hold visible ASCII characters only (no spaces, line breaks or accented letters): a client " \
+               "sends it in a header"
+    return None
 
 
 def read_assignments(option: str, items: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:

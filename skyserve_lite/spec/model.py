@@ -167,6 +167,61 @@ class ReplicaPolicy:
         return f"Autoscaling {self.min_replicas}-{self.max_replicas} replicas ({per_replica})"
 
 
+class AuthType(str, Enum):
+    """How a client proves it may use the endpoint: ``bearer`` is ``Authorization: Bearer KEY``."""
+
+    BEARER = "bearer"
+
+
+@dataclass(frozen=True)
+class ServiceAuth:
+    """``service.auth``: the load balancer answers 401 to a request without one of these keys.
+
+    ``api_keys`` are (name, digest) of secrets of the task, sorted by name; a digest of "" means not bound yet.
+    Once bound (``spec.inputs.bind``) these secrets are the load balancer's alone: they leave
+    ``TaskSpec.secrets``, so no replica gets them as a variable and a new value (a key rotated with
+    ``serve update --secret``) is a service change that reuses replicas.
+    """
+
+    api_keys: Pairs
+    type: AuthType = AuthType.BEARER
+
+    @property
+    def key_names(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.api_keys)
+
+
+class RateLimitKeyType(str, Enum):
+    """What a rate limit counts requests by (dstack's ``key.type``)."""
+
+    IP_ADDRESS = "ip_address"
+    HEADER = "header"
+
+
+@dataclass(frozen=True)
+class RateLimitKey:
+    """Whose requests share one bucket: each client address, or each value of the header ``header``."""
+
+    type: RateLimitKeyType = RateLimitKeyType.IP_ADDRESS
+    header: str | None = None  # with ``HEADER``: the header's name as written
+
+    def describe(self) -> str:
+        """``ip_address`` or ``header X-API-Key``: how plans and history show it."""
+        return f"header {self.header}" if self.type is RateLimitKeyType.HEADER else self.type.value
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """One entry of ``service.rate_limits``, dstack's fields: requests whose path starts with ``prefix`` (the
+    longest matching prefix of the service's limits decides) get ``rps`` a second per key, and ``burst``
+    more at once; see ``lb.guard`` for the arithmetic."""
+
+    rps: float
+    prefix: str = "/"
+    burst: int = 0
+    key: RateLimitKey = field(default_factory=RateLimitKey)
+
+
 @dataclass(frozen=True)
 class ServiceSpec:
     readiness_probe: ReadinessProbe = field(default_factory=ReadinessProbe)
@@ -175,6 +230,9 @@ class ServiceSpec:
     port: int | None = None
     load_balancing_policy: LoadBalancingPolicy = LoadBalancingPolicy.LEAST_LOAD
     tls: TlsFiles | None = None
+    auth: ServiceAuth | None = None
+    # In the order written; prefixes are distinct.
+    rate_limits: tuple[RateLimit, ...] = ()
 
     @property
     def lb_policy(self) -> str:
@@ -212,7 +270,8 @@ class TaskSpec:
     # `envs` entries written `X: null`: their values come at submit time (`--env X=v`), then live in `envs`.
     unset_envs: tuple[str, ...] = ()
     # `secrets`: (name, digest) of every secret, its value kept apart (``spec.secrets``); a digest of ""
-    # means not given yet (`secrets: {X: null}` before submitting with `--secret X`).
+    # means not given yet (`secrets: {X: null}` before submitting with `--secret X`). Once bound, the keys
+    # of `service.auth` are not here but in ``ServiceAuth.api_keys``: what is here is what replicas get.
     secrets: Pairs = ()
     workdir: str | None = None
     file_mounts: Pairs = ()

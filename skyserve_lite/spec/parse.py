@@ -23,15 +23,20 @@ from skyserve_lite.spec.model import (
     DEFAULT_UPSCALE_DELAY_SECONDS,
     Accelerator,
     Amount,
+    AuthType,
     CandidateOrder,
     Cloud,
     DiskTier,
     LoadBalancingPolicy,
     Pairs,
+    RateLimit,
+    RateLimitKey,
+    RateLimitKeyType,
     ReadinessProbe,
     ReplicaPolicy,
     Resources,
     Secret,
+    ServiceAuth,
     ServiceSpec,
     SpotPlacer,
     SubmittedTask,
@@ -71,8 +76,18 @@ _CANDIDATE_KEYS = (
     "disk_size", "disk_tier",
 )
 _RESOURCE_KEYS = (*_CANDIDATE_KEYS, "use_spot", "ports", "labels", "run_as_root", "any_of", "ordered")
-_SERVICE_KEYS = ("readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls")
+_SERVICE_KEYS = ("readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls", "auth",
+                 "rate_limits")
 _TLS_KEYS = ("keyfile", "certfile")
+_AUTH_KEYS = ("type", "api_keys")
+# dstack's names; `key` also takes the short strings `ip` and `header NAME`.
+_RATE_LIMIT_KEYS = ("prefix", "rps", "burst", "key")
+_RATE_KEY_KEYS = ("type", "header")
+# dstack's lowest rate (nginx counts in requests a minute): one request a minute.
+MIN_RPS = 1 / 60
+# What a rate limit's `prefix` may not hold: the load balancer matches decoded, normalized paths
+# (``lb.guard.normalize_path``), which never hold these, so a prefix with one would never match.
+_PREFIX_FORBIDDEN_RE = re.compile(r"[\s%\\?#]|//|/\.\.?(/|$)")
 _PROBE_KEYS = ("path", "post_data", "initial_delay_seconds", "timeout_seconds", "headers")
 _POLICY_KEYS = (
     "min_replicas", "max_replicas", "target_qps_per_replica", "target_ongoing_requests_per_replica",
@@ -598,7 +613,107 @@ class _Parser:
                 doc, "load_balancing_policy", path, lambda v, p: self.enum(v, p, LoadBalancingPolicy),
                 LoadBalancingPolicy.LEAST_LOAD),
             tls=self.optional(doc, "tls", path, self.tls, None),
+            auth=self.optional(doc, "auth", path, self.auth, None),
+            rate_limits=self.optional(doc, "rate_limits", path, self.rate_limits, ()),
         )
+
+    def auth(self, value: object, path: str) -> ServiceAuth | None:
+        """``{api_keys: [NAME, ...]}`` (``type: bearer``, the only type, may be written); dstack's ``auth:
+        false`` is no auth. Each name must be a secret of the task (``validate_cross_fields``)."""
+        if value is False:
+            return None
+        if value is True:
+            raise self.fail(path, "name the keys the endpoint accepts: auth: {api_keys: [API_KEY]}, each a "
+                                  "secret of the task (secrets: {API_KEY: null}, given with --secret API_KEY)")
+        doc = self.mapping(value, path, _AUTH_KEYS)
+        auth_type = self.optional(doc, "type", path, lambda v, p: self.enum(v, p, AuthType), AuthType.BEARER)
+        keys_path = _join(path, "api_keys")
+        names = doc.get("api_keys")
+        if names is None:
+            raise self.fail(keys_path, "missing; name the secrets that hold the keys: api_keys: [API_KEY]")
+        if isinstance(names, str):
+            raise self.fail(keys_path, f"must be a list of secret names, got {_kind(names)}: write [{names}]")
+        if not isinstance(names, list) or not names:
+            raise self.fail(keys_path, "must be a non-empty list of secret names (for an open endpoint, leave "
+                                       "auth out)")
+        seen: set[str] = set()
+        for index, name in enumerate(names):
+            item_path = f"{keys_path}[{index}]"
+            check_env_name(self.string(name, item_path), item_path, self.source)
+            if name in seen:
+                raise self.fail(item_path, f"{name} is named twice")
+            seen.add(name)
+        return ServiceAuth(api_keys=tuple((name, "") for name in sorted(seen)), type=auth_type)
+
+    def rate_limits(self, value: object, path: str) -> tuple[RateLimit, ...]:
+        """dstack's ``rate_limits``: a list of ``{prefix, rps, burst, key}``, one per prefix."""
+        if not isinstance(value, list):
+            raise self.fail(path, f"must be a list of limits ({{prefix, rps, burst, key}}), got {_kind(value)}")
+        limits: list[RateLimit] = []
+        for index, item in enumerate(value):
+            limit = self.rate_limit(item, f"{path}[{index}]")
+            for other_index, other in enumerate(limits):
+                if other.prefix == limit.prefix:
+                    raise self.fail(f"{path}[{index}].prefix", f"{limit.prefix!r} is the prefix of "
+                                    f"{path}[{other_index}] too: one limit per prefix")
+            limits.append(limit)
+        return tuple(limits)
+
+    def rate_limit(self, value: object, path: str) -> RateLimit:
+        doc = self.mapping(value, path, _RATE_LIMIT_KEYS)
+        if doc.get("rps") is None:
+            raise self.fail(_join(path, "rps"), "missing; the most requests a second each client may send")
+        rps = self.number(doc["rps"], _join(path, "rps"), positive=True)
+        if rps < MIN_RPS:
+            raise self.fail(_join(path, "rps"), f"must be at least 1/60 (one request a minute), got {rps:g}")
+        return RateLimit(
+            rps=rps,
+            prefix=self.optional(doc, "prefix", path, self.rate_prefix, "/"),
+            burst=self.optional(doc, "burst", path, lambda v, p: self.integer(v, p, 0), 0),
+            key=self.optional(doc, "key", path, self.rate_key, RateLimitKey()),
+        )
+
+    def rate_prefix(self, value: object, path: str) -> str:
+        text = self.string(value, path)
+        if not text.startswith("/"):
+            raise self.fail(path, f"must start with '/', got {text!r}")
+        if _PREFIX_FORBIDDEN_RE.search(text) or not text.isprintable():
+            raise self.fail(path, f"{text!r} is not a path as the load balancer matches it: no query, spaces, "
+                                  "control characters, %-escapes, backslashes, '//', '.' or '..' segments")
+        return text
+
+    def rate_key(self, value: object, path: str) -> RateLimitKey:
+        """``ip`` (or ``ip_address``), ``header NAME``, or dstack's ``{type: ip_address}`` and ``{type: header,
+        header: NAME}``."""
+        if isinstance(value, str):
+            kind, _, header = value.strip().partition(" ")
+            header = header.strip()
+            if kind in ("ip", "ip_address") and not header:
+                return RateLimitKey()
+            if kind == "header" and header:
+                return RateLimitKey(RateLimitKeyType.HEADER, self.header_name(header, path))
+            raise self.fail(path, f"must be 'ip' or 'header NAME' (or dstack's {{type: ip_address}}, {{type: "
+                                  f"header, header: NAME}}), got {value!r}")
+        doc = self.mapping(value, path, _RATE_KEY_KEYS)
+        if doc.get("type") is None:
+            raise self.fail(_join(path, "type"), "missing; ip_address or header")
+        kind_path = _join(path, "type")
+        kind = RateLimitKeyType.IP_ADDRESS if doc["type"] == "ip" else self.enum(doc["type"], kind_path,
+                                                                                  RateLimitKeyType)
+        header_path = _join(path, "header")
+        if kind is RateLimitKeyType.IP_ADDRESS:
+            if doc.get("header") is not None:
+                raise self.fail(header_path, "only with type: header")
+            return RateLimitKey()
+        if doc.get("header") is None:
+            raise self.fail(header_path, "missing; the header whose value tells clients apart (X-API-Key)")
+        return RateLimitKey(RateLimitKeyType.HEADER, self.header_name(self.string(doc["header"], header_path),
+                                                                      header_path))
+
+    def header_name(self, text: str, path: str) -> str:
+        if not HEADER_NAME_RE.fullmatch(text):
+            raise self.fail(path, f"{text!r} is not a valid HTTP header name")
+        return text
 
     def service_port(self, value: object, path: str) -> int:
         """`service.ports`: one port number, as SkyServe's schema takes it (not a string, not a range)."""
@@ -768,12 +883,38 @@ def validate_cross_fields(spec: TaskSpec, source: str, rate_keys: Mapping[str, s
         raise SpecError(source, "service.replica_policy.target_qps_per_replica",
                         "load_balancing_policy instance_aware_least_load needs a rate per accelerator "
                         "(target_qps_per_replica: {A100: 5, L4: 2}), as SkyServe requires")
+    _validate_auth(spec, source)
     uses_fallback = policy.base_ondemand_fallback_replicas > 0 or policy.dynamic_ondemand_fallback
     if (uses_fallback or policy.spot_placer is not None) and not spec.resources.use_spot:
         key = ("spot_placer" if not uses_fallback else "base_ondemand_fallback_replicas"
                if policy.base_ondemand_fallback_replicas > 0 else "dynamic_ondemand_fallback")
         what = "a spot placer" if key == "spot_placer" else "on-demand fallback"
         raise SpecError(source, f"service.replica_policy.{key}", f"{what} needs resources.use_spot: true")
+
+
+def _validate_auth(spec: TaskSpec, source: str) -> None:
+    """Each key of ``service.auth`` is a secret of the task, and the readiness probe names none: the probe
+    goes to the replicas directly, not through the load balancer, and the keys never reach a replica."""
+    auth = spec.service.auth
+    if auth is None:
+        return
+    secrets = {name for name, _ in spec.secrets}
+    for index, (name, _) in enumerate(auth.api_keys):
+        if name not in secrets:
+            raise SpecError(source, f"service.auth.api_keys[{index}]",
+                            f"{name} is not a secret of the task: declare it (secrets: {{{name}: null}}) and give "
+                            f"it with --secret {name}")
+    probe = spec.service.readiness_probe
+    texts = [("path", probe.path), ("post_data", probe.post_data or ""),
+             *((f"headers.{name}", f"{name} {value}") for name, value in probe.headers)]
+    for field, text in texts:
+        for match in REFERENCE_RE.finditer(text):
+            name = match.group("braced") or match.group("bare")
+            if name in auth.key_names:
+                raise SpecError(source, f"service.readiness_probe.{field}",
+                                f"refers to {name}, a key of service.auth: the probe goes to the replicas "
+                                "directly, not through the load balancer, so it needs no key, and the keys never "
+                                "reach a replica; give the replica its own secret if it checks one")
 
 
 @dataclasses.dataclass(frozen=True)
