@@ -757,15 +757,18 @@ def controller_rpc() -> None:
 @click.option("--lb-host", required=True, help="The address load balancers listen on.")
 @click.option("--endpoint-host", required=True, help="The address endpoints show.")
 @click.option("--aws-instance-profile", default=None, help="The instance profile AWS replicas get.")
-def controller_host_settings(lb_host: str, endpoint_host: str, aws_instance_profile: str | None) -> None:
-    """Record where this host's load balancers listen, what address endpoints show and which instance
-    profile AWS replicas get."""
+@click.option("--gcp-service-account", default=None, help="The service account GCP replicas run as (an email).")
+def controller_host_settings(lb_host: str, endpoint_host: str, aws_instance_profile: str | None,
+                             gcp_service_account: str | None) -> None:
+    """Record where this host's load balancers listen, what address endpoints show, which instance profile
+    AWS replicas get and which service account GCP replicas run as."""
     from skyserve_lite.controller.host import HostSettings, write_host_settings
     from skyserve_lite.state.store import prepare_home
 
     with _errors():
         write_host_settings(prepare_home(home_dir()), HostSettings(
-            lb_host=lb_host, endpoint_host=endpoint_host, aws_instance_profile=aws_instance_profile))
+            lb_host=lb_host, endpoint_host=endpoint_host, aws_instance_profile=aws_instance_profile,
+            gcp_service_account=gcp_service_account))
 
 
 @controller.command("tick")

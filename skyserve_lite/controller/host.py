@@ -1,5 +1,6 @@
 """How a controller host exposes its load balancers: the address they bind and the one endpoints show; and,
-on a controller VM `controller up --cloud aws` launched, the instance profile made for its replicas.
+on a controller VM `controller up --cloud aws` (``gcp``) launched, the instance profile (service account) made
+for its replicas.
 
 On this machine both addresses are 127.0.0.1 (nothing listens beyond loopback). `sky-lite controller up`
 writes ``host.json`` in a controller host's state directory: load balancers bind the host's interface and
@@ -19,6 +20,8 @@ from skyserve_lite.errors import ControllerError, UsageError
 
 HOST_FILE = "host.json"
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,128}")  # IAM's instance profile names
+# A service account's email: ID@PROJECT.iam.gserviceaccount.com, or a Google-made one (N-compute@developer...).
+_ACCOUNT_EMAIL = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}@[a-z0-9][a-z0-9.-]{0,150}")
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class HostSettings:
     # The instance profile AWS replicas get when SKY_LITE_AWS_INSTANCE_PROFILE names none: on a controller
     # VM, the one made for its replicas, the only role the VM's own policy may pass.
     aws_instance_profile: str | None = None
+    # Likewise the service account GCP replicas run as when SKY_LITE_GCP_SERVICE_ACCOUNT names none.
+    gcp_service_account: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("lb_host", "endpoint_host"):
@@ -40,6 +45,8 @@ class HostSettings:
             raise UsageError(f"lb-host: {self.lb_host!r} is not an IP address (0.0.0.0: every interface)") from None
         if self.aws_instance_profile is not None and not _PROFILE_NAME.fullmatch(self.aws_instance_profile):
             raise UsageError(f"aws-instance-profile: {self.aws_instance_profile!r} is not an instance profile name")
+        if self.gcp_service_account is not None and not _ACCOUNT_EMAIL.fullmatch(self.gcp_service_account):
+            raise UsageError(f"gcp-service-account: {self.gcp_service_account!r} is not a service account's email")
 
 
 def load_host_settings(home: Path) -> HostSettings:
@@ -52,9 +59,10 @@ def load_host_settings(home: Path) -> HostSettings:
     except (OSError, ValueError) as exc:
         raise ControllerError(f"cannot read {path}: {exc}; write it again with `sky-lite controller up`") from exc
     try:
-        profile = document.get("aws_instance_profile")
+        profile, account = document.get("aws_instance_profile"), document.get("gcp_service_account")
         return HostSettings(lb_host=str(document["lb_host"]), endpoint_host=str(document["endpoint_host"]),
-                            aws_instance_profile=None if profile is None else str(profile))
+                            aws_instance_profile=None if profile is None else str(profile),
+                            gcp_service_account=None if account is None else str(account))
     except (KeyError, TypeError, AttributeError, UsageError) as exc:
         raise ControllerError(f"{path} is damaged ({exc}); write it again with `sky-lite controller up`") from exc
 
@@ -67,5 +75,7 @@ def write_host_settings(home: Path, settings: HostSettings) -> None:
         document = {"lb_host": settings.lb_host, "endpoint_host": settings.endpoint_host}
         if settings.aws_instance_profile is not None:
             document["aws_instance_profile"] = settings.aws_instance_profile
+        if settings.gcp_service_account is not None:
+            document["gcp_service_account"] = settings.gcp_service_account
         json.dump(document, stream)
     os.replace(temporary, path)

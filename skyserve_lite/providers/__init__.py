@@ -76,7 +76,8 @@ def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mappin
     boots each instance from its version as ``find_version`` returns it (the controller's store; None when
     it has no such version). Without ``find_version`` emulation boots nothing, and still finds the logs of
     what a controller booted. ``SKY_LITE_AWS_INSTANCE_PROFILE`` names the instance profile AWS replicas read
-    S3 files with, else the host settings do (on a controller VM: the profile made for its replicas).
+    S3 files with, else the host settings do (on a controller VM: the profile made for its replicas); the
+    same for the service account GCP replicas run as (``SKY_LITE_GCP_SERVICE_ACCOUNT``, ``GcpProvider.from_env``).
     """
     from skyserve_lite.providers.local import LocalProvider
 
@@ -99,10 +100,12 @@ def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mappin
         providers["aws"] = LazyProvider("aws", build_aws)
     if "gcp" in available_clouds():
         def build_gcp() -> Provider:
+            from skyserve_lite.controller.host import load_host_settings
             from skyserve_lite.files.blobs import blob_store_of
             from skyserve_lite.providers.gcp import GcpProvider
 
-            gcp: Provider = GcpProvider.from_env(controller_id, clock, blob_store_of(home), env)
+            gcp: Provider = GcpProvider.from_env(controller_id, clock, blob_store_of(home), env,
+                                                 host_service_account=load_host_settings(home).gcp_service_account)
             if env.get("SKY_LITE_EMULATE_INSTANCES") != "1":
                 return gcp
             from skyserve_lite.providers.emulation import EmulatedProvider

@@ -280,12 +280,15 @@ class GcpProvider:
         self._secrets = SecretKeeper(_SecretManager(self), self._controller_id)
 
     @classmethod
-    def from_env(cls, controller_id: str, clock: Clock, blobs: BlobStore,
-                 env: Mapping[str, str] | None = None) -> GcpProvider:
+    def from_env(cls, controller_id: str, clock: Clock, blobs: BlobStore, env: Mapping[str, str] | None = None,
+                 *, host_service_account: str | None = None) -> GcpProvider:
+        """A provider configured by ``env``. Replicas run as ``SKY_LITE_GCP_SERVICE_ACCOUNT``, else as
+        ``host_service_account`` (on a controller VM: the account made for its replicas), else as the
+        project's default one."""
         env = os.environ if env is None else env
         return cls(controller_id, clock, blobs=blobs, project=env.get(PROJECT_SETTING) or None,
                    api_endpoint=env.get(ENDPOINT_SETTING) or None, default_region=env.get(REGION_SETTING) or None,
-                   service_account=env.get(SERVICE_ACCOUNT_SETTING) or None)
+                   service_account=env.get(SERVICE_ACCOUNT_SETTING) or host_service_account or None)
 
     # --- Provider ------------------------------------------------------------------------------------------
     @_boundary
@@ -501,7 +504,8 @@ class GcpProvider:
         if secrets and not self._service_account:
             raise GcpPermanentError(f"secrets: instances read their secrets from Secret Manager with a service "
                                     f"account of their own, and this controller has none configured "
-                                    f"({SERVICE_ACCOUNT_SETTING}; see docs/gcp.md)", "NoServiceAccount")
+                                    f"({SERVICE_ACCOUNT_SETTING}, or a controller VM of `sky-lite controller up "
+                                    f"--cloud gcp`, which makes one; see docs/gcp.md)", "NoServiceAccount")
         return self._secrets.ensure(request.service, SECRETS_REGION, secrets)
 
     @property

@@ -102,10 +102,11 @@ def install(shell: RemoteShell, plan: HostPlan, home: str, wheel: Path, *, resta
     shell.run(f"{pip} {q(requirement)} && {pip} --force-reinstall --no-deps {q(remote_wheel)}",
               what="installing sky-lite and its dependencies")
     run = remote_sky_lite(home)
-    profile = plan.settings.aws_instance_profile
+    profile, account = plan.settings.aws_instance_profile, plan.settings.gcp_service_account
     shell.run(run("controller", "host-settings", "--lb-host", plan.settings.lb_host,
                   "--endpoint-host", plan.settings.endpoint_host,
-                  *(("--aws-instance-profile", profile) if profile else ())), what="writing the host settings")
+                  *(("--aws-instance-profile", profile) if profile else ()),
+                  *(("--gcp-service-account", account) if account else ())), what="writing the host settings")
     say("installing the cron lines")
     shell.run(run("controller", "cron", "install"), what="installing the cron lines")
     if restart:

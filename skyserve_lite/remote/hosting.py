@@ -136,11 +136,13 @@ def host_settings_of(record: ControllerRecord) -> HostSettings:
     target = record.target
     if record.machine is not None and record.machine.address:
         emulated = target.is_loopback
-        # A VM an older sky-lite launched has no replica profile: its replicas keep getting none.
-        profile = dict(record.machine.resources).get("replica-instance-profile")
+        # A VM an older sky-lite launched has no replica profile or account: its replicas keep getting none.
+        made = dict(record.machine.resources)
+        cloud = record.machine.cloud
         return HostSettings(lb_host="127.0.0.1" if emulated else "0.0.0.0",
                             endpoint_host="127.0.0.1" if emulated else record.machine.address,
-                            aws_instance_profile=profile if record.machine.cloud == "aws" else None)
+                            aws_instance_profile=made.get("replica-instance-profile") if cloud == "aws" else None,
+                            gcp_service_account=made.get("replica-service-account") if cloud == "gcp" else None)
     return HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
 
 
