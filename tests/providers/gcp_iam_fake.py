@@ -64,6 +64,7 @@ class FakeIam:
     def _serviceAccounts_delete(self, body: dict[str, Any], project: str, email: str) -> tuple[int, Any]:
         if self.accounts.pop(email, None) is None:
             return 404, _error(404, "NOT_FOUND", f"Unknown service account {email}")
+        self.policies.pop(f"projects/{project}/serviceAccounts/{email}", None)  # its policy goes with it
         return 200, {}
 
     def _getIamPolicy(self, resource: str) -> tuple[int, Any]:

@@ -1,5 +1,6 @@
 """The controller VM on Compute Engine against the local fake (with its IAM part, ``gcp_iam_fake``): a service
-account of its own that the VM runs as, given the roles of ``plan_controller_grants`` and no other, the
+account of its own that the VM runs as, given the roles of ``plan_controller_grants`` and no other, one for
+its replicas given those of ``plan_replica_grants``, both made once however often ``ensure`` runs, the
 firewall rules following the blocks given, and nothing left after ``delete``.
 
 The grants are values, read one by one here (the fake evaluates no condition), and ``merge_member`` is a table."""
@@ -19,13 +20,18 @@ from google.auth.credentials import AnonymousCredentials
 
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.files.blobs import BlobStore
-from skyserve_lite.providers.gcp import GcpProvider
+from skyserve_lite.providers.cloud_secrets import compute_secret_name
+from skyserve_lite.providers.gcp import GcpPermanentError, GcpProvider
 from skyserve_lite.providers.gcp_iam import Condition, Grant, is_same_policy, merge_member
 from skyserve_lite.providers.gcp_machine import (
     GcpMachines,
     GcpScope,
     controller_account_email,
+    controller_account_id,
     plan_controller_grants,
+    plan_replica_grants,
+    replica_account_email,
+    replica_account_id,
 )
 from skyserve_lite.providers.machines import MachineRequest
 from skyserve_lite.providers.staging import compute_bucket_name
@@ -36,8 +42,12 @@ PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKqkl7S0+1G4GD/J3s7Fk5kbWeZ8gm
 CONTROLLER_ID = "0123456789ab"
 ACCOUNT = "sky-lite-ctl-abc123@p.iam.gserviceaccount.com"
 MEMBER = f"serviceAccount:{ACCOUNT}"
-REPLICAS = f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+REPLICAS = "sky-lite-rep-abc123@p.iam.gserviceaccount.com"
+REPLICA = f"serviceAccount:{REPLICAS}"
+DEFAULT_COMPUTE = f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"  # what replicas ran as before
 BUCKETS = f'resource.name.startsWith("projects/_/buckets/sky-lite-{CONTROLLER_ID}-")'
+SECRETS = ('resource.type == "cloudresourcemanager.googleapis.com/Project" || '
+           f'resource.name.startsWith("projects/{PROJECT_NUMBER}/secrets/sky-lite_{CONTROLLER_ID}_")')
 ZONE = "us-central1-a"
 
 
@@ -63,20 +73,55 @@ def request(**changes: Any) -> MachineRequest:
 
 
 # --- the grants --------------------------------------------------------------------------------------------
-SCOPE = GcpScope(project="p", controller_id=CONTROLLER_ID, replica_account=REPLICAS)
+SCOPE = GcpScope(project="p", project_number=PROJECT_NUMBER, controller_id=CONTROLLER_ID, replica_account=REPLICAS)
 GRANTS = [
     # Compute Engine has nothing narrower than the project for instances and firewall rules to be created.
     ("projects/p", "roles/compute.instanceAdmin.v1", None),
     ("projects/p", "roles/compute.securityAdmin", None),
     # Buckets: the project's role, held to this controller's bucket names.
     ("projects/p", "roles/storage.admin", Condition(f"sky-lite controller {CONTROLLER_ID} buckets", BUCKETS)),
-    # Acting as a service account: the replicas' one only.
+    # Acting as a service account: the replicas' one only (not the project's default one, often an Editor).
     (f"projects/p/serviceAccounts/{REPLICAS}", "roles/iam.serviceAccountUser", None),
+    # Secrets: creating and listing on the project itself, everything else on this controller's secrets only.
+    ("projects/p", "roles/secretmanager.admin", Condition(f"sky-lite controller {CONTROLLER_ID} secrets", SECRETS)),
+]
+REPLICA_GRANTS = [
+    # Reading the snapshots, in this controller's buckets only; its secrets' own policies name it.
+    ("projects/p", "roles/storage.objectViewer", Condition(f"sky-lite controller {CONTROLLER_ID} buckets", BUCKETS)),
 ]
 
 
 def test_the_grants_are_these_and_no_other() -> None:
     assert [(g.resource, g.role, g.condition) for g in plan_controller_grants(SCOPE)] == GRANTS
+
+
+def test_the_replicas_grants_are_these_and_no_other() -> None:
+    assert [(g.resource, g.role, g.condition) for g in plan_replica_grants(SCOPE)] == REPLICA_GRANTS
+
+
+@pytest.mark.parametrize(("controller", "holds"), [(CONTROLLER_ID, True), ("ba9876543210", False)])
+def test_the_secret_condition_holds_this_controller_secrets_and_not_another_one(controller: str, holds: bool) -> None:
+    prefix = SECRETS.rsplit('"', 2)[1]
+    name = f"projects/{PROJECT_NUMBER}/secrets/{compute_secret_name(controller, 'web', 'd' * 32)}"
+    assert name.startswith(prefix) is holds
+    assert not f"projects/{PROJECT_NUMBER}/locations/us-east1/secrets/sky-lite_{controller}_web_x".startswith(prefix)
+
+
+@pytest.mark.parametrize(("machine_id", "controller", "replicas"), [
+    ("abc123", "sky-lite-ctl-abc123", "sky-lite-rep-abc123"),
+    ("5f2c0a9e81d4", "sky-lite-ctl-5f2c0a9e81d4", "sky-lite-rep-5f2c0a9e81d4"),  # what hosting makes: 25 characters
+    ("0123456789abcdef0", "sky-lite-ctl-0123456789abcdef0", "sky-lite-rep-0123456789abcdef0"),  # 30: the most
+])
+def test_account_ids(machine_id: str, controller: str, replicas: str) -> None:
+    assert (controller_account_id(machine_id), replica_account_id(machine_id)) == (controller, replicas)
+    assert replica_account_email("p", machine_id) == f"{replicas}@p.iam.gserviceaccount.com"
+
+
+@pytest.mark.parametrize("machine_id", ["0123456789abcdef01", "ABC123", "abc_12", "abc12-", ""])
+def test_a_machine_id_that_makes_no_account_id_is_refused(machine_id: str) -> None:
+    for make in (controller_account_id, replica_account_id):
+        with pytest.raises(GcpPermanentError, match="is not a service account id"):
+            make(machine_id)
 
 
 @pytest.mark.parametrize("service", ["web", "a-very-long-service-name-that-gets-its-bucket-name-shortened"])
@@ -131,9 +176,23 @@ def test_the_vm_runs_as_its_own_account_with_nothing_granted_yet(machines: GcpMa
     ((_, instance),) = compute.instances.items()
     assert instance["serviceAccounts"] == [{"email": ACCOUNT,
                                             "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
-    assert ("service-account", ACCOUNT) in launched.resources and list(compute.iam.accounts) == [ACCOUNT]
-    assert all(MEMBER not in str(policy) for policy in compute.iam.policies.values())
+    assert ("service-account", ACCOUNT) in launched.resources
+    assert ("replica-service-account", REPLICAS) in launched.resources  # what the host settings name
+    assert sorted(compute.iam.accounts) == [ACCOUNT, REPLICAS]
+    assert all(MEMBER not in str(policy) and REPLICA not in str(policy) for policy in compute.iam.policies.values())
     assert controller_account_email("p", "abc123") == ACCOUNT
+
+
+def test_a_rerun_makes_nothing_twice(machines: GcpMachines, fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    first = machines.ensure(request())
+    del compute.iam.accounts[REPLICAS]  # lost since (deleted by hand, or a run interrupted before it was made)
+    again = machines.ensure(dataclasses.replace(request(), zone=ZONE))
+    assert again.resources == first.resources and sorted(compute.iam.accounts) == [ACCOUNT, REPLICAS]
+    assert compute.iam.calls["serviceAccounts.create"] == 3  # two, then the missing one
+    assert compute.calls["instances.insert"] == 1 and compute.calls["firewalls.insert"] == 2
+    machines.ensure(dataclasses.replace(request(), zone=ZONE))
+    assert compute.iam.calls["serviceAccounts.create"] == 3
 
 
 def test_grant_binds_exactly_the_planned_roles(machines: GcpMachines, fake: tuple[FakeCompute, str]) -> None:
@@ -141,18 +200,34 @@ def test_grant_binds_exactly_the_planned_roles(machines: GcpMachines, fake: tupl
     machines.ensure(request())
     compute.iam.policies["projects/p"] = {"etag": "BwA=", "bindings": [{"role": "roles/owner", "members": [
         "user:owner@example.com"]}, {"role": "roles/editor", "members": [MEMBER]}]}  # an old, broad grant
+    default = f"projects/p/serviceAccounts/{DEFAULT_COMPUTE}"
+    compute.iam.policies[default] = {"etag": "BwA=", "bindings": [  # an older sky-lite's: replicas ran as it
+        {"role": "roles/iam.serviceAccountUser", "members": [MEMBER, "user:owner@example.com"]}]}
     lines = machines.grant("abc123", ZONE, CONTROLLER_ID.upper())
     assert compute.iam.members_of("projects/p") == {
         "roles/owner": ["user:owner@example.com"], "roles/compute.instanceAdmin.v1": [MEMBER],
         "roles/compute.securityAdmin": [MEMBER],
-        f"roles/storage.admin if sky-lite controller {CONTROLLER_ID} buckets": [MEMBER]}
+        f"roles/storage.admin if sky-lite controller {CONTROLLER_ID} buckets": [MEMBER],
+        f"roles/secretmanager.admin if sky-lite controller {CONTROLLER_ID} secrets": [MEMBER],
+        f"roles/storage.objectViewer if sky-lite controller {CONTROLLER_ID} buckets": [REPLICA]}
     assert compute.iam.policies["projects/p"]["version"] == 3
     assert compute.iam.members_of(f"projects/p/serviceAccounts/{REPLICAS}") == {
         "roles/iam.serviceAccountUser": [MEMBER]}
-    assert [line.split()[0] for line in lines] == ["granted", "granted"]
-    writes = compute.iam.calls["projects.setIamPolicy"]
-    assert [line.split()[0] for line in machines.grant("abc123", ZONE, CONTROLLER_ID)] == ["kept", "kept"]
-    assert compute.iam.calls["projects.setIamPolicy"] == writes  # nothing written again
+    assert compute.iam.members_of(default) == {"roles/iam.serviceAccountUser": ["user:owner@example.com"]}
+    assert [line.split()[0] for line in lines] == ["granted", "granted", "granted", "removed"]
+    writes = compute.iam.calls["projects.setIamPolicy"], compute.iam.calls["serviceAccounts.setIamPolicy"]
+    assert [line.split()[0] for line in machines.grant("abc123", ZONE, CONTROLLER_ID)] == ["kept", "kept", "kept"]
+    # nothing written again
+    assert (compute.iam.calls["projects.setIamPolicy"], compute.iam.calls["serviceAccounts.setIamPolicy"]) == writes
+
+
+def test_grant_says_when_the_replicas_account_is_gone(machines: GcpMachines, fake: tuple[FakeCompute, str]) -> None:
+    compute, _ = fake
+    machines.ensure(request())
+    del compute.iam.accounts[REPLICAS]
+    with pytest.raises(GcpPermanentError, match=f"{REPLICAS} of the controller VM is gone; run `sky-lite controller"):
+        machines.grant("abc123", ZONE, CONTROLLER_ID)
+    assert compute.iam.calls["projects.setIamPolicy"] == 0
 
 
 def test_a_policy_written_meanwhile_is_read_again(machines: GcpMachines, fake: tuple[FakeCompute, str]) -> None:
@@ -161,7 +236,8 @@ def test_a_policy_written_meanwhile_is_read_again(machines: GcpMachines, fake: t
     compute.iam.conflicts = 1
     machines.grant("abc123", ZONE, CONTROLLER_ID)
     assert "roles/compute.instanceAdmin.v1" in compute.iam.members_of("projects/p")
-    assert compute.iam.calls["projects.getIamPolicy"] == 2
+    # Read for the VM's account and for the replicas', and once more after the write someone else made.
+    assert compute.iam.calls["projects.getIamPolicy"] == 3
 
 
 def test_grant_says_when_an_older_vm_runs_as_another_account(machines: GcpMachines,
@@ -189,6 +265,6 @@ def test_delete_leaves_no_instance_rule_account_or_binding(machines: GcpMachines
     machines.grant("abc123", ZONE, CONTROLLER_ID)
     done = machines.delete("abc123", ZONE)
     assert compute.instances == {} and compute.firewalls == {} and compute.iam.accounts == {}
-    assert all(MEMBER not in str(policy) for policy in compute.iam.policies.values())
-    assert f"deleted service account {ACCOUNT}" in done
+    assert all(MEMBER not in str(policy) and REPLICA not in str(policy) for policy in compute.iam.policies.values())
+    assert f"deleted service account {ACCOUNT}" in done and f"deleted service account {REPLICAS}" in done
     assert machines.delete("abc123", ZONE) == []  # idempotent
