@@ -24,6 +24,11 @@ from skyserve_lite import procs
 from skyserve_lite.errors import ControllerError
 
 HOSTS_FOLDER = "emulated-hosts"
+# What a real VM has without being told (its cloud identity and project, from the metadata server), and what
+# points it at the same emulator: an emulated host's sessions get those of them set here, so the controller
+# there launches its replicas on the emulated cloud too.
+CLOUD_SETTINGS = ("SKY_LITE_EMULATE_INSTANCES", "SKY_LITE_GCP_ENDPOINT", "SKY_LITE_GCP_PROJECT",
+                  "GOOGLE_APPLICATION_CREDENTIALS")
 
 
 def find_sshd() -> str | None:
@@ -108,8 +113,9 @@ class EmulatedHosts:
         (folder / "authorized_keys").write_text(public_key.strip() + "\n")
         port = procs.find_free_port()
         pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip")
+        cloud = {name: os.environ[name] for name in CLOUD_SETTINGS if os.environ.get(name)}
         process = spawn_sshd(folder, port, {"HOME": str(login_home), "PIP_CACHE_DIR": pip_cache,
-                                            "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                                            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cloud})
         (folder / "port").write_text(f"{port} {process.pid} {procs.process_start_time(process.pid) or ''}\n")
         return EmulatedHost(instance_id, port, process.pid)
 
