@@ -85,8 +85,10 @@ _RATE_LIMIT_KEYS = ("prefix", "rps", "burst", "key")
 _RATE_KEY_KEYS = ("type", "header")
 # dstack's lowest rate (nginx counts in requests a minute): one request a minute.
 MIN_RPS = 1 / 60
-# What a rate limit's `prefix` may not hold: the load balancer matches decoded, normalized paths
-# (``lb.guard.normalize_path``), which never hold these, so a prefix with one would never match.
+# What a rate limit's `prefix` may not hold. The load balancer matches paths decoded and normalized
+# (``lb.guard.normalize_path``): a %-escape, '//' or a '.' or '..' segment in a prefix would not match the
+# paths it seems to name.
+# Whitespace and backslashes are refused as dstack refuses them, '?' and '#' because they read as a query.
 _PREFIX_FORBIDDEN_RE = re.compile(r"[\s%\\?#]|//|/\.\.?(/|$)")
 _PROBE_KEYS = ("path", "post_data", "initial_delay_seconds", "timeout_seconds", "headers")
 _POLICY_KEYS = (
