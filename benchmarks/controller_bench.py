@@ -6,18 +6,26 @@ its own (so its peak RSS is its own), and one command prints the whole table:
 
     python benchmarks/controller_bench.py                      # every size of docs/benchmarks.md, and growth
     python benchmarks/controller_bench.py --sizes 100x100      # one size: SERVICESxREPLICAS_PER_SERVICE
+    python benchmarks/controller_bench.py --engine postgresql  # the store in PostgreSQL (see below)
 
 Passes: *launch* (every replica launched), *readiness* (every replica probed READY), *steady* (the median of
 ``--passes`` passes over unchanged state; the clock moves 1 s per pass, so the heartbeat's one row every 5 s
 and the replica history's one sample per service and minute are in the figures), and *one change* (the
 median of ``--passes`` passes in each of which one replica's probe turns, failing then passing again, so
 that the pass writes that one replica: what a busy fleet costs besides its steady passes).
+
+``--engine postgresql`` puts the store in PostgreSQL: a throwaway server on 127.0.0.1 started from Debian's
+binaries (tests/postgres.py, with fsync and full-page writes on, commits not waiting for their WAL flush as
+SQLite's ``synchronous=NORMAL`` does not), a fresh database per size. Part of the store's work then runs in
+the server's process, which the controller's CPU time does not count: the table adds the CPU time of the
+server process serving the controller's connection, and each pass's wall time (round trips to the server).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -48,12 +56,28 @@ GROWTH = (("10x100", "100x100"), ("100x100", "500x100"), ("1x1000", "1x10000"), 
           ("10x100", "1x10000"), ("10x100", "1000x10"))
 
 
+REPO = Path(__file__).resolve().parents[1]
+_TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def measure(store: Store, func: Callable[[], object]) -> dict[str, float]:
     with store.counting() as counts:
-        start = time.process_time()
+        server = _server_cpu_ms(store)
+        wall, start = time.perf_counter(), time.process_time()
         func()
-        cpu = (time.process_time() - start) * 1000
-    return {"cpu_ms": cpu, **_counts(counts)}
+        cpu, wall = (time.process_time() - start) * 1000, (time.perf_counter() - wall) * 1000
+        server = _server_cpu_ms(store) - server
+    return {"cpu_ms": cpu, "wall_ms": wall, "server_cpu_ms": server, **_counts(counts)}
+
+
+def _server_cpu_ms(store: Store) -> float:
+    """CPU time of the PostgreSQL process serving the store's connection (0 on SQLite, which runs in this
+    process): user and system ticks from /proc, a 10 ms resolution, so a median over many passes."""
+    connection = getattr(store._db, "_connection", None)
+    if connection is None:
+        return 0.0
+    fields = Path(f"/proc/{connection.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_MS
 
 
 def _counts(counts: StatementCounts) -> dict[str, float]:
@@ -103,16 +127,23 @@ def run_size(services: int, per_service: int, passes: int) -> dict[str, Any]:
 
 
 def _table(results: list[dict[str, Any]]) -> str:
+    server = any(r["launch"]["server_cpu_ms"] or r["ready"]["server_cpu_ms"] for r in results)
     lines = ["| replicas (services x per service) | launch pass CPU | readiness pass CPU | steady pass CPU (median) "
-             "| steady reads / writes / rows written (median, max rows) | one change CPU (median) | peak RSS |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| steady reads / writes / rows written (median, max rows) | one change CPU (median) "
+             "| launch / steady / one change wall (median) "
+             + ("| launch / readiness / steady / one change server CPU " if server else "") + "| peak RSS |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if server else "")]
     for r in results:
         services, per = r["size"].split("x")
-        s = r["steady"]
+        s, c = r["steady"], r["change"]
+        server_cell = (f"| {r['launch']['server_cpu_ms']:,.0f} / {r['ready']['server_cpu_ms']:,.0f} / "
+                       f"{s['server_cpu_ms']:,.1f} / {c['server_cpu_ms']:,.1f} ms " if server else "")
         lines.append(f"| {r['replicas']:,} ({services} x {per}) | {r['launch']['cpu_ms']:,.0f} ms "
                      f"| {r['ready']['cpu_ms']:,.0f} ms | {s['cpu_ms']:,.1f} ms "
                      f"| {s['reads']:.0f} / {s['writes']:.0f} / {s['rows_written']:.0f} "
-                     f"({r['steady_rows_written_max']:.0f}) | {r['change']['cpu_ms']:,.1f} ms | {r['rss_mb']:.0f} MB |")
+                     f"({r['steady_rows_written_max']:.0f}) | {c['cpu_ms']:,.1f} ms "
+                     f"| {r['launch']['wall_ms']:,.0f} / {s['wall_ms']:,.1f} / {c['wall_ms']:,.1f} ms "
+                     f"{server_cell}| {r['rss_mb']:.0f} MB |")
     by_size = {r["size"]: r for r in results}
     growth = [(small, large) for small, large in GROWTH if small in by_size and large in by_size]
     if growth:
@@ -130,6 +161,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), metavar="SERVICESxREPLICAS")
     parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--engine", choices=("sqlite", "postgresql"), default="sqlite",
+                        help="Where the store is: SQLite in a temporary home (the default), or PostgreSQL on a "
+                        "throwaway server on 127.0.0.1, a fresh database per size.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object per size instead of a table "
                         "(what each size's own process answers).")
     args = parser.parse_args()
@@ -139,12 +173,35 @@ def main() -> None:
             print(json.dumps(run_size(services, per, args.passes)))
         return
     results = []
-    for size in args.sizes:  # a process per size: each peak RSS is that size's own
-        out = subprocess.run([sys.executable, __file__, "--json", "--passes", str(args.passes), "--sizes", size],
-                             check=True, capture_output=True, text=True).stdout
-        results.append(json.loads(out))
-        print(f"{size}: done", file=sys.stderr)
+    server = _start_postgres() if args.engine == "postgresql" else None
+    try:
+        for size in args.sizes:  # a process per size: each peak RSS is that size's own
+            env = {key: value for key, value in os.environ.items() if key != "SKY_LITE_DB_URL"}
+            database = server.create_database() if server is not None else None
+            if server is not None:
+                env["SKY_LITE_DB_URL"] = server.url(database)  # the environment: never a command line
+            out = subprocess.run([sys.executable, __file__, "--json", "--passes", str(args.passes), "--sizes", size],
+                                 check=True, capture_output=True, text=True, env=env).stdout
+            if server is not None:
+                server.drop_database(database)
+            results.append(json.loads(out))
+            print(f"{size}: done", file=sys.stderr)
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"engine: {args.engine}")
     print(_table(results))
+
+
+def _start_postgres() -> Any:
+    sys.path.insert(0, str(REPO))
+    from tests.postgres import find_postgres_bin, start_postgres
+
+    bin_dir = find_postgres_bin()
+    if bin_dir is None:
+        sys.exit("--engine postgresql: PostgreSQL (initdb, pg_ctl) is not installed (Debian: apt-get install "
+                 "postgresql)")
+    return start_postgres(bin_dir, durable=True)
 
 
 if __name__ == "__main__":

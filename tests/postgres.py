@@ -108,10 +108,14 @@ def _run(server: PostgresServer, program: str, *args: str) -> subprocess.Complet
                           extra_groups=[] if user else None, timeout=120)
 
 
-def start_postgres(bin_dir: Path, attempts: int = 3) -> PostgresServer:
+def start_postgres(bin_dir: Path, attempts: int = 3, *, durable: bool = False) -> PostgresServer:
     """A fresh server from ``bin_dir``'s ``initdb`` and ``pg_ctl``, listening on 127.0.0.1 only, with
     ``PASSWORD_USER`` made. Another free port is tried when the one chosen was taken meanwhile. Raises
-    ``RuntimeError`` with the server's log when it does not start."""
+    ``RuntimeError`` with the server's log when it does not start.
+
+    ``durable``: fsync and full-page writes on, as a production server has them (the benchmark's); commits
+    still do not wait for their WAL flush (``synchronous_commit=off``), as SQLite's ``synchronous=NORMAL`` in
+    WAL mode does not. Else everything off: a test server loses nothing worth keeping."""
     os_user = SUPERUSER if os.geteuid() == 0 else None
     root = Path(tempfile.mkdtemp(prefix="sky-lite-pg-"))
     if os_user is not None:
@@ -126,7 +130,9 @@ def start_postgres(bin_dir: Path, attempts: int = 3) -> PostgresServer:
         for _ in range(attempts):
             server.port = _free_port()
             settings = (f"-c port={server.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={root}"
-                        " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+                        " -c synchronous_commit=off -c max_connections=200")
+            if not durable:
+                settings += " -c fsync=off -c full_page_writes=off"
             try:
                 _run(server, "pg_ctl", "-D", str(root / "data"), "-l", str(log), "-o", settings, "-w", "-t", "30",
                      "start")
