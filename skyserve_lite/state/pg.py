@@ -63,7 +63,9 @@ def translate(location: str, exc: psycopg.Error) -> SkyLiteError | None:
     """sky-lite's error for a psycopg one, or None when it is not about the server, its locks or its space
     (a constraint or an SQL mistake is a bug here, and keeps its own type and traceback)."""
     problem = _first_line(exc)
-    if isinstance(exc, pg_errors.LockNotAvailable):
+    # A deadlock or a serialization failure cannot happen between the store's writers (one write lock), but
+    # would be another writer's doing too: a moment later the same transaction goes through.
+    if isinstance(exc, (pg_errors.LockNotAvailable, pg_errors.TransactionRollback)):
         return StateBusyError(f"the state database {location} stayed locked by another process ({problem}); "
                               "try again in a moment")
     if isinstance(exc, (pg_errors.DiskFull, pg_errors.OutOfMemory, pg_errors.ReadOnlySqlTransaction,

@@ -141,7 +141,7 @@ def _is_marked_home(home: Path) -> bool:
 
 @dataclass
 class StatementCounts:
-    """What a stretch of store calls sent to SQLite (``Store.counting``): statements that read, statements
+    """What a stretch of store calls sent to the database (``Store.counting``): statements that read, statements
     that write, transactions begun, and rows inserted, changed or deleted."""
 
     reads: int = 0
