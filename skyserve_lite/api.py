@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,12 +32,13 @@ from skyserve_lite.errors import (
     MissingBlobsError,
     NotFoundError,
     ProviderError,
+    SpecError,
     StateConflictError,
     UsageError,
     WaitTimeoutError,
 )
 from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
-from skyserve_lite.spec.model import ServiceSpec, SubmittedTask, TaskInputs, TaskSpec
+from skyserve_lite.spec.model import Cloud, Secret, ServiceSpec, SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import is_valid_service_name, parse_task, to_service_name
 from skyserve_lite.state.history import ServiceHistory, compute_service_history, history_start_minute
 from skyserve_lite.state.models import (
@@ -335,9 +337,10 @@ class LocalController:
             tls = task.spec.service.tls is not None
             if key is not None and store.find_submission(key) == (name, 1):
                 existing = store.get_service(name)
-                if existing.current_version == 1:  # the same `serve up` again: the answer it had
+                if existing.current_version == 1 and not existing.deleting:  # the same `serve up` again
                     return self._shown(existing, tls=tls)
-                key = None  # updated since: not a rerun any more, refused as any `serve up` of a taken name
+                # Updated since, or going down: not a rerun any more, refused as any `serve up` of a taken name.
+                key = None
             used = store.used_lb_ports()
             if endpoint_port is not None and (endpoint_port in used or not procs.is_port_free(endpoint_port)):
                 whose = "the endpoint of another service" if endpoint_port in used else "taken on this host"
@@ -523,7 +526,8 @@ class LocalController:
         with self._submitting(task, previous) as (task, inputs, store, settings):
             if key is not None:
                 current = previous.version
-                if store.find_submission(submission_key(key, current - 1)) == (name, current):
+                stored = store.find_submission(submission_key(key, current - 1)) == (name, current)
+                if stored and not store.get_service(name).deleting:  # a service going down is not replayed
                     return store.get_version(name, current)
                 key = submission_key(key, current)
             version = store.add_version(name, task, mode.value, self._clock.now(),
@@ -701,7 +705,6 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     nothing fills in.
     """
     from skyserve_lite.plan.clouds import find_local_blocker
-    from skyserve_lite.spec.model import Cloud
 
     inherited = previous.inputs if previous is not None else BoundInputs()
     spec, given = task.spec, task.inputs
@@ -729,10 +732,13 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     missing = find_missing(bound, task.source)
     if missing is not None:
         raise missing
+    if bound.cloud is not Cloud.LOCAL:
+        _check_cloud_secrets(bound, given.secrets, task.source)
     if notes is not None:
         from skyserve_lite.spec.inputs import find_unfilled_references
 
         notes.extend(find_unfilled_references(bound))
+        notes.extend(find_sudo_notes(bound))
     resolution = given.resolution or resolve_task(bound, task.source)
     inputs = dataclasses.replace(inputs, resolution=resolution)
     bound = dataclasses.replace(bound, resolution=resolution)
@@ -742,12 +748,40 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     return dataclasses.replace(task, spec=bound, inputs=TaskInputs()), inputs
 
 
+# What a cloud's secret store holds as one value: AWS Secrets Manager and GCP Secret Manager both take 1 to
+# 65,536 bytes (an empty value is refused by both APIs at launch, which would fail every replica).
+CLOUD_SECRET_MAX_BYTES = 65536
+
+
+def _check_cloud_secrets(spec: TaskSpec, given: Sequence[tuple[str, Secret]], source: str) -> None:
+    """A secret given now for a cloud replica fits its cloud's secret store; the value is never shown."""
+    names = {name for name, _ in spec.secrets}
+    for name, secret in given:
+        size = len(secret.value.encode())
+        if name in names and not 1 <= size <= CLOUD_SECRET_MAX_BYTES:
+            what = "is empty" if size == 0 else f"is {size:,} bytes"
+            raise SpecError(source, f"secrets.{name}", f"{what}: on {spec.cloud.value} a secret is kept in the "
+                                                       f"cloud's secret store, which holds 1 to 65,536 bytes")
+
+
+_SUDO_RE = re.compile(r"(^|[\s;&|(`])sudo\s")
+
+
+def find_sudo_notes(spec: TaskSpec) -> list[str]:
+    """A note for a cloud task whose `setup` or `run` calls sudo while its replicas run as the user sky, who
+    has none: each such replica would fail at boot."""
+    if spec.cloud is Cloud.LOCAL or any(c.run_as_root for c in spec.resource_candidates):
+        return []
+    return [f"{field}: calls sudo, but cloud replicas run as the user sky, who has no sudo: set "
+            "resources.run_as_root: true, or drop sudo" for field, text in (("setup", spec.setup), ("run", spec.run))
+            if text and _SUDO_RE.search(text)]
+
+
 def _choose_infra(spec: TaskSpec, infra: str | None, source: str, notes: list[str] | None) -> str | None:
     """``infra`` for a task that names no cloud, with a cloud chosen (``plan.clouds``) when neither it nor
     ``infra`` names one and `local` cannot run the task; ``notes`` gets the clouds considered."""
     from skyserve_lite.plan.clouds import choose_cloud, find_local_blocker
     from skyserve_lite.providers import available_clouds
-    from skyserve_lite.spec.model import Cloud
     from skyserve_lite.spec.parse import Infra, parse_infra
 
     wanted = parse_infra(infra, "--infra", source) if infra else Infra(None)

@@ -9,7 +9,8 @@ The rule, decided once when a version is submitted (``api.bind_submission``) and
 - otherwise every cloud sky-lite offers whose library is installed is tried, and the one whose first
   placement is cheapest wins (ties in the order the clouds are offered: aws, then gcp). A cloud that cannot
   run the task, or whose prices are unknown, is passed over, and so is one that cannot boot the task's
-  ``image_id`` (an AMI is aws's, a ``projects/...`` image gcp's); the plan lists every cloud considered.
+  ``image_id`` (an AMI is aws's, a ``projects/...`` image gcp's; an image whose name does not say is
+  refused: name the cloud); the plan lists every cloud considered.
 
 Pure: resolving a cloud's placements comes in as a function.
 
@@ -84,6 +85,11 @@ def choose_cloud(spec: TaskSpec, source: str, offered: Sequence[Cloud],
     considered: list[str] = []
     best: tuple[float, int, Cloud] | None = None
     images = {c.image_id for c in spec.resource_candidates if c.image_id is not None}
+    for image in sorted(images):
+        if find_image_cloud(image) is None:
+            raise SpecError(source, "resources.image_id", f"{image!r} does not say whose image it is (an AMI is "
+                                                          "ami-..., a Compute Engine image projects/...): name the "
+                                                          "cloud (infra: aws or infra: gcp)")
     for order, cloud in enumerate(offered):
         foreign = sorted(image for image in images if find_image_cloud(image) not in (None, cloud))
         if foreign:

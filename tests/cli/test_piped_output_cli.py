@@ -18,7 +18,7 @@ from skyserve_lite.state.store import Store
 from .runner import Cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "serve"
-TASK = "resources:\n  image_id: img-1\nservice:\n  replicas: 2\nrun: python serve.py\n"
+TASK = "resources:\n  infra: local\n  image_id: img-1\nservice:\n  replicas: 2\nrun: python serve.py\n"
 REASON = "readiness probe failed 3 times in a row: HTTP 503 from /health after 5.0s"
 
 

@@ -18,7 +18,7 @@ from skyserve_lite.state.store import Store
 
 from .runner import Cli
 
-V1 = "resources:\n  image_id: img-1\nservice:\n  replicas: 2\nrun: python serve.py\n"
+V1 = "resources:\n  infra: local\n  image_id: img-1\nservice:\n  replicas: 2\nrun: python serve.py\n"
 
 
 @pytest.fixture
@@ -208,7 +208,7 @@ def test_a_task_the_cloud_cannot_run_is_refused_before_the_plan(cli: Cli, home: 
                                                                 dry_run: list[str],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("skyserve_lite.providers._has_module", lambda _name: False)  # no GCP library here
-    new = write(tmp_path, V1.replace("image_id: img-1", "cloud: gcp"))
+    new = write(tmp_path, V1.replace("infra: local\n  image_id: img-1", "cloud: gcp"))
     code, stdout, stderr = cli("serve", "update", "--no-wait", "svc", new, *dry_run, input="y\n")
     assert code == 2
     assert "resources.cloud: cloud 'gcp' is not available here" in stderr

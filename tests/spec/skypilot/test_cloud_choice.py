@@ -248,3 +248,38 @@ def test_a_submission_no_cloud_can_run_is_refused_on_the_blocking_field(
         submit(resources, infra, None, tmp_path, [])
     assert caught.value.path == path
     assert problem in caught.value.problem
+
+
+@pytest.mark.parametrize(("value", "refused"), [
+    pytest.param("", "is empty", id="empty"),
+    pytest.param("x" * 65_537, "is 65,537 bytes", id="too-large"),
+    pytest.param("x" * 65_536, None, id="largest"),
+])
+def test_a_cloud_secret_fits_the_clouds_secret_store(tmp_path: Path, value: str, refused: str | None) -> None:
+    from skyserve_lite.spec.inputs import with_inputs
+    from skyserve_lite.spec.model import Secret
+
+    task = read_task("resources:\n  infra: aws\nsecrets:\n  HF_TOKEN: null\nservice:\n  replicas: 1\nrun: x\n",
+                     "/t/svc.yaml")
+    submitted = with_inputs(task, (), [("HF_TOKEN", Secret(value))], None)
+    if refused is None:
+        bind_submission(submitted, None, SecretStore(tmp_path), keep_secrets=False)
+        return
+    with pytest.raises(SpecError) as caught:
+        bind_submission(submitted, None, SecretStore(tmp_path), keep_secrets=False)
+    assert caught.value.path == "secrets.HF_TOKEN" and refused in caught.value.problem
+    assert value[:20] not in str(caught.value) or value == ""
+
+
+@pytest.mark.parametrize(("text", "noted"), [
+    pytest.param("resources:\n  infra: aws\nsetup: sudo apt-get install -y git\nrun: x\n", ["setup"], id="setup"),
+    pytest.param("resources:\n  infra: aws\nrun: cd app && sudo ./serve\n", ["run"], id="run"),
+    pytest.param("resources:\n  infra: aws\n  run_as_root: true\nsetup: sudo true\nrun: x\n", [], id="as-root"),
+    pytest.param("setup: sudo true\nrun: x\n", [], id="local-runs-as-the-caller"),
+    pytest.param("resources:\n  infra: aws\nrun: echo pseudosudo\n", [], id="not-a-sudo-call"),
+])
+def test_a_plan_notes_sudo_where_replicas_have_none(tmp_path: Path, text: str, noted: list[str]) -> None:
+    notes: list[str] = []
+    bind_submission(read_task(text + "service:\n  replicas: 1\n", "/t/svc.yaml"), None, SecretStore(tmp_path),
+                    keep_secrets=False, notes=notes)
+    assert [n.split(":")[0] for n in notes if "sudo" in n] == noted
