@@ -727,7 +727,8 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
         digests[name] = digest
     for name, secret in given.secrets:
         digests[name] = secrets.digest(secret, make_key=keep_secrets)
-    inputs = BoundInputs(infra=infra, envs=tuple(sorted(envs.items())), secrets=tuple(sorted(digests.items())))
+    inputs = BoundInputs(infra=infra, envs=tuple(sorted(envs.items())), secrets=tuple(sorted(digests.items())),
+                         runs_as_user=True)
     bound = bind(spec, inputs, task.source)
     missing = find_missing(bound, task.source)
     if missing is not None:
@@ -946,7 +947,8 @@ def rollback_task(state: RolloutState, to_version: int | None) -> tuple[Submitte
     inputs = TaskInputs(infra=record.inputs.infra or record.spec.cloud.value, envs=record.inputs.envs,
                         secret_digests=record.inputs.secrets, resolution=record.inputs.resolution)
     # The text parsed again (not the bound spec): the submission binds it with these inputs, once.
-    spec = dataclasses.replace(parse_task(record.text, source=record.source), files=record.spec.files)
+    # Read as stored (not strict): a version an earlier sky-lite accepted can be rolled back to.
+    spec = dataclasses.replace(parse_task(record.text, source=record.source, strict=False), files=record.spec.files)
     return SubmittedTask(text=record.text, source=record.source, spec=spec, inputs=inputs), target
 
 

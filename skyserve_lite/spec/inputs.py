@@ -58,11 +58,17 @@ class BoundInputs:
     envs: Pairs = ()
     secrets: Pairs = ()  # (name, digest)
     resolution: Resolution | None = None  # the placements resolved at submission
+    # Stored by a sky-lite whose cloud replicas run `setup` and `run` as the user sky unless the task says
+    # `run_as_root: true`. False for a version stored before: its replicas ran them as root, and still do
+    # (``with_legacy_user``), so an upgrade does not take root from a workload that relies on it.
+    runs_as_user: bool = False
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {"infra": self.infra, "envs": dict(self.envs), "secrets": dict(self.secrets)}
         if self.resolution is not None:
             doc["resolution"] = self.resolution.to_json()
+        if self.runs_as_user:
+            doc["runs_as_user"] = True
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -73,17 +79,20 @@ class BoundInputs:
         resolution = doc.get("resolution")
         return cls(infra=doc.get("infra"), envs=tuple(sorted(doc.get("envs", {}).items())),
                    secrets=tuple(sorted(doc.get("secrets", {}).items())),
-                   resolution=Resolution.from_json(resolution) if resolution is not None else None)
+                   resolution=Resolution.from_json(resolution) if resolution is not None else None,
+                   runs_as_user=bool(doc.get("runs_as_user", False)))
 
 
-def bind(spec: TaskSpec, bound: BoundInputs, source: str, *, fill_mounts: bool = True) -> TaskSpec:
+def bind(spec: TaskSpec, bound: BoundInputs, source: str, *, fill_mounts: bool = True,
+         strict: bool = True) -> TaskSpec:
     """``spec`` with ``bound`` applied: the infra on every candidate that names no cloud (and the region and
     zone where the candidate names none), env values over the file's, secrets by digest, and ``$NAME``
     references filled in (``fill_references``; not with ``fill_mounts`` False: a version stored before they
     were, whose snapshot names the paths as written). Raises ``SpecError`` when the infra contradicts the
-    file or a filled field is refused."""
+    file or a filled field is refused; ``strict`` False (a stored version read again, as
+    ``parse.parse_document`` says) passes over the rules added since versions were first stored."""
     if bound.infra:
-        spec = place_task(spec, parse_infra(bound.infra, "--infra", source), source)
+        spec = place_task(spec, parse_infra(bound.infra, "--infra", source), source, strict=strict)
     envs = dict(spec.envs)
     envs.update(bound.envs)
     digests = dict(spec.secrets)
@@ -97,7 +106,16 @@ def bind(spec: TaskSpec, bound: BoundInputs, source: str, *, fill_mounts: bool =
     spec = dataclasses.replace(
         spec, envs=tuple(sorted(envs.items())), unset_envs=tuple(n for n in spec.unset_envs if n not in envs),
         secrets=tuple(sorted(digests.items())), resolution=bound.resolution or spec.resolution)
-    return bind_auth_keys(fill_references(spec, source) if fill_mounts else spec)
+    return bind_auth_keys(fill_references(spec, source, strict=strict) if fill_mounts else spec)
+
+
+def with_legacy_user(spec: TaskSpec, bound: BoundInputs) -> TaskSpec:
+    """``spec`` of a stored version as its replicas ran: a version stored before replicas ran as the user
+    sky (``BoundInputs.runs_as_user`` False) runs them as root on a cloud, as it always did."""
+    if bound.runs_as_user or spec.cloud is Cloud.LOCAL:
+        return spec
+    return dataclasses.replace(spec, resources=dataclasses.replace(spec.resources, run_as_root=True),
+                               candidates=tuple(dataclasses.replace(c, run_as_root=True) for c in spec.candidates))
 
 
 def bind_auth_keys(spec: TaskSpec) -> TaskSpec:
@@ -114,7 +132,7 @@ def bind_auth_keys(spec: TaskSpec) -> TaskSpec:
                                secrets=tuple(pair for pair in spec.secrets if pair[0] not in auth.key_names))
 
 
-def fill_references(spec: TaskSpec, source: str) -> TaskSpec:
+def fill_references(spec: TaskSpec, source: str, *, strict: bool = True) -> TaskSpec:
     """``spec`` with ``$NAME`` and ``${NAME}`` filled in where SkyPilot fills them: `workdir`, `file_mounts`
     (destinations and sources), `service.tls` and the readiness probe's `path`, `post_data` (its strings)
     and `headers`.
@@ -126,7 +144,8 @@ def fill_references(spec: TaskSpec, source: str) -> TaskSpec:
       included: a request line is what access logs repeat) is refused;
     - any other name is left as written (``find_unfilled_references`` says where).
 
-    Raises ``SpecError`` naming the field when a filled value is refused."""
+    Raises ``SpecError`` naming the field when a filled value is refused; without ``strict`` (a stored
+    version) a secret named in a path is left as written, as it was before secrets were filled in."""
     envs = dict(spec.envs)
     secrets = dict(spec.secrets)
 
@@ -134,6 +153,8 @@ def fill_references(spec: TaskSpec, source: str) -> TaskSpec:
         def replace(match: re.Match[str]) -> str:
             name = match.group("braced") or match.group("bare")
             if name in secrets and not allow_secrets:
+                if not strict:
+                    return match.group(0)
                 raise SpecError(source, path, f"refers to the secret {name}: a secret is not filled into paths, "
                                               "which are stored, shown and logged; give the value in envs "
                                               "instead, or send the secret in a probe header")
@@ -237,7 +258,7 @@ def fill_file_mounts(mounts: Pairs, fill: Callable[..., str], source: str) -> Pa
     return tuple(sorted(filled.items()))
 
 
-def place_task(spec: TaskSpec, infra: Infra, source: str) -> TaskSpec:
+def place_task(spec: TaskSpec, infra: Infra, source: str, *, strict: bool = True) -> TaskSpec:
     """``spec`` with ``infra`` (``--infra``, or the cloud chosen for it) on every candidate: its cloud where
     the candidate names none, and its region and zone where the candidate names none. Raises ``SpecError``
     when the two contradict each other. An infra of any cloud (``*``) places nothing."""
@@ -245,11 +266,12 @@ def place_task(spec: TaskSpec, infra: Infra, source: str) -> TaskSpec:
         return spec
     cloud = infra.cloud
     return dataclasses.replace(
-        spec, resources=_place(spec.resources, cloud, infra.region, infra.zone, source),
-        candidates=tuple(_place(c, cloud, infra.region, infra.zone, source) for c in spec.candidates))
+        spec, resources=_place(spec.resources, cloud, infra.region, infra.zone, source, strict),
+        candidates=tuple(_place(c, cloud, infra.region, infra.zone, source, strict) for c in spec.candidates))
 
 
-def _place(resources: Resources, cloud: Cloud, region: str | None, zone: str | None, source: str) -> Resources:
+def _place(resources: Resources, cloud: Cloud, region: str | None, zone: str | None, source: str,
+           strict: bool = True) -> Resources:
     if resources.cloud is not None and resources.cloud is not cloud:
         raise SpecError(source, "resources.cloud", f"the task runs on {resources.cloud.value}, but --infra says "
                                                    f"{cloud.value}: change one of the two")
@@ -259,9 +281,10 @@ def _place(resources: Resources, cloud: Cloud, region: str | None, zone: str | N
     placed_zone = resources.zone or (zone if not resources.region or resources.region == region else None)
     # `infra: */*/us-central1-a` placed on gcp: the zone's name says its region
     zone_region = find_region_of_zone(cloud, placed_zone) if placed_zone and cloud is not Cloud.LOCAL else None
-    if placed_zone and cloud is not Cloud.LOCAL and not (resources.region or region or zone_region):
+    # Both rules below came with zone wildcards: a stored version keeps the placement it had.
+    if strict and placed_zone and cloud is not Cloud.LOCAL and not (resources.region or region or zone_region):
         raise SpecError(source, "resources.zone", f"{placed_zone!r} is not named like a zone of {cloud.value}")
-    if cloud is Cloud.LOCAL and (resources.region or resources.zone):
+    if strict and cloud is Cloud.LOCAL and (resources.region or resources.zone):
         raise SpecError(source, "resources.region" if resources.region else "resources.zone",
                         "the local cloud has no regions or zones: name a cloud with --infra or resources.infra")
     return dataclasses.replace(resources, cloud=cloud, region=resources.region or region or zone_region,

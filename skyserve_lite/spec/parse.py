@@ -141,18 +141,23 @@ def read_task(text: str, source: str = "<string>") -> SubmittedTask:
     return SubmittedTask(text=kept_text, source=source, spec=spec, inputs=inputs)
 
 
-def parse_task(text: str, source: str = "<string>") -> TaskSpec:
+def parse_task(text: str, source: str = "<string>", *, strict: bool = True) -> TaskSpec:
     """Parse task YAML text. Pure: raises ``SpecError`` on the first problem found.
 
     A secret written with its value is read as not given (``read_task`` is what keeps such values).
+    ``strict`` False reads a text an earlier sky-lite stored (``parse_document``).
     """
-    return parse_document(_load_yaml(text, source), source)
+    return parse_document(_load_yaml(text, source), source, strict=strict)
 
 
-def parse_document(document: object, source: str) -> TaskSpec:
-    parser = _Parser(source)
+def parse_document(document: object, source: str, *, strict: bool = True) -> TaskSpec:
+    """The task of a YAML document. ``strict`` (every submission) applies every rule; without it (a version
+    stored by an earlier sky-lite, read again to run it or roll back to it) the rules added since texts were
+    first stored are not applied, and what they refuse gets its earlier reading: a stored service keeps
+    running after an upgrade whatever a new submission of its text would be told (``_Parser.refuse``)."""
+    parser = _Parser(source, strict=strict)
     spec = parser.task(document)
-    validate_cross_fields(spec, source, parser.rate_keys)
+    validate_cross_fields(spec, source, parser.rate_keys, strict=strict)
     return spec
 
 
@@ -227,14 +232,21 @@ def _count_uses(root: yaml.Node) -> dict[int, int]:
 
 
 class _Parser:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *, strict: bool = True) -> None:
         self.source = source
+        self.strict = strict
         # `target_qps_per_replica` keys as written (`"A100:1"`), by accelerator name in lower case: errors
         # found across sections name the key the file has.
         self.rate_keys: dict[str, str] = {}
 
     def fail(self, path: str, problem: str) -> SpecError:
         return SpecError(self.source, path, problem)
+
+    def refuse(self, path: str, problem: str) -> None:
+        """A rule added after texts were first stored (SkyServe's stricter readings): raised for a submission,
+        passed over for a stored text, which then gets the reading it had when it was stored."""
+        if self.strict:
+            raise self.fail(path, problem)
 
     # --- generic readers -------------------------------------------------------------------------
     def mapping(self, value: object, path: str, allowed: tuple[str, ...] | None) -> Mapping[str, Any]:
@@ -571,7 +583,7 @@ class _Parser:
         for item in items:
             key = (item.name.lower(), item.count)
             if key in seen:
-                raise self.fail(path, f"{item.describe()} is named twice")
+                self.refuse(path, f"{item.describe()} is named twice")
             seen.add(key)
         return tuple(items)
 
@@ -720,8 +732,8 @@ class _Parser:
     def service_port(self, value: object, path: str) -> int:
         """`service.ports`: one port number, as SkyServe's schema takes it (not a string, not a range)."""
         if isinstance(value, str):
-            raise self.fail(path, f"must be a port number, got {_kind(value)}: write it without quotes "
-                                  "(ports: 8080), as SkyServe requires")
+            self.refuse(path, f"must be a port number, got {_kind(value)}: write it without quotes (ports: 8080), "
+                              "as SkyServe requires")
         return self.port(value, path)
 
     def tls(self, value: object, path: str) -> TlsFiles:
@@ -739,10 +751,10 @@ class _Parser:
             raise self.fail(path, f"must be a path string or a mapping, got {_kind(value)}")
         doc = self.mapping(value, path, _PROBE_KEYS)
         if doc.get("path") is None:
-            raise self.fail(_join(path, "path"), "missing; a readiness_probe mapping names the path to probe "
-                                                 f"(path: {DEFAULT_PROBE_PATH}), as SkyServe requires")
+            self.refuse(_join(path, "path"), "missing; a readiness_probe mapping names the path to probe "
+                                             f"(path: {DEFAULT_PROBE_PATH}), as SkyServe requires")
         return ReadinessProbe(
-            path=self.probe_path(doc["path"], _join(path, "path")),
+            path=self.optional(doc, "path", path, self.probe_path, DEFAULT_PROBE_PATH),
             post_data=self.optional(doc, "post_data", path, self.post_data, None),
             initial_delay_seconds=self.optional(
                 doc, "initial_delay_seconds", path, lambda v, p: self.integer(v, p, 0),
@@ -761,12 +773,12 @@ class _Parser:
         for key, item in doc.items():
             item_path = _join(path, key)
             if not isinstance(item, str):
-                raise self.fail(item_path, f"must be a string, got {_kind(item)}: quote it")
+                self.refuse(item_path, f"must be a string, got {_kind(item)}: quote it")
             if not HEADER_NAME_RE.fullmatch(key):
                 raise self.fail(item_path, "not a valid HTTP header name")
-            if any(char in item for char in "\r\n\0"):
+            if isinstance(item, str) and any(char in item for char in "\r\n\0"):
                 raise self.fail(item_path, "the value holds a line break or NUL, which no header can carry")
-        return tuple(sorted(doc.items()))
+        return self.string_map(doc, path)  # a stored number or boolean as the text it was sent as
 
     def probe_path(self, value: object, path: str) -> str:
         text = self.string(value, path)
@@ -797,8 +809,8 @@ class _Parser:
             return self.optional(doc, key, path, lambda v, p: self.number(v, p, positive=False), float(default))
 
         if doc.get("min_replicas") is None:
-            raise self.fail(_join(path, "min_replicas"), "missing; a replica_policy names its min_replicas, as "
-                                                         "SkyServe requires (or write `replicas: N` instead)")
+            self.refuse(_join(path, "min_replicas"), "missing; a replica_policy names its min_replicas, as SkyServe "
+                                                     "requires (or write `replicas: N` instead)")
         min_replicas = count("min_replicas", 0, 1)
         per_accelerator: tuple[tuple[str, float], ...] = ()
         if isinstance(doc.get("target_qps_per_replica"), dict):
@@ -856,7 +868,7 @@ class _Parser:
             item_path = _join(path, key)
             accelerator = self.accelerator(key, item_path)
             if accelerator.name.lower() in rates:
-                raise self.fail(item_path, f"{accelerator.name} is given a rate twice: one rate per accelerator")
+                self.refuse(item_path, f"{accelerator.name} is given a rate twice: one rate per accelerator")
             rates[accelerator.name.lower()] = (accelerator.name, self.number(item, item_path, positive=True))
             self.rate_keys[accelerator.name.lower()] = key
         if not rates:
@@ -864,9 +876,11 @@ class _Parser:
         return tuple(sorted(rates.values()))
 
 
-def validate_cross_fields(spec: TaskSpec, source: str, rate_keys: Mapping[str, str] | None = None) -> None:
+def validate_cross_fields(spec: TaskSpec, source: str, rate_keys: Mapping[str, str] | None = None, *,
+                          strict: bool = True) -> None:
     """Rules that span sections (checked after each section parsed on its own); ``rate_keys`` gives the
-    `target_qps_per_replica` keys as written, by accelerator name in lower case."""
+    `target_qps_per_replica` keys as written, by accelerator name in lower case; ``strict`` as
+    ``parse_document`` says."""
     policy = spec.service.replica_policy
     if policy.qps_per_accelerator:
         named = {c.accelerator.name.lower() for c in spec.resource_candidates if c.accelerator is not None}
@@ -877,6 +891,8 @@ def validate_cross_fields(spec: TaskSpec, source: str, rate_keys: Mapping[str, s
                                 "not an accelerator of resources.accelerators (or any_of/ordered): "
                                 + (", ".join(sorted(named)) or "the task names none"))
     instance_aware = spec.service.load_balancing_policy is LoadBalancingPolicy.INSTANCE_AWARE_LEAST_LOAD
+    if not strict:  # the two rules below came with SkyServe's readings: stored texts keep their own
+        instance_aware = bool(policy.qps_per_accelerator)
     if policy.qps_per_accelerator and not instance_aware:
         raise SpecError(source, "service.load_balancing_policy",
                         "a target_qps_per_replica per accelerator needs load_balancing_policy: "

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from skyserve_lite import __version__
 from skyserve_lite.codec import decode, encode
 from skyserve_lite.files.manifest import TaskFiles
-from skyserve_lite.spec.inputs import BoundInputs, bind
+from skyserve_lite.spec.inputs import BoundInputs, bind, with_legacy_user
 from skyserve_lite.spec.model import ServiceSpec, TaskSpec
 from skyserve_lite.spec.parse import parse_task
 
@@ -171,8 +171,9 @@ class VersionRecord:
     def spec(self) -> TaskSpec:
         # The text was validated when it was accepted; parsing it again gives the same value.
         source = f"{self.service} version {self.version}"
-        parsed = bind(parse_task(self.text, source=source), self.inputs, source,
-                      fill_mounts=self.inputs_json is not None)
+        # Not strict: a text an earlier sky-lite stored runs as it did, whatever rules came since.
+        parsed = with_legacy_user(bind(parse_task(self.text, source=source, strict=False), self.inputs, source,
+                                       fill_mounts=self.inputs_json is not None, strict=False), self.inputs)
         return dataclasses.replace(parsed, files=self.files) if self.files is not None else parsed
 
     @cached_property

@@ -64,9 +64,9 @@ def count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The sources of the texts ``VersionRecord`` parses from now on (it parses them still)."""
     parses: list[str] = []
 
-    def counting(text: str, source: str = "<string>") -> TaskSpec:
+    def counting(text: str, source: str = "<string>", *, strict: bool = True) -> TaskSpec:
         parses.append(source)
-        return parse_task(text, source)
+        return parse_task(text, source, strict=strict)
 
     monkeypatch.setattr(models, "parse_task", counting)
     return parses
