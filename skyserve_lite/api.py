@@ -37,7 +37,7 @@ from skyserve_lite.errors import (
     UsageError,
     WaitTimeoutError,
 )
-from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing
+from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing, merge_envs
 from skyserve_lite.spec.model import Cloud, Secret, ServiceSpec, SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import is_valid_service_name, parse_task, to_service_name
 from skyserve_lite.state.history import ServiceHistory, compute_service_history, history_start_minute
@@ -716,10 +716,7 @@ def bind_submission(task: SubmittedTask, previous: VersionRecord | None, secrets
     infra = given.infra or (None if names_cloud else runs_on or given.default_infra)
     if not names_cloud:
         infra = _choose_infra(spec, infra, task.source, notes)
-    # Inherited: only what the new file declares without a value (a variable only ever given on the
-    # command line must be given again).
-    envs = {name: value for name, value in inherited.envs if name in spec.unset_envs}
-    envs.update(given.envs)
+    envs = merge_envs(spec, inherited.envs, given.envs)
     declared = {name for name, digest in spec.secrets if not digest}
     digests = {name: digest for name, digest in inherited.secrets if name in declared}
     for name, digest in given.secret_digests:

@@ -41,7 +41,7 @@ from skyserve_lite.remote import protocol
 from skyserve_lite.remote.transport import Channel, Transport
 from skyserve_lite.remote.wire import BlobHeader, HostInfo, SubmissionOutcome, WireTask
 from skyserve_lite.spec.inputs import fill_paths
-from skyserve_lite.spec.model import SubmittedTask
+from skyserve_lite.spec.model import SubmittedTask, TaskSpec
 from skyserve_lite.state.models import ServiceRecord, VersionRecord
 
 if TYPE_CHECKING:
@@ -74,6 +74,9 @@ class RemoteController:
         self._retry_pause = retry_pause_seconds
         self._secret = submission_secret
         self._say = say or (lambda _line: None)
+        # The spec each prepared snapshot was captured from (by its digest): where its files are read again
+        # for an upload, with the envs it was filled with.
+        self._captured_from: dict[str, TaskSpec] = {}
 
     # --- the api.Controller methods --------------------------------------------------------------
     def create_service(self, name: str, task: SubmittedTask, *, endpoint_port: int | None = None) -> ServiceRecord:
@@ -101,14 +104,14 @@ class RemoteController:
 
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                     reuse_identical_files: bool = False) -> UpdatePlan:
-        wire = self._prepare(task)  # hashed here; the host compares manifests, it needs no bytes for a plan
+        wire = self._prepare(task, name)  # hashed here; the host compares manifests, it needs no bytes for a plan
         return cast(UpdatePlan, decode(UpdatePlan, self._call("plan_update", {
             "name": name, "task": encode(wire), "mode": mode.value, "reuse_identical_files": reuse_identical_files})))
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None,
                       reuse_identical_files: bool = False) -> VersionRecord:
-        wire = self._prepare(task)
+        wire = self._prepare(task, name)
         # Not expect_version: a rerun plans again, from the version the lost first run may have stored.
         key = self._submission_key("submit_update", name, wire, {
             "mode": mode.value, "note": note, "reuse_identical_files": reuse_identical_files})
@@ -151,14 +154,23 @@ class RemoteController:
         return cast(HostInfo, decode(HostInfo, self._call("describe", {})))
 
     # --- submissions -----------------------------------------------------------------------------
-    def _prepare(self, task: SubmittedTask) -> WireTask:
-        """The task with its files hashed here (read once, stored nowhere); ``file_mounts`` are captured at
-        the paths the host will fill in from envs (the file's and those given now)."""
-        spec = fill_paths(task)
+    def _prepare(self, task: SubmittedTask, updating: str | None = None) -> WireTask:
+        """The task with its files hashed here (read once, stored nowhere), captured at the paths the host
+        fills in from envs: the file's, those given now and, for an update of the service ``updating``, the
+        current version's values of what the file leaves null (asked of the host only when such a name is
+        not given now and files are captured)."""
+        inherited: tuple[tuple[str, str], ...] = ()
+        given = {name for name, _ in task.inputs.envs}
+        if updating is not None and needs_capture(task.spec) and any(n not in given for n in task.spec.unset_envs):
+            state = self.get_rollout_state(updating)
+            inherited = state.version(state.service.current_version).inputs.envs
+        spec = fill_paths(task, inherited)
         if needs_capture(spec):
             files = capture_task_files(spec, find_task_dir(task.source), task.source, None,
                                        ControllerSettings.from_env().snapshot_limit_bytes)
             task = dataclasses.replace(task, spec=dataclasses.replace(spec, files=files))
+            if files is not None:
+                self._captured_from[files.digest] = spec
         return WireTask.of(task)
 
     def _submission_key(self, method: str, name: str, wire: WireTask, options: dict[str, Any]) -> str:
@@ -194,7 +206,8 @@ class RemoteController:
         if not digests or wire.files is None:
             return
         task = wire.to_task()
-        paths = find_local_paths(fill_paths(task), find_task_dir(task.source), wire.files)
+        spec = self._captured_from.get(wire.files.digest) or fill_paths(task)
+        paths = find_local_paths(spec, find_task_dir(task.source), wire.files)
         batch: list[tuple[str, Path, int]] = []
         size = 0
         for digest in digests:

@@ -213,10 +213,20 @@ def fill_json_strings(value: Any, fill: Callable[[str], str]) -> Any:
     return value
 
 
-def fill_paths(task: SubmittedTask) -> TaskSpec:
-    """``task``'s spec with the file's envs and those given now filled in as the controller fills them when it
-    binds the task: the paths a client reads its files from before sending it."""
-    envs = {**dict(task.spec.envs), **dict(task.inputs.envs)}
+def merge_envs(spec: TaskSpec, inherited: Pairs, given: Pairs) -> dict[str, str]:
+    """The env values a submission binds over the file's own: those given now, over the previous version's
+    (``inherited``) for the names the file declares without a value. A variable only ever given on the
+    command line must be given again."""
+    envs = {name: value for name, value in inherited if name in spec.unset_envs}
+    envs.update(given)
+    return envs
+
+
+def fill_paths(task: SubmittedTask, inherited: Pairs = ()) -> TaskSpec:
+    """``task``'s spec with envs filled in as the controller fills them when it binds the task (the file's,
+    and ``merge_envs`` of ``inherited``, the current version's, and those given now): the paths a client
+    reads its files from before sending it."""
+    envs = {**dict(task.spec.envs), **merge_envs(task.spec, inherited, task.inputs.envs)}
     return fill_references(dataclasses.replace(task.spec, envs=tuple(sorted(envs.items()))), task.source)
 
 

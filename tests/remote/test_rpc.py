@@ -208,6 +208,27 @@ def test_a_submission_uploads_only_the_blobs_the_host_lacks(home: Path, tmp_path
     assert {e.path for e in files.workdir.entries if e.digest} == {f"file{i}.txt" for i in range(5)}
 
 
+def test_an_update_fills_paths_with_the_current_versions_env_as_the_host_does(home: Path, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyserve_lite.spec.inputs import with_inputs
+
+    source = tmp_path / "project"
+    (source / "data").mkdir(parents=True)
+    (source / "data" / "a.txt").write_text("one\n")
+    monkeypatch.chdir(source)
+    text = TASK.format(replicas=1) + "envs:\n  DIR: null\nworkdir: ./$DIR\n"
+    remote = RemoteController(Recording(home))
+    path = _task_file(source, text)
+    remote.create_service("web", with_inputs(load_task_file(path), (("DIR", "data"),), (), None))
+    (source / "data" / "a.txt").write_text("two\n")
+    # DIR is not given again: the host binds the current version's value, and the client reads the files there.
+    version = remote.submit_update("web", load_task_file(path), UpdateMode.ROLLING)
+    assert version.version == 2 and version.spec.workdir == "./data"
+    files = version.files
+    assert files is not None and files.workdir is not None
+    assert {e.path for e in files.workdir.entries if e.digest} == {"a.txt"}
+
+
 def test_blobs_collected_after_the_upload_are_uploaded_again(home: Path, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     source = tmp_path / "project"
