@@ -36,7 +36,7 @@ from typing import Any
 
 from skyserve_lite.errors import ProviderError, TransientProviderError
 from skyserve_lite.providers.aws import TAG_CONTROLLER, AwsPermanentError, AwsProvider
-from skyserve_lite.providers.cloud_secrets import compute_secret_prefix
+from skyserve_lite.providers.cloud_secrets import check_controller_id, compute_secret_prefix
 from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest, wait_until_running
 from skyserve_lite.providers.staging import compute_bucket_prefix
 
@@ -71,6 +71,10 @@ class AwsScope:
     account: str
     controller_id: str  # of the VM's own state directory: its ``sky-lite:controller`` tag, its buckets' prefix
     replica_role: str  # the role its replicas get: the only one it may pass
+
+    def __post_init__(self) -> None:
+        # The id lands in resource ARNs, where "*" would grant every controller's buckets and secrets.
+        check_controller_id(self.controller_id)
 
     def arn(self, service: str, resource: str, *, region: str = "*", account: str | None = None) -> str:
         return f"arn:{self.partition}:{service}:{region}:{self.account if account is None else account}:{resource}"

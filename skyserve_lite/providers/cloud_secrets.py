@@ -12,6 +12,12 @@ never the value. ``_`` separates the parts because neither a controller id (12 h
 (a DNS label) holds one: ``sky-lite_<id>_web_`` starts the names of service ``web`` and of no other, and
 ``sky-lite_<id>_`` those of one controller (the prefix its replicas' identity is granted).
 
+A prefix ends up in IAM policies (an AWS resource ARN, where ``*`` and ``?`` are wildcards) and in GCP IAM
+conditions (a CEL string literal), so ``compute_secret_prefix`` refuses a part holding anything but letters,
+digits and ``-``: a controller id ``*`` would otherwise make ``sky-lite_*_`` (every controller's secrets).
+Where a controller id comes from a controller VM (which could be compromised), ``check_controller_id`` holds it
+to the exact form a store makes.
+
 A version is forgotten only with its service (the store deletes versions with the service and never
 before), so the secrets some version of a service names are all of that service's secrets until the service
 goes: ``release_service`` deletes them then (`serve down`; the controller retries it until it succeeds,
@@ -22,6 +28,7 @@ A cloud gives a ``SecretBackend``: its secret store's calls, translated to ``Pro
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,10 +37,27 @@ from skyserve_lite.providers.base import LaunchRequest
 from skyserve_lite.spec.model import Pairs, Secret
 
 SECRET_PREFIX = "sky-lite_"
+# What ``Store`` makes once per state directory (``uuid4().hex[:12]``) and no other form: 48 random bits.
+CONTROLLER_ID = re.compile(r"[0-9a-f]{12}")
+# What a prefix may hold at all: no wildcard of an IAM policy (``*``, ``?``), no ``_`` (the separator), no quote.
+_NAME_PART = re.compile(r"[A-Za-z0-9-]{1,64}")
+
+
+def check_controller_id(controller_id: str) -> str:
+    """``controller_id`` if it has the form a store makes (``CONTROLLER_ID``: 12 lowercase hex digits). Raises
+    ``ValueError`` otherwise: what a controller's permissions are scoped to must never be a pattern."""
+    if not CONTROLLER_ID.fullmatch(controller_id):
+        raise ValueError(f"controller id {controller_id[:40]!r} is not one a sky-lite store makes (12 lowercase "
+                         "hex digits)")
+    return controller_id
 
 
 def compute_secret_prefix(controller_id: str, service: str | None = None) -> str:
-    """What the name of every secret of ``controller_id`` (of its ``service``, when given) starts with."""
+    """What the name of every secret of ``controller_id`` (of its ``service``, when given) starts with. Raises
+    ``ValueError`` for a part holding anything but letters, digits and ``-`` (or longer than 64 characters)."""
+    for what, part in (("controller id", controller_id), ("service", service)):
+        if part is not None and not _NAME_PART.fullmatch(part):
+            raise ValueError(f"{what} {part[:40]!r}: a secret's name takes only letters, digits and '-'")
     return f"{SECRET_PREFIX}{controller_id}_" + (f"{service}_" if service is not None else "")
 
 

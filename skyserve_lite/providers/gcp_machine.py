@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyserve_lite.errors import TransientProviderError
-from skyserve_lite.providers.cloud_secrets import compute_secret_prefix
+from skyserve_lite.providers.cloud_secrets import check_controller_id, compute_secret_prefix
 from skyserve_lite.providers.gcp import DEFAULT_IMAGE, GcpPermanentError, GcpProvider, _as_dict, _image_url
 from skyserve_lite.providers.gcp_iam import CLOUD_PLATFORM, Condition, GcpIam, Grant
 from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest, wait_until_running
@@ -98,6 +98,10 @@ class GcpScope:
     project_number: str  # what IAM's resource names of secrets carry instead of the project id
     controller_id: str  # of the VM's own state directory: the prefix of its buckets and secrets
     replica_account: str  # the service account its replicas run as (``replica_account_email``)
+
+    def __post_init__(self) -> None:
+        # The id lands in IAM conditions, where a pattern or a quote would reach other controllers' resources.
+        check_controller_id(self.controller_id)
 
     @property
     def project_resource(self) -> str:

@@ -2,8 +2,8 @@
 
 The record is ``controller.json`` in the local state directory (mode 0600): where the host is, how to log
 in (user, port, key file: a path, never the key), the host keys pinned at `controller up`, the remote state
-directory, and for a VM sky-lite launched, what it launched. ``SKY_LITE_CONTROLLER`` overrides the choice
-for one command: ``local``, or ``ssh://USER@HOST:PORT``.
+directory, and for a VM sky-lite launched, what it launched and the controller id its permissions are scoped
+to. ``SKY_LITE_CONTROLLER`` overrides the choice for one command: ``local``, or ``ssh://USER@HOST:PORT``.
 """
 
 from __future__ import annotations
@@ -39,11 +39,16 @@ class CloudMachine:
 
 @dataclass(frozen=True)
 class ControllerRecord:
+    """``controller_id`` is the id a controller VM's controller said at its first `controller up`, which its
+    identity's permissions are scoped to (``hosting.grant_machine``); a later `controller up` refuses a VM that
+    says another. Empty until then, and for an ``--ssh`` host (whose permissions are not sky-lite's)."""
+
     target: SshTarget
     remote_home: str  # absolute path on the host
     host_keys: tuple[str, ...]  # known_hosts lines pinned at `controller up`
     fingerprint: str  # of the first pinned key, for messages
     machine: CloudMachine | None = None
+    controller_id: str = ""
 
     @property
     def venv(self) -> str:

@@ -6,9 +6,12 @@ the cloud's ``Machines``: ``aws_machine``, ``gcp_machine``), then pins the host 
 connection that trusts only the cloud's word (for a VM sky-lite launched), the key the user named, the keys
 pinned before, or on first contact with an ``--ssh`` host the key it presents (``ssh.plan_host_keys``);
 a key scan never decides what is trusted. A VM's identity gets its permissions last, once its controller
-has said its controller id (what they are scoped to). The record is written as soon as a VM exists, so a
-failed bootstrap leaves something `controller down` can remove; running `controller up` again resumes from
-it. ``take_down_machine`` is the reverse.
+has said its controller id (what they are scoped to). That id is the VM's word, and a VM may be compromised
+by the time of a later `controller up`: the id must have the form a store makes (never a pattern such as
+``*``), and the first one a VM says is pinned in the record, so a later `controller up` refuses another
+(``find_controller_id``) rather than re-scope the VM's permissions to what it asks for. The record is written
+as soon as a VM exists, so a failed bootstrap leaves something `controller down` can remove; running
+`controller up` again resumes from it. ``take_down_machine`` is the reverse.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import secrets
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -88,8 +91,10 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
     pinned = previous.host_keys if previous is not None and same_host else ()
     keys = establish_host_keys(home, target, pinned=pinned, cloud=cloud_keys, expected=request.host_key_fingerprint,
                                say=say)
+    pinned_id = find_pinned_controller_id(previous, machine)
     record = ControllerRecord(target=target, remote_home=previous.remote_home if previous and same_host else "",
-                              host_keys=tuple(keys), fingerprint=ssh.fingerprint(keys[0]), machine=machine)
+                              host_keys=tuple(keys), fingerprint=ssh.fingerprint(keys[0]), machine=machine,
+                              controller_id=pinned_id)
     config.save_pinned_keys(home, record)
     if machine is not None:
         config.save_record(home, record)  # a VM exists: record it before anything else can fail
@@ -102,11 +107,48 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
                               settings=host_settings_of(record))
     install_wheel(shell, plan, home_there, restart=False, say=say)
     record = ControllerRecord(target=target, remote_home=home_there, host_keys=tuple(keys),
-                              fingerprint=record.fingerprint, machine=machine)
+                              fingerprint=record.fingerprint, machine=machine, controller_id=pinned_id)
     config.save_record(home, record)
     if machine is not None:
-        grant_machine(home, record, say)
+        record = grant_machine(home, record, say)
     return record
+
+
+def find_pinned_controller_id(previous: ControllerRecord | None, machine: CloudMachine | None) -> str:
+    """The controller id pinned for ``machine``: the previous record's when it is of this very instance, else ""
+    (an instance new to this record: its first bootstrap pins one). An instance that replaced the recorded
+    one booted from the image, not from the old disk, so its new state directory has a new id; a VM cannot
+    make itself a new instance (powered off, it stays the same one)."""
+    if previous is None or previous.machine is None or machine is None:
+        return ""
+    if (previous.machine.cloud, previous.machine.instance_id) != (machine.cloud, machine.instance_id):
+        return ""
+    return previous.controller_id
+
+
+def find_controller_id(record: ControllerRecord, reported: str | None) -> str:
+    """The controller id to scope ``record``'s VM permissions to, from what its controller ``reported``: it
+    must be a store's (``cloud_secrets.check_controller_id``) and the one pinned in ``record`` if any. Raises
+    ``ControllerError`` saying which, and that nothing was granted."""
+    from skyserve_lite.providers.cloud_secrets import check_controller_id
+
+    where = record.target.url
+    if not reported:
+        raise ControllerError(f"the controller on {where} did not say its controller id; run "
+                              "`sky-lite controller up` again")
+    try:
+        controller_id = check_controller_id(reported)
+    except ValueError as exc:
+        raise ControllerError(f"the controller on {where} says its controller id is {reported[:40]!r}, which is not "
+                              "one a sky-lite store makes (12 lowercase hex digits); nothing was granted: the VM "
+                              "may be compromised") from exc
+    if record.controller_id and controller_id != record.controller_id:
+        raise ControllerError(
+            f"the controller on {where} says its controller id is {controller_id}, but {record.controller_id} "
+            "was pinned when this VM was first set up; nothing was granted: its state directory was replaced, "
+            "or the VM is compromised. If you replaced it, `sky-lite controller down` and `controller up` make a "
+            "new VM")
+    return controller_id
 
 
 def establish_host_keys(home: Path, target: SshTarget, *, pinned: Sequence[str], cloud: Sequence[str] | None,
@@ -245,20 +287,34 @@ def _emulated_host_keys(home: Path, instance_id: str) -> tuple[str, ...]:
     return (path.read_text().strip(),)
 
 
-def grant_machine(home: Path, record: ControllerRecord, say: Say) -> None:
+def grant_machine(home: Path, record: ControllerRecord, say: Say) -> ControllerRecord:
     """Give the recorded VM's identity the permissions its controller needs, scoped to the controller id its
-    state directory has (asked over the protocol: a VM an older sky-lite set up has its own). Idempotent."""
+    state directory has (asked over the protocol: a VM an older sky-lite set up has its own), through
+    ``apply_grant``. Idempotent; the record as saved."""
     from skyserve_lite.remote.connect import open_remote
 
     machine = record.machine
     assert machine is not None
-    controller_id = open_remote(home, record).describe().controller_id
-    if not controller_id:
-        raise ControllerError(f"the controller on {record.target.url} did not say its controller id; run "
-                              "`sky-lite controller up` again")
+    reported = open_remote(home, record).describe().controller_id
     machines, _region = _machines(home, machine.cloud, machine.machine_id, machine.region)
+    return apply_grant(home, record, reported, machines, say)
+
+
+def apply_grant(home: Path, record: ControllerRecord, reported: str | None, machines: Machines, say: Say
+                ) -> ControllerRecord:
+    """Grant ``record``'s VM what its controller needs for the id it ``reported`` (``find_controller_id``
+    decides; refused, nothing is granted or saved), pinning that id in the record first if none is.
+    Idempotent; the record as saved. Raises ``ControllerError`` or ``ProviderError``."""
+    machine = record.machine
+    assert machine is not None
+    controller_id = find_controller_id(record, reported)
+    if record.controller_id != controller_id:
+        record = replace(record, controller_id=controller_id)
+        config.save_record(home, record)
+        say(f"pinned controller id {controller_id}: a later `controller up` refuses this VM saying another")
     for line in machines.grant(machine.machine_id, machine.zone or machine.region, controller_id):
         say(line)
+    return record
 
 
 def take_down_machine(home: Path, machine: CloudMachine, say: Say) -> None:
