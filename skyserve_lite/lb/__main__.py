@@ -4,10 +4,10 @@
 
 Reads the service's READY replicas and policy from the state store under ``--home``, writes the per-second
 request counts and the load reports back to it, and serves until SIGTERM/SIGINT or until the service is
-deleted from the store. At start it raises its soft limit on open files to the hard limit.
-``SKY_LITE_LB_HOLD_SECONDS`` (default 30) is how long a request waits for a READY replica before it gets
-503; ``SKY_LITE_LB_MAX_CONNECTIONS`` (default: from the open-file limit, see ``lb.settings``) how many
-client connections are served at once.
+deleted from the store. At start it raises its soft limit on open files to the hard limit. Its
+settings are the ``SKY_LITE_LB_*`` variables (``lb.settings``): how long a request is held for a READY
+replica, how many client connections it serves (in all and per client address), the deadlines for a
+request head, an idle connection and a replica's answer, and when a failing replica is ejected.
 
 When the service's current version has `service.tls`, it serves HTTPS with that version's key and
 certificate, written to ``$SKY_LITE_HOME/lb/<service>/tls`` (0700, files 0600) and removed on exit; an
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -37,9 +38,10 @@ from skyserve_lite.errors import SkyLiteError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.files.manifest import Manifest
 from skyserve_lite.lb.listener import raise_open_file_limit
+from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
 from skyserve_lite.lb.server import serve
-from skyserve_lite.lb.settings import LbSettings, compute_default_max_connections
+from skyserve_lite.lb.settings import ConnectionLimits, LbSettings
 from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
 
 if TYPE_CHECKING:
@@ -124,7 +126,9 @@ def _run_until_complete(coro: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(coro)
 
 
-async def _run(home: Path, service: str, host: str, port: int, hold_seconds: float, max_connections: int) -> int:
+async def _run(
+    home: Path, service: str, host: str, port: int, settings: LbSettings, limits: ConnectionLimits
+) -> int:
     from skyserve_lite.state.store import Store  # the store is needed by the process only, not by the server
 
     loop = asyncio.get_running_loop()
@@ -144,7 +148,10 @@ async def _run(home: Path, service: str, host: str, port: int, hold_seconds: flo
             StoreTargetSource(store, service),
             StoreMetricsSink(store, service),
             SystemClock(),
-            hold_seconds=hold_seconds,
+            hold_seconds=settings.hold_seconds,
+            upstream=upstream_factory(settings),
+            eject_after_failures=settings.eject_after_failures,
+            eject_seconds=settings.eject_seconds,
         )
         log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
         try:
@@ -155,7 +162,7 @@ async def _run(home: Path, service: str, host: str, port: int, hold_seconds: flo
             return 1
         reloading = asyncio.create_task(tls.run(), name=f"lb-tls-{service}")
         try:
-            await serve(lb, host, port, stop, max_connections, ssl_context=lambda: tls.context)
+            await serve(lb, host, port, stop, limits, ssl_context=lambda: tls.context)
         except OSError as exc:  # serve raises OSError only when the port cannot be bound
             print(
                 f"sky-lite load balancer for service {service}: cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -173,13 +180,23 @@ async def _run(home: Path, service: str, host: str, port: int, hold_seconds: flo
     return 0
 
 
-def _start_limits(settings: LbSettings) -> int:
-    """Raise the open-file limit and log it; the connection limit to serve with."""
+def upstream_factory(settings: LbSettings) -> functools.partial[PooledUpstream]:
+    """The upstream client the load balancer creates at start, with the settings' response timeout."""
+    return functools.partial(PooledUpstream, response_timeout=settings.upstream_timeout_seconds)
+
+
+def start_limits(settings: LbSettings) -> ConnectionLimits:
+    """Raise the open-file limit and log it; the connection limits to serve with."""
     before, limit = raise_open_file_limit()
-    max_connections = settings.max_connections or compute_default_max_connections(limit)
+    limits = settings.connection_limits(limit)
     raised = f"raised from {before} to {limit}" if limit != before else f"{limit}"
-    log.info("open-file limit %s; at most %d client connections", raised, max_connections)
-    return max_connections
+    log.info(
+        "open-file limit %s; at most %d client connections, %d per client address",
+        raised,
+        limits.max_connections,
+        limits.per_client,
+    )
+    return limits
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,10 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = LbSettings.from_env(os.environ)
-        max_connections = _start_limits(settings)
-        return _run_until_complete(
-            _run(Path(args.home), args.service, args.host, args.port, settings.hold_seconds, max_connections)
-        )
+        limits = start_limits(settings)
+        return _run_until_complete(_run(Path(args.home), args.service, args.host, args.port, settings, limits))
     except SkyLiteError as exc:  # e.g. the store cannot be opened
         print(f"sky-lite load balancer for service {args.service}: {exc}", file=sys.stderr)
         return exc.exit_code

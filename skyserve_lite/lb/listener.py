@@ -8,17 +8,22 @@ accepting itself:
 
 * A listening socket is read (``loop.add_reader``) while the listener accepts; each wake-up accepts what
   is waiting, up to ``ACCEPT_BATCH`` connections, and hands each to asyncio as a transport.
-* With ``max_connections`` open, a new connection is refused: it gets ``refusal`` (the server's 503 with
-  ``Connection: close``) and is closed at once, holding its file descriptor for microseconds. Keeping the
-  limit below the open-file limit is what keeps the next failure mode away.
+* A connection from an address that has ``max_per_client`` open already is refused: it gets
+  ``client_refusal`` (the server's 503 with ``Connection: close``) and is closed at once, holding its file
+  descriptor for microseconds.
+* With ``max_connections`` open, a new connection asks the server to close its longest idle one
+  (``evict``) and takes its place; when none is idle it is refused with ``refusal`` the same way. Keeping
+  the limit below the open-file limit is what keeps the next failure mode away.
 * When accepting fails (EMFILE or ENFILE: no file descriptor left; ENOBUFS, ENOMEM), the listener stops
   reading its sockets until a connection closes or ``backoff_seconds`` pass, whichever comes first. New
   connections wait in the kernel's backlog meanwhile, and every open connection goes on being served.
 * With TLS (``ssl_context`` gives a context, read afresh for every connection, so a new certificate is
-  used from the next one on), asyncio does the handshake before the protocol sees the connection. A
-  refused connection is closed without the 503, which a TLS client could not read anyway.
-* Refusals, failed accepts and failed TLS handshakes (a plain-HTTP client, a scanner) are logged once per
-  ``log_interval`` each, with the count since the last line (``IntervalTally``), never once per connection.
+  used from the next one on), asyncio does the handshake, within ``handshake_seconds``, before the
+  protocol sees the connection. A refused connection is closed without the 503, which a TLS client could
+  not read anyway.
+* Refusals (per kind), idle connections closed to make room, failed accepts and failed TLS handshakes (a
+  plain-HTTP client, a scanner) are logged once per ``log_interval`` each, with the count since the last
+  line (``IntervalTally``), never once per connection.
 
 ``raise_open_file_limit`` raises the process's soft limit on open files to its hard limit, for the process
 entry point to call at start: many systems start processes at a soft limit of 1,024 with a hard limit of
@@ -38,7 +43,7 @@ import ssl
 from collections.abc import Callable
 from typing import Final
 
-from skyserve_lite.lb.settings import MAX_CONNECTIONS_VARIABLE
+from skyserve_lite.lb.settings import MAX_CONNECTIONS_PER_CLIENT_VARIABLE, MAX_CONNECTIONS_VARIABLE
 
 __all__ = [
     "ACCEPT_BACKOFF_SECONDS",
@@ -158,18 +163,20 @@ def bind_listening_sockets(host: str, port: int, backlog: int = LISTEN_BACKLOG) 
 
 
 class _Slot:
-    """One accepted connection's place under ``max_connections``; ``release`` gives it back once."""
+    """One accepted connection's place under ``max_connections`` and its address's under
+    ``max_per_client``; ``release`` gives both back once."""
 
-    __slots__ = ("_listener", "_released")
+    __slots__ = ("_client", "_listener", "_released")
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: Listener, client: str) -> None:
         self._listener = listener
+        self._client = client
         self._released = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._listener._connection_closed()
+            self._listener._connection_closed(self._client)
 
 
 class Listener:
@@ -178,8 +185,10 @@ class Listener:
     ``make_protocol(release)`` builds the protocol of an accepted connection; the protocol must call
     ``release`` when its connection is lost (more calls are ignored). ``name`` starts every log line.
     ``ssl_context()`` is asked for every accepted connection: a context serves it over TLS, None in plain
-    text. The constructor only stores its arguments; ``start`` binds and listens, ``close`` stops. Used from
-    one event loop; not reusable after ``close``.
+    text. ``evict()`` is asked, at ``max_connections``, to close an idle connection (True when it did; its
+    ``release`` may come later). ``max_per_client`` None puts no limit per address. The constructor only
+    stores its arguments; ``start`` binds and listens, ``close`` stops. Used from one event loop; not
+    reusable after ``close``.
     """
 
     def __init__(
@@ -191,6 +200,10 @@ class Listener:
         backoff_seconds: float = ACCEPT_BACKOFF_SECONDS,
         log_interval: float = LOG_INTERVAL_SECONDS,
         ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
+        max_per_client: int | None = None,
+        client_refusal: bytes = b"",
+        evict: Callable[[], bool] = lambda: False,
+        handshake_seconds: float | None = None,
     ) -> None:
         self._make_protocol = make_protocol
         self._refusal = refusal
@@ -198,9 +211,18 @@ class Listener:
         self._max_connections = max_connections
         self._backoff_seconds = backoff_seconds
         self._ssl_context = ssl_context
+        self._max_per_client = max_per_client
+        self._client_refusal = client_refusal or refusal
+        self._evict = evict
+        self._handshake_seconds = handshake_seconds
+        self._per_client: dict[str, int] = {}
         self._refused = IntervalTally(log_interval)
+        self._refused_client = IntervalTally(log_interval)
+        self._evicted = IntervalTally(log_interval)
         self._failed = IntervalTally(log_interval)
         self._handshakes = IntervalTally(log_interval)
+        self._tallies = (self._refused, self._refused_client, self._evicted, self._failed, self._handshakes)
+        self._last_client = ""
         self._last_error = ""
         self._last_handshake_error = ""
         self._sockets: list[socket.socket] = []
@@ -216,6 +238,10 @@ class Listener:
     def open_connections(self) -> int:
         """Connections accepted and not released yet."""
         return self._open
+
+    def open_from(self, client: str) -> int:
+        """Connections accepted from the address ``client`` and not released yet."""
+        return self._per_client.get(client, 0)
 
     def start(self, host: str, port: int) -> list[tuple[str, int]]:
         """Listen on ``host:port`` and start accepting; the bound (host, port) pairs. Raises OSError."""
@@ -258,7 +284,7 @@ class Listener:
     def _accept(self, listening: socket.socket) -> None:
         for _ in range(ACCEPT_BATCH):
             try:
-                connection, _ = listening.accept()
+                connection, address = listening.accept()
             except (BlockingIOError, InterruptedError):
                 return  # nothing more waits
             except ConnectionAbortedError:
@@ -266,19 +292,33 @@ class Listener:
             except OSError as exc:
                 self._back_off(exc)
                 return
-            if self._open >= self._max_connections:
-                self._refuse(connection)
+            client = str(address[0]) if isinstance(address, tuple) and address else ""
+            if self._max_per_client is not None and self._per_client.get(client, 0) >= self._max_per_client:
+                self._last_client = client
+                self._refuse(connection, self._client_refusal, self._refused_client)
+            elif self._open >= self._max_connections and not self._make_room():
+                self._refuse(connection, self._refusal, self._refused)
             else:
-                self._admit(connection)
+                self._admit(connection, client)
 
-    def _admit(self, connection: socket.socket) -> None:
+    def _make_room(self) -> bool:
+        if not self._evict():
+            return False
+        self._count(self._evicted)
+        return True
+
+    def _admit(self, connection: socket.socket, client: str) -> None:
         loop = self._loop
         assert loop is not None
         connection.setblocking(False)
         self._open += 1
-        slot = _Slot(self)
-        task = loop.create_task(loop.connect_accepted_socket(lambda: self._make_protocol(slot.release), connection,
-                                                             ssl=self._ssl_context()))
+        self._per_client[client] = self._per_client.get(client, 0) + 1
+        slot = _Slot(self, client)
+        context = self._ssl_context()
+        extra = {"ssl_handshake_timeout": self._handshake_seconds} if context is not None else {}
+        task = loop.create_task(
+            loop.connect_accepted_socket(lambda: self._make_protocol(slot.release), connection, ssl=context, **extra)
+        )
         self._admitting.add(task)
         task.add_done_callback(lambda done: self._admitted(done, connection, slot))
 
@@ -301,16 +341,16 @@ class Listener:
             elif error is not None:
                 log.warning("%s: setting up an accepted connection failed: %s", self._name, error)
 
-    def _refuse(self, connection: socket.socket) -> None:
+    def _refuse(self, connection: socket.socket, refusal: bytes, tally: IntervalTally) -> None:
         with contextlib.suppress(OSError):
             connection.setblocking(False)
             with contextlib.suppress(BlockingIOError):
                 connection.recv(_REFUSAL_DRAIN)
             if self._ssl_context() is None:
-                connection.send(self._refusal)
+                connection.send(refusal)
             connection.shutdown(socket.SHUT_WR)
         connection.close()
-        self._count(self._refused)
+        self._count(tally)
 
     def _back_off(self, exc: OSError) -> None:
         loop = self._loop
@@ -327,8 +367,13 @@ class Listener:
         self._resume_handle = None
         self._read()
 
-    def _connection_closed(self) -> None:
+    def _connection_closed(self, client: str) -> None:
         self._open -= 1
+        left = self._per_client.get(client, 0) - 1
+        if left > 0:
+            self._per_client[client] = left
+        else:
+            self._per_client.pop(client, None)
         if self._resume_handle is not None:  # paused for want of descriptors: one just came free
             self._resume_handle.cancel()
             self._resume()
@@ -347,7 +392,7 @@ class Listener:
         assert loop is not None
         if self._log_handle is not None or self._closed:
             return
-        due = [at for at in (self._refused.due_at, self._failed.due_at, self._handshakes.due_at) if at is not None]
+        due = [tally.due_at for tally in self._tallies if tally.due_at is not None]
         if due:
             self._log_handle = loop.call_at(min(due), self._log_due_and_reschedule)
 
@@ -358,7 +403,7 @@ class Listener:
         self._schedule_log()
 
     def _log_due(self, now: float) -> None:
-        for tally in (self._refused, self._failed, self._handshakes):
+        for tally in self._tallies:
             count = tally.take_due(now)
             if count:
                 self._log(tally, count)
@@ -368,6 +413,25 @@ class Listener:
             log.warning(
                 "%s: refused %d connection(s) since the last report: %d client connections are open, the limit "
                 "set by %s",
+                self._name,
+                count,
+                self._open,
+                MAX_CONNECTIONS_VARIABLE,
+            )
+        elif tally is self._refused_client:
+            log.warning(
+                "%s: refused %d connection(s) since the last report from client addresses at their limit of %d "
+                "connections, set by %s (the last from %s)",
+                self._name,
+                count,
+                self._max_per_client,
+                MAX_CONNECTIONS_PER_CLIENT_VARIABLE,
+                self._last_client,
+            )
+        elif tally is self._evicted:
+            log.info(
+                "%s: closed %d idle connection(s) since the last report to make room for new ones (%d open, the "
+                "limit set by %s)",
                 self._name,
                 count,
                 self._open,

@@ -5,6 +5,11 @@ and a buffered body with one ``transport.write``, and let aiohttp's response par
 built) frame the answer: Content-Length, chunked, a body that ends with the connection, and no body for
 HEAD, 1xx, 204 and 304. The parser feeds the body into an aiohttp ``StreamReader``, which pauses reading
 from the replica while the load balancer has not taken what it holds (back-pressure from a slow client).
+
+Requests waiting for a response head are checked against the response timeout by one sweep (every
+``TIMEOUT_SWEEP_SECONDS``, while any waits), not by a timer per request. A 101 answer to a request sent
+with ``upgrade`` turns its connection into a tunnel (``_Tunnel``): the bytes after the head go to a reader,
+and the connection never returns to the pool.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
 from multidict import CIMultiDict, istr
 from yarl import URL
 
+from skyserve_lite.lb.settings import DEFAULT_UPSTREAM_TIMEOUT_SECONDS
 from skyserve_lite.lb.upstream import (
     CONNECT_TIMEOUT_SECONDS,
     POOL_KEEPALIVE_SECONDS,
@@ -27,15 +33,20 @@ from skyserve_lite.lb.upstream import (
     UpstreamError,
     UpstreamResetError,
     UpstreamResponse,
+    UpstreamTimeoutError,
     describe,
 )
 
-__all__ = ["READ_LIMIT", "PooledUpstream"]
+__all__ = ["READ_LIMIT", "TIMEOUT_SWEEP_SECONDS", "PooledUpstream"]
 
 # Response body buffered per connection before reading from the replica pauses: aiohttp's default read
 # buffer. The reader pauses above twice this (128 KiB) and resumes below it, so a slow client holds at most
 # that plus one socket read (256 KiB) per streamed response.
 READ_LIMIT: Final = 64 * 1024
+
+# How often requests waiting for a response head are checked against the response timeout: one timer a
+# second for the whole pool rather than one per request, so a timeout fires up to a second late.
+TIMEOUT_SWEEP_SECONDS: Final = 1.0
 
 _CONTENT_LENGTH = istr("Content-Length")
 # Methods whose requests carry no body by convention; the others get "Content-Length: 0" when they have
@@ -50,14 +61,18 @@ class _Connection(BaseProtocol):
 
     ``begin`` arms a fresh response parser and returns the future of the response head. The parser feeds
     the body into the ``StreamReader`` it creates, which pauses reading from the socket when its buffer is
-    full. A connection that receives bytes nobody asked for, or an invalid response, is closed.
+    full. A connection that receives bytes nobody asked for, or an invalid response, is closed. After a
+    101 to a request that asked for it, every byte goes to ``tunnel`` instead.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
         self.idle_since = 0.0
+        self.head_deadline = 0.0
+        self.tunnel: aiohttp.StreamReader | None = None
         self._head: asyncio.Future[tuple[RawResponseMessage, aiohttp.StreamReader]] | None = None
         self._payload: aiohttp.StreamReader | None = None
+        self._upgrade = False
         self._got_bytes = False
         self._lost = False
         self._write_paused = False
@@ -68,7 +83,9 @@ class _Connection(BaseProtocol):
         transport = self.transport
         return transport is not None and not self._lost and not transport.is_closing()
 
-    def begin(self, response_with_body: bool) -> asyncio.Future[tuple[RawResponseMessage, aiohttp.StreamReader]]:
+    def begin(
+        self, response_with_body: bool, upgrade: bool = False
+    ) -> asyncio.Future[tuple[RawResponseMessage, aiohttp.StreamReader]]:
         self._parser = HttpResponseParser(
             self,
             self._loop,
@@ -79,6 +96,7 @@ class _Connection(BaseProtocol):
             auto_decompress=False,
         )
         self._payload = None
+        self._upgrade = upgrade
         self._got_bytes = False
         head = self._loop.create_future()
         self._head = head
@@ -93,6 +111,15 @@ class _Connection(BaseProtocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    def close(self) -> None:
+        """Close after what is buffered has been sent (a tunnel's last bytes)."""
+        if self.transport is not None:
+            self.transport.close()
+
+    def time_out(self, seconds: float) -> None:
+        """No response head within ``seconds``: fail the wait for it and close the connection."""
+        self._fail(UpstreamTimeoutError(f"no response head from the replica within {seconds:g} s"))
 
     def write(self, data: bytes) -> None:
         transport = self.transport
@@ -143,13 +170,16 @@ class _Connection(BaseProtocol):
     def data_received(self, data: bytes) -> None:
         parser = self._parser
         if parser is None:
-            if data:
+            tunnel = self.tunnel
+            if tunnel is not None:
+                tunnel.feed_data(data)
+            elif data:
                 self.abort()
             return
         if data:
             self._got_bytes = True
         try:
-            messages, _, _ = parser.feed_data(data)
+            messages, upgraded, tail = parser.feed_data(data)
         except HttpProcessingError as exc:
             self._fail(UpstreamError(f"invalid response from the replica: {describe(exc)}"))
             return
@@ -158,18 +188,24 @@ class _Connection(BaseProtocol):
             if 100 <= code < 200 and code != 101:
                 continue  # informational; the final response follows on the same connection
             head = self._head
-            if code == 101 or head is None or head.done():
-                # 101: the request asked for no upgrade (Upgrade is hop-by-hop and never forwarded).
+            if (code == 101 and not (self._upgrade and upgraded)) or head is None or head.done():
+                # A 101 the request did not ask for (or to a protocol the parser cannot switch to).
                 self._fail(UpstreamError(f"unexpected response from the replica: {code} {message.reason}"))
                 return
             self._payload = payload
             head.set_result((message, payload))
+            if code == 101:
+                self._start_tunnel(tail)
+                return
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
         self.transport = None
         self._write_paused = False
         self._wake_drain()
+        if self.tunnel is not None:
+            self.tunnel.feed_eof()
+            return
         head = self._head
         if head is not None and not head.done():
             reason = describe(exc) if exc is not None else "the replica closed the connection"
@@ -188,6 +224,14 @@ class _Connection(BaseProtocol):
             return
         if not payload.is_eof():
             payload.set_exception(UpstreamError("the response body broke off: connection lost"))
+
+    def _start_tunnel(self, tail: bytes) -> None:
+        # The parser is done: from here on the connection carries the switched protocol's bytes.
+        self._parser = None
+        self._upgraded = True  # BaseProtocol: pausing must not touch a parser
+        tunnel = self.tunnel = aiohttp.StreamReader(self, READ_LIMIT, loop=self._loop)
+        if tail:
+            tunnel.feed_data(tail)
 
     def _fail(self, error: UpstreamError) -> None:
         head, payload = self._head, self._payload
@@ -261,13 +305,45 @@ class _PooledResponse:
         except (HttpProcessingError, OSError) as exc:
             raise UpstreamError(describe(exc)) from exc
 
+    def tunnel(self) -> _Tunnel:
+        if self.status != 101 or self._connection.tunnel is None:
+            raise UpstreamError(f"a {self.status} response has no tunnel")
+        return _Tunnel(self._connection)
+
     def release(self) -> None:
         if self._released:
             return
         self._released = True
+        if self.status == 101:
+            # A switched connection never goes back to the pool; its last bytes still go out.
+            self._connection.finish()
+            self._connection.close()
+            return
         payload = self._payload
         reusable = payload.is_eof() and payload.exception() is None and not self._message.should_close
         self._pool._give_back(self._replica, self._connection, reusable)
+
+
+class _Tunnel:
+    """``UpstreamTunnel`` over a connection that switched protocols."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+
+    @property
+    def reader(self) -> aiohttp.StreamReader:
+        reader = self._connection.tunnel
+        assert reader is not None
+        return reader
+
+    def write(self, data: bytes) -> None:
+        self._connection.write(data)
+
+    async def drain(self) -> None:
+        await self._connection.drain()
+
+    def close(self) -> None:
+        self._connection.close()
 
 
 class PooledUpstream:
@@ -275,20 +351,34 @@ class PooledUpstream:
 
     A request takes the most recently used idle connection of its replica (an idle one older than
     ``keepalive_seconds`` is closed instead) or opens one, with ``connect_timeout`` for the TCP connect.
-    Idle connections are swept every ``keepalive_seconds`` while there are any.
+    Idle connections are swept every ``keepalive_seconds`` while there are any. A request whose response
+    head has not come ``response_timeout`` after it was sent fails with ``UpstreamTimeoutError``, checked
+    every ``TIMEOUT_SWEEP_SECONDS`` (or every ``response_timeout``, when that is shorter).
     """
 
     def __init__(
-        self, connect_timeout: float = CONNECT_TIMEOUT_SECONDS, keepalive_seconds: float = POOL_KEEPALIVE_SECONDS
+        self,
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        keepalive_seconds: float = POOL_KEEPALIVE_SECONDS,
+        response_timeout: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     ) -> None:
         self._connect_timeout = connect_timeout
         self._keepalive_seconds = keepalive_seconds
+        self._response_timeout = response_timeout
         self._replicas: dict[str, _Replica] = {}
         self._sweep: asyncio.TimerHandle | None = None
+        self._awaiting_head: set[_Connection] = set()
+        self._timeout_sweep: asyncio.TimerHandle | None = None
         self._closed = False
 
     async def request(
-        self, url: str, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
+        self,
+        url: str,
+        method: str,
+        path: str,
+        headers: CIMultiDict[str],
+        body: bytes | aiohttp.StreamReader | None,
+        upgrade: bool = False,
     ) -> UpstreamResponse:
         replica = self._replicas.get(url)
         if replica is None:
@@ -296,24 +386,60 @@ class PooledUpstream:
         connection = self._checkout(replica)
         if connection is None:
             connection = await self._connect(replica)
-        head = connection.begin(method != "HEAD")
+        if not connection.is_open:  # closed between the connect and now: nothing was sent
+            raise UpstreamConnectError(f"the connection to {replica.host}:{replica.port} closed before the request")
+        head = connection.begin(method != "HEAD", upgrade)
         try:
             if isinstance(body, aiohttp.StreamReader):
                 await _send_streamed(connection, _render_head(replica, method, path, headers, body), body, headers)
             else:
                 connection.write(_render_head(replica, method, path, headers, body) + (body or b""))
-            message, payload = await head
+            if head.done():
+                message, payload = head.result()
+            else:
+                self._watch(connection)
+                try:
+                    message, payload = await head
+                finally:
+                    self._awaiting_head.discard(connection)
         except BaseException:  # including cancellation: a half-sent request leaves the connection unusable
             connection.finish()
             connection.abort()
             raise
         return _PooledResponse(self, replica, connection, message, payload)
 
+    def _watch(self, connection: _Connection) -> None:
+        """Hold ``connection``, about to wait for a response head, to the response timeout."""
+        loop = connection._loop
+        connection.head_deadline = loop.time() + self._response_timeout
+        self._awaiting_head.add(connection)
+        if self._timeout_sweep is None:
+            self._timeout_sweep = loop.call_later(self._timeout_sweep_seconds, self._sweep_timeouts)
+
+    @property
+    def _timeout_sweep_seconds(self) -> float:
+        return min(TIMEOUT_SWEEP_SECONDS, self._response_timeout)
+
+    def _sweep_timeouts(self) -> None:
+        """Fail the requests past the response timeout; runs while any request waits for a head."""
+        self._timeout_sweep = None
+        awaiting = self._awaiting_head
+        if not awaiting:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in [connection for connection in awaiting if connection.head_deadline <= now]:
+            awaiting.discard(connection)
+            connection.time_out(self._response_timeout)
+        if awaiting and not self._closed:
+            self._timeout_sweep = loop.call_later(self._timeout_sweep_seconds, self._sweep_timeouts)
+
     async def close(self) -> None:
         self._closed = True
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
+        for handle in (self._sweep, self._timeout_sweep):
+            if handle is not None:
+                handle.cancel()
+        self._sweep = self._timeout_sweep = None
         for replica in self._replicas.values():
             for connection in replica.idle:
                 connection.abort()

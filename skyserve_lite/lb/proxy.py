@@ -12,11 +12,19 @@ What happens per request:
    requests at once; None means answer ``no_replica_answer`` (503 naming ``sky-lite serve status``);
 2. the server builds the replica's headers with ``compute_upstream_headers`` (minus hop-by-hop ones, plus
    ``X-Forwarded-*``) and reads a body up to ``BUFFER_LIMIT`` whole, else hands it over as a stream;
-3. ``forward`` sends method, path, query, headers and body; on a connection failure (cannot connect, or
-   the connection dropped before a response) it tries another replica, at most ``MAX_ATTEMPTS`` in all;
-   when every attempt fails it returns the 502 to answer;
+3. ``forward`` sends method, path, query, headers and body; when an attempt gets no response head it may
+   be retried once on another replica (``is_retryable``: any request when nothing was sent, an idempotent
+   one with a body that can be sent again when the connection broke before the answer); when every
+   attempt fails it returns the 502 to answer (504 after the upstream timeout);
 4. the server relays status, headers (minus hop-by-hop ones) and body unchanged: no decompression, no
-   recompression; ``is_buffered_response`` says whether the body is read whole or streamed.
+   recompression; ``is_buffered_response`` says whether the body is read whole or streamed. A 101 to a
+   WebSocket handshake turns the connection into a tunnel to the replica.
+
+A request is in flight to its replica from its first attempt until the server releases the response
+(``Forwarded.release``: the body relayed, the client gone, or the tunnel closed), whatever ends it.
+Failed attempts feed the passive health check (``outliers``): a replica failing
+``eject_after_failures`` times in a row is left out of the rotation for ``eject_seconds``, then tried
+again with one request.
 
 Everything outside the request path comes in through the constructor: a ``TargetSource`` says which
 replicas are READY and which policy to use (an ``LbView``, the store's own type, re-exported here), a
@@ -33,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -42,15 +50,22 @@ from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
+from skyserve_lite.lb.outliers import OutlierDetector
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
-from skyserve_lite.lb.settings import DEFAULT_HOLD_SECONDS
+from skyserve_lite.lb.settings import (
+    DEFAULT_EJECT_AFTER_FAILURES,
+    DEFAULT_EJECT_SECONDS,
+    DEFAULT_HOLD_SECONDS,
+    UPSTREAM_TIMEOUT_VARIABLE,
+)
 from skyserve_lite.lb.upstream import (
     UpstreamClient,
     UpstreamConnectError,
     UpstreamError,
     UpstreamResetError,
     UpstreamResponse,
+    UpstreamTimeoutError,
 )
 from skyserve_lite.state.models import LbReport, LbView
 
@@ -60,6 +75,7 @@ __all__ = [
     "DEFAULT_MAX_WAITING",
     "HOLD_REFRESH_SECONDS",
     "HOP_BY_HOP_HEADERS",
+    "IDEMPOTENT_METHODS",
     "MAX_ATTEMPTS",
     "REPORT_HEARTBEAT_SECONDS",
     "STREAM_CHUNK",
@@ -73,6 +89,7 @@ __all__ = [
     "compute_upstream_headers",
     "is_buffered_response",
     "is_report_due",
+    "is_retryable",
     "merge_counts",
     "no_replica_message",
     "split_completed_seconds",
@@ -81,10 +98,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Three tries cover the usual failure (one replica just died, the next one is fine) without letting a
-# request wander across a whole fleet: with 10 replicas of which 9 are dead, a client gets a 502 after 3
-# fast connection refusals instead of after 9.
-MAX_ATTEMPTS: Final = 3
+# One retry covers the usual failure (one replica just died, the next one is fine) without letting a
+# request wander across a fleet: a second failure in a row is more likely the request than the replicas,
+# and the passive health check takes a dead replica out of the rotation after a few failures anyway.
+MAX_ATTEMPTS: Final = 2
+# RFC 9110 9.2.2: sending these twice has the effect of sending them once, so one that may have reached a
+# replica may still go to another.
+IDEMPOTENT_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # 1 MiB: a typical JSON answer (a few KiB) is read whole and sent with a single write, head and body
 # together; a 5 MiB download is streamed so that 1,000 concurrent ones do not hold 5 GiB.
 BUFFER_LIMIT: Final = 1024 * 1024
@@ -137,12 +157,41 @@ class LocalAnswer:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
 class Forwarded:
-    """A replica's response to relay; whoever relays it must call ``response.release()`` once."""
+    """A replica's response to relay; whoever relays it must call ``release`` once done with it, which
+    releases the response and ends the request's time in flight (later calls do nothing)."""
 
-    response: UpstreamResponse
-    url: str
+    __slots__ = ("_in_flight", "response", "url")
+
+    def __init__(self, response: UpstreamResponse, url: str, in_flight: InFlight) -> None:
+        self.response = response
+        self.url = url
+        self._in_flight: InFlight | None = in_flight
+
+    def release(self) -> None:
+        in_flight = self._in_flight
+        if in_flight is None:
+            return
+        self._in_flight = None
+        try:
+            self.response.release()
+        finally:
+            in_flight.end(self.url)
+
+
+def is_retryable(error: UpstreamError, method: str, replayable: bool) -> bool:
+    """Whether an attempt that failed with ``error`` may be sent again (to another replica).
+
+    Nothing was sent (``UpstreamConnectError``): yes, whatever the method and body. The connection broke
+    before the answer (``UpstreamResetError``): the replica may have acted on the request, so only for an
+    idempotent method (``IDEMPOTENT_METHODS``) with a body that can be sent again. An invalid answer or a
+    timeout: no, the replica answered or is still working.
+    """
+    if isinstance(error, UpstreamConnectError):
+        return True
+    if isinstance(error, UpstreamResetError):
+        return replayable and method in IDEMPOTENT_METHODS
+    return False
 
 
 def is_buffered_response(status: int, content_length: int | None, method: str) -> bool:
@@ -272,6 +321,13 @@ def _bad_gateway_message(service: str, attempts: int, last_error: str) -> str:
     )
 
 
+def _gateway_timeout_message(service: str, last_error: str) -> str:
+    return (
+        f"Gateway timeout: a replica of service {service} did not answer in time ({last_error}; the limit is "
+        f"{UPSTREAM_TIMEOUT_VARIABLE}). Run 'sky-lite serve status {service}' to see the replicas.\n"
+    )
+
+
 class LoadBalancer:
     """Proxies requests for one service to its READY replicas.
 
@@ -286,6 +342,8 @@ class LoadBalancer:
 
     ``hold_seconds`` (0 or more; 0 answers 503 at once) and ``max_waiting`` bound how long and how many
     requests wait for a READY replica; the hold is measured on the event loop's monotonic time.
+    ``eject_after_failures`` (0: never) and ``eject_seconds`` are the passive health check's
+    (``lb.outliers``), on the event loop's time too. ``retries`` and ``ejections`` count since ``start``.
     """
 
     def __init__(
@@ -298,6 +356,8 @@ class LoadBalancer:
         hold_seconds: float = DEFAULT_HOLD_SECONDS,
         max_waiting: int = DEFAULT_MAX_WAITING,
         upstream: Callable[[], UpstreamClient] = PooledUpstream,
+        eject_after_failures: int = DEFAULT_EJECT_AFTER_FAILURES,
+        eject_seconds: float = DEFAULT_EJECT_SECONDS,
     ) -> None:
         self.service = service
         self._source = source
@@ -326,6 +386,9 @@ class LoadBalancer:
         self._wake_held: asyncio.Event | None = None
         self._holding = False
         self._no_replica_text = no_replica_message(service)
+        self._outliers = OutlierDetector(eject_after_failures, eject_seconds)
+        self.retries = 0
+        self.ejections = 0
 
     async def start(self) -> None:
         """Create the upstream client, read the source once, start the refresh task."""
@@ -334,6 +397,7 @@ class LoadBalancer:
         self._wake_held = asyncio.Event()
         self._stopping = False
         self._holding = True
+        self.retries = self.ejections = 0
         self._upstream = self._make_upstream()
         # One pass before the site starts listening, so that the first request already has targets.
         await self._refresh_pass()
@@ -380,6 +444,15 @@ class LoadBalancer:
         """Requests held right now for a READY replica."""
         return self._waiting
 
+    def in_flight(self) -> tuple[tuple[str, int], ...]:
+        """Requests in flight per replica url right now, as the load report gives them."""
+        return self._in_flight.snapshot()
+
+    @property
+    def ejected(self) -> frozenset[str]:
+        """Replica urls out of the rotation now for failing (``lb.outliers``)."""
+        return self._outliers.ejected
+
     async def _refresh_loop(self) -> None:
         poke, gone = self._poke, self._source_gone
         assert poke is not None and gone is not None
@@ -393,11 +466,14 @@ class LoadBalancer:
             await self._refresh_pass()
 
     async def _refresh_pass(self) -> None:
-        """Read the source, apply what it says, flush completed seconds, report the load. Never raises."""
+        """Read the source, apply what it says, end cool-downs, flush completed seconds, report the load.
+        Never raises."""
         try:
             await self._refresh_targets()
         except Exception:  # top of the loop: keep the previous targets and try again next time
             log.exception("load balancer for service %s: reading the targets failed", self.service)
+        for url in self._outliers.release_due(asyncio.get_running_loop().time()):
+            log.info("service %s: replica %s ends its cool-down; its next request is a trial", self.service, url)
         try:
             await self._flush_counts()
         except Exception:  # top of the loop: the counts were kept and go with the next flush
@@ -440,6 +516,7 @@ class LoadBalancer:
                 # starts from the real load, including requests the previous policy sent.
                 policy.set_targets(view.ready_urls, view.accelerators)
                 self._in_flight.set_targets(view.ready_urls)
+                self._outliers.set_targets(view.ready_urls)
                 self._policy, self._policy_name, self._urls = policy, view.policy, view.ready_urls
                 self._accelerators = view.accelerators
                 self._rejected_policy = None
@@ -448,6 +525,7 @@ class LoadBalancer:
         if view.ready_urls != self._urls or view.accelerators != self._accelerators:
             self._policy.set_targets(view.ready_urls, view.accelerators)
             self._in_flight.set_targets(view.ready_urls)
+            self._outliers.set_targets(view.ready_urls)
             self._urls, self._accelerators = view.ready_urls, view.accelerators
             log.info("service %s: targets %s", self.service, list(self._urls))
 
@@ -491,59 +569,106 @@ class LoadBalancer:
         ``_hold`` says. Valid between ``start`` and ``close``.
         """
         self._count_request()
-        url = self._policy.select()
+        url = self._select()
         if url is None:
             url = await self._hold()
         return url
 
-    async def forward(
-        self, url: str, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
-    ) -> Forwarded | LocalAnswer:
-        """Send the request to ``url`` (from ``select_target``), trying other replicas on connection failures.
+    def _select(self) -> str | None:
+        """The policy's choice among the replicas not ejected; among all of them when every one is."""
+        excluded = self._outliers.excluded
+        if not excluded:
+            return self._policy.select()
+        return self._policy.select(excluded) or self._policy.select()
 
-        ``headers`` come from ``compute_upstream_headers``; a ``bytes`` body or None can be sent again, a
-        stream only once. Returns the replica's response (the caller relays it and must ``release`` it) or
-        the 502 to answer after ``MAX_ATTEMPTS`` failed attempts or an invalid response. Never raises
-        ``UpstreamError``.
+    async def forward(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        headers: CIMultiDict[str],
+        body: bytes | aiohttp.StreamReader | None,
+        upgrade: bool = False,
+    ) -> Forwarded | LocalAnswer:
+        """Send the request to ``url`` (from ``select_target``); retry it once elsewhere when
+        ``is_retryable`` allows.
+
+        ``headers`` come from ``compute_upstream_headers`` (plus Connection and Upgrade with ``upgrade``);
+        a ``bytes`` body or None can be sent again, a stream only once. Returns the replica's response (the
+        caller relays it and must ``release`` it) or the answer to give after failed attempts: 502, or 504
+        after the upstream timeout. Never raises ``UpstreamError``.
         """
         upstream = self._upstream
         assert upstream is not None, "the load balancer has not started"
-        policy = self._policy
         in_flight = self._in_flight
-        replayable = not isinstance(body, aiohttp.StreamReader)
-        # Tuples: the common case (the first attempt works) allocates nothing for them.
-        tried: tuple[str, ...] = ()
-        refused: tuple[str, ...] = ()
-        last_error = ""
-        attempt = 0
-        next_url: str | None = url
-        while next_url is not None:
-            attempt += 1
-            url = next_url
+        outliers = self._outliers
+        attempt = 1
+        tried: tuple[str, ...] = ()  # a tuple: the common case (the first attempt works) allocates none
+        while True:
+            if outliers.failures:
+                outliers.begin_trial(url)
             in_flight.start(url)
             try:
-                try:
-                    response = await upstream.request(url, method, path, headers, body)
-                except UpstreamConnectError as exc:
-                    refused += (url,)
-                    last_error = str(exc)
-                    log.warning("service %s: cannot connect to %s: %s", self.service, url, last_error)
-                except UpstreamResetError as exc:
-                    last_error = str(exc)
-                    log.warning("service %s: connection to %s failed: %s", self.service, url, last_error)
-                    if not replayable:
-                        break
-                except UpstreamError as exc:  # e.g. an invalid HTTP response: no retry
-                    last_error = str(exc)
-                    log.warning("service %s: bad response from %s: %s", self.service, url, last_error)
-                    break
-                else:
-                    return Forwarded(response, url)
-            finally:
+                response = await upstream.request(url, method, path, headers, body, upgrade)
+            except UpstreamError as exc:
                 in_flight.end(url)
+                error = exc
+            except BaseException:  # cancelled: the client went away; the replica is neither good nor bad
+                in_flight.end(url)
+                outliers.abandon_trial(url)
+                raise
+            else:
+                if outliers.failures:
+                    self._record_success(url)
+                return Forwarded(response, url, in_flight)
             tried += (url,)
-            next_url = _select_retry(policy, tried, refused) if attempt < MAX_ATTEMPTS else None
-        return self.bad_gateway_answer(attempt, last_error)
+            self._record_failure(url, error)
+            retry = None
+            if attempt < MAX_ATTEMPTS and is_retryable(error, method, not isinstance(body, aiohttp.StreamReader)):
+                retry = self._select_retry(tried, isinstance(error, UpstreamConnectError))
+            if retry is None:
+                log.warning("service %s: %s to %s failed: %s", self.service, method, url, error)
+                return self._failed_answer(attempt, error)
+            self.retries += 1
+            log.warning(
+                "service %s: %s to %s failed before a response (%s); retrying on %s (%d retries since start)",
+                self.service, method, url, error, retry, self.retries,
+            )
+            url = retry
+            attempt += 1
+
+    def _select_retry(self, tried: tuple[str, ...], refused: bool) -> str | None:
+        """The replica for a retry: a READY one not tried and not ejected; else one not tried; else, unless
+        the last one could not be reached at all (``refused``), the same one again on a new connection (a
+        pooled connection the replica had just closed is the usual reset, and with one replica the only
+        other chance)."""
+        policy = self._policy
+        excluded = self._outliers.excluded
+        url = policy.select(excluded.union(tried)) if excluded else policy.select(tried)
+        if url is None and excluded:
+            url = policy.select(tried)
+        if url is None and not refused:
+            url = tried[-1]
+        return url
+
+    def _record_success(self, url: str) -> None:
+        if self._outliers.record_success(url):
+            log.info("service %s: replica %s answered its trial request and is back in the rotation",
+                     self.service, url)
+
+    def _record_failure(self, url: str, error: UpstreamError) -> None:
+        outliers = self._outliers
+        if outliers.record_failure(url, asyncio.get_running_loop().time()):
+            self.ejections += 1
+            log.warning(
+                "service %s: replica %s ejected for %g s after %d failed attempt(s) in a row (last: %s)",
+                self.service, url, outliers.cooldown_seconds, outliers.failures.get(url, 0), error,
+            )
+
+    def _failed_answer(self, attempts: int, error: UpstreamError) -> LocalAnswer:
+        if isinstance(error, UpstreamTimeoutError):
+            return LocalAnswer(504, _gateway_timeout_message(self.service, str(error)))
+        return self.bad_gateway_answer(attempts, str(error))
 
     def no_replica_answer(self) -> LocalAnswer:
         """The 503 for a request that found no READY replica within the hold."""
@@ -584,21 +709,9 @@ class LoadBalancer:
                     return None
                 # Set means targets, unless holding stopped; another pass may have emptied them again since
                 # (the event is then clear once more, so this loop waits rather than spins).
-                url = self._policy.select()
+                url = self._select()
                 if url is not None:
                     return url
             return None
         finally:
             self._waiting -= 1
-
-
-def _select_retry(policy: Policy, tried: Collection[str], refused: Collection[str]) -> str | None:
-    """The replica for the next attempt: one not tried yet; else one that did accept a connection.
-
-    With one replica whose pooled connection was reset, a second try on a fresh connection can work; with
-    one replica that refused the connection, a second try only delays the 502.
-    """
-    url = policy.select(tried)
-    if url is None:
-        url = policy.select(refused)
-    return url

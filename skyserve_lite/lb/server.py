@@ -4,9 +4,20 @@
 the HTTP side needs (no request or response objects) and leaves every proxy decision to the load balancer:
 ``select_target``, ``forward``, and the answers it makes itself (503, 502).
 
-Connections are accepted by a ``Listener`` (``skyserve_lite.lb.listener``): at most ``max_connections`` at
-once, and a connection beyond that gets 503 with ``Connection: close`` at once; at the open-file limit
-accepting pauses instead of failing in a loop, and open connections go on being served.
+Connections are accepted by a ``Listener`` (``skyserve_lite.lb.listener``) under the ``ConnectionLimits``
+(``skyserve_lite.lb.settings``): at most ``max_connections`` at once, at most ``per_client`` from one client
+address (the next one gets 503 with ``Connection: close`` at once), and at the limit a new connection
+closes the one idle the longest (``HttpServer.idle``, oldest first) to take its place, or gets the 503
+when none is idle. At the open-file limit accepting pauses instead of failing in a loop, and open
+connections go on being served.
+
+Deadlines, checked by one sweep every ``SWEEP_SECONDS`` over the idle connections (never a timer per
+request or per connection): a new connection must send a whole request head within ``head_seconds``; a
+connection idle after a response is closed after ``keepalive_seconds``, or ``head_seconds`` after the
+first byte of its next head if that head is not whole by then. A connection closed with part of a head
+gets 408 first. A request being answered has no deadline here: its replica's is the upstream timeout
+(``pooled_upstream``), and a client that goes away ends it (the replica's connection is closed, and the
+request stops counting as in flight).
 
 Per connection:
 
@@ -27,7 +38,10 @@ Per connection:
   HTTP/1.1 clients and ends with the connection for HTTP/1.0 ones.
 * a connection whose request body was not read to its end (a 503 before reading, a replica that answered
   early) is closed after the response: the rest of the body cannot be told from a next request.
-* idle connections are closed after ``KEEPALIVE_SECONDS``.
+* an upgrade to WebSocket (``Connection: Upgrade``, ``Upgrade: websocket``, no body) is forwarded with
+  both headers; when the replica answers 101 the 101 goes to the client and from then on the bytes pass
+  both ways unchanged until either side closes (``_tunnel``); any other answer is relayed and the
+  connection closed.
 
 The server adds no headers of its own to relayed responses (no Server, no Date: the replica's are kept),
 except ``Connection: close`` or ``keep-alive`` where the connection's fate needs saying.
@@ -40,7 +54,7 @@ import collections
 import http
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import aiohttp
@@ -55,25 +69,32 @@ from skyserve_lite.lb.proxy import (
     BUFFER_LIMIT,
     HOP_BY_HOP_HEADERS,
     STREAM_CHUNK,
+    Forwarded,
     LoadBalancer,
     LocalAnswer,
     compute_upstream_headers,
     is_buffered_response,
 )
-from skyserve_lite.lb.settings import DEFAULT_MAX_CONNECTIONS, MAX_CONNECTIONS_VARIABLE
-from skyserve_lite.lb.upstream import UpstreamError, UpstreamResponse
+from skyserve_lite.lb.settings import (
+    HEAD_SECONDS_VARIABLE,
+    MAX_CONNECTIONS_PER_CLIENT_VARIABLE,
+    MAX_CONNECTIONS_VARIABLE,
+    ConnectionLimits,
+)
+from skyserve_lite.lb.upstream import UpstreamError, UpstreamTunnel
 
 __all__ = [
-    "KEEPALIVE_SECONDS",
     "MAX_PIPELINED",
     "READ_LIMIT",
     "SHUTDOWN_SECONDS",
+    "SWEEP_SECONDS",
     "WRITE_HIGH_WATER",
     "HttpServer",
     "render_local_answer",
     "render_response_head",
     "serve",
     "too_many_connections_message",
+    "too_many_from_client_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,14 +109,16 @@ MAX_PIPELINED: Final = 16
 # The socket's write buffer above which a streamed body waits (asyncio's default is 64 KiB): 256 KiB is
 # one STREAM_CHUNK, so a fast client never waits and a slow one holds one chunk plus what the kernel holds.
 WRITE_HIGH_WATER: Final = 256 * 1024
-# nginx's and aiohttp's server default (75 s): clients and their pools are tuned to it.
-KEEPALIVE_SECONDS: Final = 75.0
+# How often idle connections are checked against their deadlines: one timer a second for the whole
+# server, so a deadline of 10 s closes a connection 10 to 11 s after it started waiting.
+SWEEP_SECONDS: Final = 1.0
 # How long closing the server waits for requests in flight before cutting them: aiohttp's default too.
 SHUTDOWN_SECONDS: Final = 60.0
 
 _EXPECT = istr("Expect")
 _CONTENT_LENGTH = istr("Content-Length")
 _CONNECTION = istr("Connection")
+_UPGRADE = istr("Upgrade")
 _TRANSFER_ENCODING = istr("Transfer-Encoding")
 _HOP_BY_HOP_LOWER: Final = frozenset(name.lower() for name in HOP_BY_HOP_HEADERS)
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -136,6 +159,19 @@ def too_many_connections_message(service: str, max_connections: int) -> str:
     )
 
 
+def too_many_from_client_message(service: str, per_client: int) -> str:
+    """The 503 body for a connection beyond ``per_client`` from one address."""
+    return (
+        f"Service unavailable: the load balancer for service {service} has {per_client} connections open "
+        f"from this client address, its limit ({MAX_CONNECTIONS_PER_CLIENT_VARIABLE}). Close idle "
+        "connections or try again later.\n"
+    )
+
+
+def _head_timeout_text(seconds: float) -> str:
+    return f"Request timeout: the request head did not arrive within {seconds:g} s ({HEAD_SECONDS_VARIABLE}).\n"
+
+
 def render_local_answer(answer: LocalAnswer, keep_alive: bool, head_only: bool) -> bytes:
     """A whole response for an answer the load balancer makes itself, as plain UTF-8 text."""
     body = answer.text.encode()
@@ -152,6 +188,10 @@ class _ClientConnection(BaseProtocol):
 
     ``BaseProtocol`` supplies the flow control the parser and its body readers expect: their
     ``pause_reading``/``resume_reading`` pause the socket and let the parser keep an unparsed tail.
+
+    While no request is queued or being answered the connection is in ``server.idle`` (in the order it
+    became idle) with a ``deadline``: ``idle_since`` plus the head deadline for a new connection, plus the
+    keep-alive timeout after a response, replaced by the head deadline from the first byte of a next head.
     """
 
     def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop, release: Callable[[], None]) -> None:
@@ -167,12 +207,17 @@ class _ClientConnection(BaseProtocol):
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._body: aiohttp.StreamReader | None = None
+        # The client's bytes after a WebSocket handshake, once the parser has switched.
+        self._tunnel_in: aiohttp.StreamReader | None = None
         self._peer: str | None = None
         self._scheme = "http"  # X-Forwarded-Proto: "https" on a TLS connection
         self._lost = False
+        self._served = False  # a response went out: the wait for the next head is keep-alive
+        self._head_started = False  # part of a head came while idle
         self.closing = False
         self.busy = False
-        self.idle_since = loop.time()
+        self.idle_since = 0.0
+        self.deadline = 0.0
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------------
 
@@ -183,21 +228,35 @@ class _ClientConnection(BaseProtocol):
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
         self._scheme = "https" if transport.get_extra_info("sslcontext") is not None else "http"
-        self._server.connections.add(self)
+        server = self._server
+        server.connections.add(self)
+        now = self._loop.time()
+        self.idle_since = now
+        self.deadline = now + server.head_seconds
+        server.idle[self] = None
         self._task = self._loop.create_task(self._run())
 
     def data_received(self, data: bytes) -> None:
+        tunnel = self._tunnel_in
+        if tunnel is not None:
+            tunnel.feed_data(data)
+            return
         if self._bad_request is not None or self._lost:
             return
         try:
-            messages, _, _ = self._requests.feed_data(data)
+            messages, upgraded, tail = self._requests.feed_data(data)
         except HttpProcessingError as exc:
             self._bad_request = exc
             self._pause_reading_for_buffer()
             self._wake()
             return
+        if upgraded:
+            self._start_tunnel_input(tail)
         if not messages:
+            if data and not self.busy and not self._queue and not self._head_started:
+                self._note_head_started()
             return
+        self._server.idle.pop(self, None)
         faulty = next((index for index, (message, _) in enumerate(messages) if _has_faulty_framing(message)), None)
         if faulty is not None:
             # Answered as the parser's own refusals are: the requests before it, then 400 and a close.
@@ -213,7 +272,9 @@ class _ClientConnection(BaseProtocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
         self._lost = True
-        self._server.connections.discard(self)
+        server = self._server
+        server.connections.discard(self)
+        server.idle.pop(self, None)
         self._release()
         # A body being read (by the relay to a replica) or queued must end, not wait for bytes forever.
         error = ConnectionResetError("the client closed the connection")
@@ -221,20 +282,50 @@ class _ClientConnection(BaseProtocol):
         for body in bodies:
             if body is not None and not body.is_eof():
                 body.set_exception(error)
+        if self._tunnel_in is not None and not self._tunnel_in.is_eof():
+            self._tunnel_in.feed_eof()
         self._queue.clear()
         self._wake()
+        if self.busy and self._task is not None:
+            # Nobody is left to answer: stop waiting for the replica, whose connection closes so that it can
+            # stop working on the request too, and the request stops counting as in flight.
+            self._task.cancel()
 
-    # -- the request loop ----------------------------------------------------------------------------------
+    # -- deadlines and closing -------------------------------------------------------------------------------
+
+    def _note_head_started(self) -> None:
+        # A new connection keeps the deadline it got at the start: its first head must be whole by then.
+        self._head_started = True
+        if self._served:
+            self.deadline = self._loop.time() + self._server.head_seconds
+
+    def _become_idle(self) -> None:
+        now = self._loop.time()
+        self.idle_since = now
+        self.deadline = now + self._server.keepalive_seconds
+        self._served = True
+        self._head_started = False
+        self._server.idle[self] = None
+
+    def time_out(self) -> None:
+        """Close an idle connection past its deadline; with 408 when part of a head had come."""
+        if self._head_started:
+            answer = LocalAnswer(408, _head_timeout_text(self._server.head_seconds))
+            self._write(render_local_answer(answer, False, False))
+        self.close_when_idle()
 
     def close_when_idle(self) -> None:
         """Close now when no request is being answered, else right after the current response."""
         self.closing = True
         if not self.busy and not self._queue and self.transport is not None:
+            self._server.idle.pop(self, None)
             self.transport.close()
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    # -- the request loop ----------------------------------------------------------------------------------
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -249,7 +340,8 @@ class _ClientConnection(BaseProtocol):
             transport.write(data)
 
     async def _run(self) -> None:
-        """Answer queued requests in order until the connection ends. Never raises."""
+        """Answer queued requests in order until the connection ends. Never raises; ends cancelled when the
+        client goes away while a request is being answered."""
         try:
             while not self._lost:
                 if not self._queue:
@@ -260,7 +352,6 @@ class _ClientConnection(BaseProtocol):
                         break
                     if self.closing:
                         break
-                    self.idle_since = self._loop.time()
                     self._waiter = self._loop.create_future()
                     await self._waiter
                     continue
@@ -276,6 +367,8 @@ class _ClientConnection(BaseProtocol):
                     self._body = None
                 if not keep_alive:
                     break
+                if not self._queue and not self.closing and not self._lost:
+                    self._become_idle()
         except Exception:  # top of the connection's loop: log with context, drop this connection only
             log.exception("load balancer for service %s: answering a request failed", self._lb.service)
             self.abort()
@@ -295,7 +388,8 @@ class _ClientConnection(BaseProtocol):
         method = message.method
         head_only = method == "HEAD"
         has_body = type(payload) is not EmptyStreamReader
-        keep_alive = not message.should_close and not message.upgrade and not self.closing
+        upgrade = message.upgrade
+        keep_alive = not message.should_close and not upgrade and not self.closing
         expect = message.headers.get(_EXPECT)
         if expect is not None and expect.lower() != "100-continue":
             answer = LocalAnswer(417, f"Unsupported expectation: {expect!r}; only 100-continue is.\n")
@@ -320,27 +414,39 @@ class _ClientConnection(BaseProtocol):
             else:
                 body = payload
         headers = compute_upstream_headers(message.headers, self._peer, self._scheme)
+        # A WebSocket handshake the parser switched on (no body: the switch waits for none) goes to the
+        # replica with the two headers that ask for it; any other Upgrade is dropped as hop-by-hop.
+        upgrade = upgrade and self._tunnel_in is not None and not has_body
+        if upgrade:
+            headers[_CONNECTION] = "Upgrade"
+            headers[_UPGRADE] = message.headers.get(_UPGRADE, "")
         path = message.path
         if not path.startswith("/"):  # absolute-form target ("GET http://host/x HTTP/1.1")
             path = message.url.raw_path_qs
-        result = await lb.forward(url, method, path, headers, body)
+        result = await lb.forward(url, method, path, headers, body, upgrade)
         keep_alive = keep_alive and (not has_body or payload.is_eof()) and not self._lost
         if isinstance(result, LocalAnswer):
             self._write(render_local_answer(result, keep_alive, head_only))
             return keep_alive
-        return await self._relay(message, result.response, result.url, keep_alive)
+        return await self._relay(message, result, keep_alive, upgrade)
 
-    async def _relay(self, message: RawRequestMessage, response: UpstreamResponse, url: str, keep_alive: bool) -> bool:
-        """Send the replica's ``response`` to the client; always releases it. Returns whether to keep alive."""
+    async def _relay(self, message: RawRequestMessage, forwarded: Forwarded, keep_alive: bool, upgrade: bool) -> bool:
+        """Send the replica's response to the client; always releases it. Returns whether to keep alive."""
         try:
+            response = forwarded.response
             status = response.status
+            if status == 101 and upgrade:
+                await self._tunnel(response.tunnel(), response.headers, response.reason)
+                return False
             length = response.content_length
             if is_buffered_response(status, length, message.method):
                 try:
                     data = await response.read()
                 except UpstreamError as exc:
                     last_error = str(exc)
-                    log.warning("service %s: reading the response of %s failed: %s", self._lb.service, url, last_error)
+                    log.warning(
+                        "service %s: reading the response of %s failed: %s", self._lb.service, forwarded.url, last_error
+                    )
                     answer = self._lb.bad_gateway_answer(1, last_error)
                     self._write(render_local_answer(answer, keep_alive, message.method == "HEAD"))
                     return keep_alive
@@ -353,11 +459,12 @@ class _ClientConnection(BaseProtocol):
                     + data
                 )
                 return keep_alive
-            return await self._stream(message, response, url, keep_alive)
+            return await self._stream(message, forwarded, keep_alive)
         finally:
-            response.release()
+            forwarded.release()
 
-    async def _stream(self, message: RawRequestMessage, response: UpstreamResponse, url: str, keep_alive: bool) -> bool:
+    async def _stream(self, message: RawRequestMessage, forwarded: Forwarded, keep_alive: bool) -> bool:
+        response = forwarded.response
         chunked = response.content_length is None and message.version >= (1, 1)
         if response.content_length is None and not chunked:
             keep_alive = False  # an HTTP/1.0 client learns where the body ends by the connection's end
@@ -369,7 +476,7 @@ class _ClientConnection(BaseProtocol):
             except UpstreamError as exc:
                 # The status line is out: the only honest signal left is to cut the client's connection, so
                 # that it sees a truncated body rather than a complete-looking short one.
-                self._lb.log_body_failure(url, exc)
+                self._lb.log_body_failure(forwarded.url, exc)
                 self.abort()
                 return False
             if not chunk:
@@ -385,6 +492,49 @@ class _ClientConnection(BaseProtocol):
         if chunked:
             self._write(_LAST_CHUNK)
         return keep_alive
+
+    # -- WebSocket tunnels -----------------------------------------------------------------------------------
+
+    def _start_tunnel_input(self, tail: bytes) -> None:
+        # The parser has switched: what the client sends from here on belongs to the tunnel, read by
+        # ``_tunnel`` (or by nobody, when the replica refuses the upgrade and the connection closes).
+        self._upgraded = True  # BaseProtocol: flow control must not touch the parser any more
+        reader = aiohttp.StreamReader(self, READ_LIMIT, loop=self._loop)
+        if tail:
+            reader.feed_data(tail)
+        self._tunnel_in = reader
+
+    async def _tunnel(self, upstream: UpstreamTunnel, headers: CIMultiDictProxy[str], reason: str | None) -> None:
+        """Send the 101, then pass bytes both ways until either side closes or fails; closes the replica's side."""
+        client_in = self._tunnel_in
+        assert client_in is not None
+        upgrade = headers.get(_UPGRADE, "websocket")
+        self._write(render_response_head(101, reason, headers, f"Connection: Upgrade\r\nUpgrade: {upgrade}\r\n"))
+        pipes = (
+            self._loop.create_task(_pipe(client_in, upstream.write, upstream.drain)),
+            self._loop.create_task(_pipe(upstream.reader, self._write, self._drain_helper)),
+        )
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pipe in pipes:
+                pipe.cancel()
+            upstream.close()
+
+
+async def _pipe(
+    reader: aiohttp.StreamReader, write: Callable[[bytes], None], drain: Callable[[], Awaitable[None]]
+) -> None:
+    """Copy ``reader`` to ``write`` until its end or a failure on either side, waiting on ``drain``."""
+    try:
+        while True:
+            data = await reader.readany()
+            if not data:
+                return
+            write(data)
+            await drain()
+    except (OSError, UpstreamError):  # either side went away: the tunnel ends
+        return
 
 
 def _connection_line(message: RawRequestMessage, keep_alive: bool) -> str:
@@ -411,24 +561,27 @@ class HttpServer:
     """The listening sockets and the connections, for one ``LoadBalancer`` that has been started.
 
     ``start`` binds and listens; ``close`` stops listening, closes idle connections, lets requests in
-    flight finish for up to ``shutdown_seconds`` and then cuts what is left. At most ``max_connections``
-    client connections are open at once; the next one gets 503 and is closed (``Listener``). A connection
-    accepted while ``ssl_context()`` gives a context is served over TLS with it (``lb.tls``). Not reusable
-    after ``close``.
+    flight finish for up to ``shutdown_seconds`` and then cuts what is left. ``limits`` bound the client
+    connections as the module docstring says (``Listener`` refuses, ``evict_oldest_idle`` makes room, the
+    sweep enforces the deadlines). A connection accepted while ``ssl_context()`` gives a context is served
+    over TLS with it (``lb.tls``), its handshake within the head deadline. Not reusable after ``close``.
     """
 
     def __init__(
         self,
         lb: LoadBalancer,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        keepalive_seconds: float = KEEPALIVE_SECONDS,
+        limits: ConnectionLimits | None = None,
         shutdown_seconds: float = SHUTDOWN_SECONDS,
         ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
     ) -> None:
         self.lb = lb
+        self.limits = limits if limits is not None else ConnectionLimits()
+        self.head_seconds = self.limits.head_seconds
+        self.keepalive_seconds = self.limits.keepalive_seconds
         self.connections: set[_ClientConnection] = set()
-        self._max_connections = max_connections
-        self._keepalive_seconds = keepalive_seconds
+        # The idle connections, the one idle longest first (dicts keep insertion order; a connection is
+        # taken out when a request arrives and put back at the end after its response).
+        self.idle: dict[_ClientConnection, None] = {}
         self._shutdown_seconds = shutdown_seconds
         self._ssl_context = ssl_context
         self._listener: Listener | None = None
@@ -437,19 +590,27 @@ class HttpServer:
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
         """Listen on ``host:port``; returns the bound addresses (host, port). Raises OSError when it cannot."""
         loop = asyncio.get_running_loop()
+        limits = self.limits
         refusal = render_local_answer(
-            LocalAnswer(503, too_many_connections_message(self.lb.service, self._max_connections)), False, False
+            LocalAnswer(503, too_many_connections_message(self.lb.service, limits.max_connections)), False, False
+        )
+        client_refusal = render_local_answer(
+            LocalAnswer(503, too_many_from_client_message(self.lb.service, limits.per_client)), False, False
         )
         listener = Listener(
             lambda release: _ClientConnection(self, loop, release),
             refusal,
             f"load balancer for service {self.lb.service}",
-            self._max_connections,
+            limits.max_connections,
             ssl_context=self._ssl_context,
+            max_per_client=limits.per_client,
+            client_refusal=client_refusal,
+            evict=self.evict_oldest_idle,
+            handshake_seconds=limits.head_seconds,
         )
         addresses = listener.start(host, port)
         self._listener = listener
-        self._sweep = loop.call_later(self._keepalive_seconds / 4, self._sweep_idle)
+        self._sweep = loop.call_later(SWEEP_SECONDS, self._sweep_idle)
         return addresses
 
     async def close(self) -> None:
@@ -470,14 +631,31 @@ class HttpServer:
         for connection in list(self.connections):
             connection.abort()
 
+    def evict_oldest_idle(self) -> bool:
+        """Close the connection idle the longest, to make room for a new one; False when none is idle."""
+        for connection in self.idle:
+            connection.close_when_idle()  # takes it out of ``idle``
+            return True
+        return False
+
     def _sweep_idle(self) -> None:
-        """Close connections idle for ``keepalive_seconds``; runs every quarter of that while listening."""
+        """Close idle connections past their deadline; runs every ``SWEEP_SECONDS`` while listening.
+
+        Only the connections idle for the shorter of the two deadlines are looked at: ``idle`` is in the
+        order connections became idle, and no deadline comes sooner than that after ``idle_since``.
+        """
         loop = asyncio.get_running_loop()
-        oldest = loop.time() - self._keepalive_seconds
-        for connection in list(self.connections):
-            if not connection.busy and connection.idle_since < oldest:
-                connection.close_when_idle()
-        self._sweep = loop.call_later(self._keepalive_seconds / 4, self._sweep_idle)
+        now = loop.time()
+        horizon = now - min(self.head_seconds, self.keepalive_seconds)
+        expired = []
+        for connection in self.idle:
+            if connection.idle_since > horizon:
+                break
+            if connection.deadline <= now:
+                expired.append(connection)
+        for connection in expired:
+            connection.time_out()
+        self._sweep = loop.call_later(SWEEP_SECONDS, self._sweep_idle)
 
 
 async def serve(
@@ -485,26 +663,32 @@ async def serve(
     host: str,
     port: int,
     stop: asyncio.Event,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    limits: ConnectionLimits | None = None,
     ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
 ) -> None:
-    """Run ``lb`` on ``host:port`` until ``stop`` is set or its source says the service is gone; over TLS
-    for the connections accepted while ``ssl_context()`` gives a context.
+    """Run ``lb`` on ``host:port`` under ``limits`` (the defaults when None) until ``stop`` is set or its
+    source says the service is gone; over TLS for the connections accepted while ``ssl_context()`` gives a
+    context.
 
     Raises OSError when the port cannot be bound. On return the listening sockets are closed, the requests
     in flight are answered, the counts of completed seconds are flushed and the upstream client is closed.
     """
-    server = HttpServer(lb, max_connections, ssl_context=ssl_context)
+    server = HttpServer(lb, limits, ssl_context=ssl_context)
     await lb.start()
     try:
         addresses = await server.start(host, port)
         bound = ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
+        limits = server.limits
         log.info(
-            "load balancer for service %s listening on %s%s (at most %d client connections)",
+            "load balancer for service %s listening on %s%s (at most %d client connections, %d per client "
+            "address; head deadline %g s, keep-alive %g s)",
             lb.service,
             bound,
             " over HTTPS" if ssl_context() is not None else "",
-            max_connections,
+            limits.max_connections,
+            limits.per_client,
+            limits.head_seconds,
+            limits.keepalive_seconds,
         )
         await _wait_until_stopped(lb, stop)
     finally:

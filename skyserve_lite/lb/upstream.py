@@ -7,14 +7,20 @@ aiohttp's response parser (its C extension when built): Content-Length, chunked,
 connection, and no body for HEAD, 1xx, 204 and 304. It does per request only what a proxy needs: about a
 third less CPU per proxied request than aiohttp's ``ClientSession`` did (figures in docs/benchmarks.md).
 
+A request that asks for a protocol switch (``upgrade``, a WebSocket handshake) and gets ``101 Switching
+Protocols`` leaves HTTP behind: ``UpstreamResponse.tunnel`` then carries raw bytes both ways.
+
 Errors, raised by ``UpstreamClient.request`` and by reading a response body, with the lower library's
 error as ``__cause__``::
 
     UpstreamError              the replica's answer is unusable: an invalid response, a body cut off
-     +-- UpstreamConnectError  no connection was made: nothing reached the replica, another may be tried
+     +-- UpstreamConnectError  nothing was sent: no connection could be made, or the pooled connection
+     |                         was closed before the request's first byte; any request may be sent again
      +-- UpstreamResetError    the connection broke before the first byte of a response: the replica may
-                               have seen part of the request, so only a body that can be sent again may be
-                               sent to another replica
+     |                         have seen the request, so only a body that can be sent again may be sent
+     |                         again, and only for a method that may be repeated
+     +-- UpstreamTimeoutError  no response head within the response timeout; the replica may still be
+                               working on the request
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ __all__ = [
     "UpstreamError",
     "UpstreamResetError",
     "UpstreamResponse",
+    "UpstreamTimeoutError",
+    "UpstreamTunnel",
     "describe",
 ]
 
@@ -49,17 +57,39 @@ class UpstreamError(Exception):
 
 
 class UpstreamConnectError(UpstreamError):
-    """No connection to the replica: nothing was sent."""
+    """Nothing was sent to the replica: no connection, or a pooled one found closed before writing."""
 
 
 class UpstreamResetError(UpstreamError):
     """The connection broke before any byte of a response arrived."""
 
 
+class UpstreamTimeoutError(UpstreamError):
+    """No response head arrived within the response timeout; the connection was closed."""
+
+
 def describe(exc: BaseException) -> str:
     """``"TypeName: message"``, or the type name alone for an exception without a message."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class UpstreamTunnel(Protocol):
+    """The replica's side of a connection that switched protocols (101): raw bytes both ways.
+
+    ``reader`` gives what the replica sends (b"" once it closed); ``write`` and ``drain`` send to it;
+    ``close`` ends the connection (idempotent). The tunnel belongs to the response it came from:
+    releasing that response closes it too.
+    """
+
+    @property
+    def reader(self) -> aiohttp.StreamReader: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class UpstreamResponse(Protocol):
@@ -93,6 +123,11 @@ class UpstreamResponse(Protocol):
         """Up to ``size`` bytes of the body; b"" once it is complete. Raises ``UpstreamError``."""
         ...
 
+    def tunnel(self) -> UpstreamTunnel:
+        """The switched connection of a 101 answer to a request sent with ``upgrade``. Raises
+        ``UpstreamError`` for any other response."""
+        ...
+
     def release(self) -> None: ...
 
 
@@ -100,7 +135,13 @@ class UpstreamClient(Protocol):
     """Sends requests to replicas. Used from one event loop; created inside it."""
 
     async def request(
-        self, url: str, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
+        self,
+        url: str,
+        method: str,
+        path: str,
+        headers: CIMultiDict[str],
+        body: bytes | aiohttp.StreamReader | None,
+        upgrade: bool = False,
     ) -> UpstreamResponse:
         """Send ``method path`` to the replica at ``url`` and return once the response head has arrived.
 
@@ -108,8 +149,9 @@ class UpstreamClient(Protocol):
         raw path and query, starting with "/". ``headers`` are sent as given (no default headers are added)
         plus Host and the body's framing: Content-Length for a ``bytes`` body, and for a stream the given
         Content-Length when ``headers`` has one, else chunked transfer coding. Informational (1xx)
-        responses are skipped. Raises ``UpstreamConnectError``, ``UpstreamResetError`` or
-        ``UpstreamError`` as the module docstring says.
+        responses are skipped; with ``upgrade`` (``headers`` then carry Connection and Upgrade) a 101 is
+        the response, and its ``tunnel`` the connection from then on. Raises ``UpstreamConnectError``,
+        ``UpstreamResetError``, ``UpstreamTimeoutError`` or ``UpstreamError`` as the module docstring says.
         """
         ...
 

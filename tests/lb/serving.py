@@ -10,7 +10,7 @@ from aiohttp import web
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.lb.proxy import LoadBalancer
 from skyserve_lite.lb.server import HttpServer
-from skyserve_lite.lb.settings import DEFAULT_MAX_CONNECTIONS
+from skyserve_lite.lb.settings import ConnectionLimits
 from skyserve_lite.state.models import LbView
 
 
@@ -26,9 +26,9 @@ class StaticSource:
 
 @contextlib.asynccontextmanager
 async def serving(app: web.Application, *, targets_alive: bool = True,
-                  max_connections: int = DEFAULT_MAX_CONNECTIONS) -> AsyncIterator[tuple[str, int]]:
-    """``app`` as the only replica behind a load balancer (none with ``targets_alive`` False); yields the
-    load balancer's (host, port)."""
+                  limits: ConnectionLimits | None = None) -> AsyncIterator[tuple[str, int]]:
+    """``app`` as the only replica behind a load balancer (none with ``targets_alive`` False) serving under
+    ``limits`` (the defaults when None); yields the load balancer's (host, port)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
@@ -37,7 +37,7 @@ async def serving(app: web.Application, *, targets_alive: bool = True,
         host, port = runner.addresses[0][:2]
         urls = (f"http://{host}:{port}",) if targets_alive else ()
         lb = LoadBalancer("svc", StaticSource(LbView(urls, "round_robin")), None, FakeClock(0.0), hold_seconds=0)
-        server = HttpServer(lb, max_connections=max_connections)
+        server = HttpServer(lb, limits)
         await lb.start()
         try:
             yield (await server.start("127.0.0.1", 0))[0]

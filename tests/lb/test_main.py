@@ -16,8 +16,10 @@ from skyserve_lite.errors import UsageError
 from skyserve_lite.lb import __main__ as lb_main
 from skyserve_lite.lb.proxy import LbReport, LbView
 from skyserve_lite.lb.settings import (
+    ConnectionLimits,
     LbSettings,
     compute_default_max_connections,
+    compute_default_max_connections_per_client,
     hold_seconds_from_env,
     max_connections_from_env,
 )
@@ -137,6 +139,65 @@ def test_settings_from_the_environment_read_both_variables() -> None:
     assert LbSettings.from_env({}) == LbSettings(hold_seconds=30.0, max_connections=None)
 
 
+# variable, value -> the LbSettings field and its value, or the error message (None: valid)
+_SETTING_CASES = [
+    ("SKY_LITE_LB_MAX_CONNECTIONS_PER_CLIENT", "50", "max_connections_per_client", 50),
+    ("SKY_LITE_LB_MAX_CONNECTIONS_PER_CLIENT", "0", None, "SKY_LITE_LB_MAX_CONNECTIONS_PER_CLIENT must be at least 1"),
+    ("SKY_LITE_LB_HEAD_SECONDS", "2.5", "head_seconds", 2.5),
+    ("SKY_LITE_LB_HEAD_SECONDS", "0", None, "SKY_LITE_LB_HEAD_SECONDS must be a number of seconds > 0, got '0'"),
+    ("SKY_LITE_LB_HEAD_SECONDS", "soon", None, "SKY_LITE_LB_HEAD_SECONDS must be a number of seconds, got 'soon'"),
+    ("SKY_LITE_LB_KEEPALIVE_SECONDS", "5", "keepalive_seconds", 5.0),
+    ("SKY_LITE_LB_KEEPALIVE_SECONDS", "inf", None, "SKY_LITE_LB_KEEPALIVE_SECONDS must be a finite number"),
+    ("SKY_LITE_LB_UPSTREAM_TIMEOUT_SECONDS", "30", "upstream_timeout_seconds", 30.0),
+    ("SKY_LITE_LB_UPSTREAM_TIMEOUT_SECONDS", "-1", None, "SKY_LITE_LB_UPSTREAM_TIMEOUT_SECONDS must be a number"),
+    ("SKY_LITE_LB_EJECT_AFTER_FAILURES", "0", "eject_after_failures", 0),
+    ("SKY_LITE_LB_EJECT_AFTER_FAILURES", "2.5", None, "SKY_LITE_LB_EJECT_AFTER_FAILURES must be a whole number"),
+    ("SKY_LITE_LB_EJECT_SECONDS", "1", "eject_seconds", 1.0),
+    ("SKY_LITE_LB_EJECT_SECONDS", "0", None, "SKY_LITE_LB_EJECT_SECONDS must be a number of seconds > 0"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "field", "expected"), _SETTING_CASES)
+def test_settings_from_the_environment_table(variable: str, value: str, field: str | None, expected: object) -> None:
+    if field is None:
+        with pytest.raises(UsageError, match=str(expected).replace("(", r"\(")):
+            LbSettings.from_env({variable: value})
+    else:
+        assert getattr(LbSettings.from_env({variable: value}), field) == expected
+
+
+def test_settings_defaults() -> None:
+    settings = LbSettings.from_env({})
+    assert (settings.head_seconds, settings.keepalive_seconds, settings.upstream_timeout_seconds) == (10, 20, 600)
+    assert (settings.eject_after_failures, settings.eject_seconds) == (5, 30)
+
+
+@pytest.mark.parametrize(
+    ("settings", "open_file_limit", "expected"),
+    [
+        (LbSettings(), 1_024, ConnectionLimits(max_connections=480)),
+        (LbSettings(max_connections=100, max_connections_per_client=7, head_seconds=3, keepalive_seconds=4), 1_024,
+         ConnectionLimits(max_connections=100, max_per_client=7, head_seconds=3, keepalive_seconds=4)),
+    ],
+)
+def test_connection_limits_from_the_settings(settings: LbSettings, open_file_limit: int,
+                                             expected: ConnectionLimits) -> None:
+    assert settings.connection_limits(open_file_limit) == expected
+
+
+@pytest.mark.parametrize(
+    ("limits", "per_client"),
+    [(ConnectionLimits(max_connections=480), 120), (ConnectionLimits(max_connections=10_000), 2_500),
+     (ConnectionLimits(max_connections=3), 1), (ConnectionLimits(max_connections=10, max_per_client=50), 10),
+     (ConnectionLimits(max_connections=10, max_per_client=4), 4)],
+)
+def test_per_client_limit_is_a_quarter_by_default_and_never_above_the_connection_limit(
+    limits: ConnectionLimits, per_client: int
+) -> None:
+    assert limits.per_client == per_client
+    assert compute_default_max_connections_per_client(limits.max_connections) == max(1, limits.max_connections // 4)
+
+
 @pytest.mark.parametrize(
     ("open_file_limit", "expected"),
     [(1_024, 480), (20_000, 9_968), (1_048_576, 10_000), (64, 1), (10, 1), (66, 1), (68, 2)],
@@ -153,7 +214,7 @@ def test_main_exits_2_naming_an_invalid_connection_limit(
     monkeypatch.setenv("SKY_LITE_LB_MAX_CONNECTIONS", "lots")
     code = lb_main.main(["--home", str(tmp_path), "--service", "svc", "--port", str(_free_port())])
     assert code == 2
-    assert "SKY_LITE_LB_MAX_CONNECTIONS must be a whole number of connections, got 'lots'" in capsys.readouterr().err
+    assert "SKY_LITE_LB_MAX_CONNECTIONS must be a whole number, got 'lots'" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(60)
@@ -176,4 +237,5 @@ def test_the_process_raises_its_open_file_limit_to_the_hard_limit_and_derives_th
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1_024)),
     )
     assert result.returncode == 0, result.stderr
-    assert "open-file limit raised from 256 to 1024; at most 480 client connections" in result.stderr
+    assert "open-file limit raised from 256 to 1024; at most 480 client connections, 120 per client address" in \
+        result.stderr

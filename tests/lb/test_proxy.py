@@ -532,13 +532,37 @@ def test_dead_replica_is_retried_on_the_live_one() -> None:
                 assert response.status == 200
                 assert (await response.json())["body"] == "x" * 1000
 
+            async def chunks() -> AsyncIterator[bytes]:
+                yield b"y" * 500
+                yield b"z" * 500
+
+            # Nothing was sent to the dead replica, so even a streamed body goes to the live one.
+            for _ in range(2):
+                async with h.client.post(h.lb_url + "/r", data=chunks()) as response:
+                    assert response.status == 200
+                    assert (await response.json())["body"] == "y" * 500 + "z" * 500
+            assert h.lb.retries >= 3
+
     _run(body)
 
 
+# (method, body) -> the status the client gets and how many times the replica saw the request, when the
+# replica closes the connection after reading the request and before answering: sent again (on a new
+# connection, there being no other replica) only when the method may be repeated and the body re-sent.
+_RESET_CASES = {
+    "GET": ("GET", None, 200, 2),
+    "PUT with a buffered body": ("PUT", "buffered", 200, 2),
+    "DELETE": ("DELETE", None, 200, 2),
+    "POST with a buffered body": ("POST", "buffered", 502, 1),
+    "PATCH with a buffered body": ("PATCH", "buffered", 502, 1),
+    "PUT with a streamed body": ("PUT", "streamed", 502, 1),
+}
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("streamed", "status"), [(False, 200), (True, 502)], ids=["buffered", "streamed"])
-def test_a_connection_reset_before_the_answer_is_retried_only_with_a_replayable_body(
-    streamed: bool, status: int
+@pytest.mark.parametrize(("method", "body_kind", "status", "seen"), list(_RESET_CASES.values()), ids=list(_RESET_CASES))
+def test_a_connection_reset_before_the_answer_is_retried_only_for_an_idempotent_method_and_a_replayable_body(
+    method: str, body_kind: str | None, status: int, seen: int
 ) -> None:
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -551,15 +575,17 @@ def test_a_connection_reset_before_the_answer_is_retried_only_with_a_replayable_
             lb = LoadBalancer("svc", MutableSource(LbView((backend.url,), "round_robin")), None, FakeClock(START))
             lb_url = await stack.enter_async_context(_run_lb(lb))
             client = await stack.enter_async_context(aiohttp.ClientSession())
-            async with client.post(lb_url + "/r", data=chunks() if streamed else b"replayable") as response:
+            data = {None: None, "buffered": b"replayable", "streamed": chunks()}[body_kind]
+            async with client.request(method, lb_url + "/r", data=data) as response:
                 assert response.status == status
                 text = await response.text()
-            if streamed:
-                assert "1 attempt(s)" in text
-                assert len(backend.requests) == 1
-            else:
+            assert len(backend.requests) == seen
+            if status == 200:
                 assert text == "ok"
-                assert len(backend.requests) == 2  # the same replica again, on a new connection
+                assert lb.retries == 1
+            else:
+                assert "1 attempt(s)" in text
+                assert lb.retries == 0
 
     _run(body)
 
