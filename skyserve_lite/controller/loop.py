@@ -6,6 +6,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import ProcessLoadBalancerRunner
+from skyserve_lite.controller.leases import LeaseHolder, LeaseSettings, new_loop_id
 from skyserve_lite.controller.memory import PassCollector
 from skyserve_lite.controller.pidfile import (
     PID_FILE,
@@ -69,14 +71,19 @@ def controller_lock(home: Path, timeout_seconds: float,
 
 
 def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> Reconciler:
-    """The controller of ``home`` wired to the real providers, prober and load balancer processes."""
+    """The controller of ``home`` wired to the real providers, prober and load balancer processes, holding
+    the leases of the services it reconciles under a loop id of its own (several controllers may share the
+    database; alone, it holds every lease). Cloud resources are tagged with the database's
+    ``controller_id``, the same for every loop, so whichever loop owns a service adopts its instances."""
     clock = SystemClock()
+    leases = LeaseHolder(store, clock, new_loop_id(), socket.gethostname(),
+                         LeaseSettings(settings.lease_ttl_seconds, settings.lease_renew_seconds))
     providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
     lb_host = load_host_settings(home).lb_host
     secrets = SecretStore(home)
     prober = HttpProber(read_secret=lambda digest: secrets.get(digest).value)
     return Reconciler(store, providers, prober, ProcessLoadBalancerRunner(home, lb_host), clock, settings,
-                      blobs=blob_store_of(home), secrets=secrets)
+                      blobs=blob_store_of(home), secrets=secrets, leases=leases)
 
 
 def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:
@@ -89,7 +96,11 @@ def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: flo
     with controller_lock(home, lock_timeout_seconds):
         store = Store.open(home)
         try:
-            build_reconciler(home, store, settings).reconcile_once()
+            reconciler = build_reconciler(home, store, settings)
+            try:
+                reconciler.reconcile_once()
+            finally:
+                reconciler.release_leases()  # the next tick (or a loop) claims them again at once
         finally:
             store.close()
 
@@ -140,6 +151,10 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
                 stop.wait(max(0.0, settings.interval_seconds - (time.monotonic() - started)))
         finally:
             listener.close()
+            try:
+                reconciler.release_leases()
+            except Exception:  # the top-level loop: stopping goes on; the leases then lapse after their TTL
+                log.exception("could not hand the services over; other controllers take them after the lease TTL")
             store.close()
             if read_controller_pid(home) == os.getpid():
                 (home / PID_FILE).unlink(missing_ok=True)

@@ -10,6 +10,7 @@ from skyserve_lite.controller.executor import Executor
 from skyserve_lite.controller.guard import guard_provider
 from skyserve_lite.controller.history import find_replica_samples
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner
+from skyserve_lite.controller.leases import Fence, LeaseHolder
 from skyserve_lite.controller.plan import (
     InstanceIndex,
     Observation,
@@ -40,12 +41,19 @@ class Reconciler:
     Failures stay inside their boundary: a provider that raises anything (``GuardedProvider`` turns what is
     not a ``ProviderError`` into a transient one) loses only that cloud's decisions for the pass, and a
     service whose state cannot be read or planned is skipped while every other service's pass goes on.
+
+    With ``leases`` (several controllers on one database) a pass first takes its lease step, then reads, plans
+    and acts for the services it holds only, and every write it makes for a service is fenced by the token
+    it planned with (``Store.fenced``); instances of services another controller owns are never its
+    orphans. Without, it is the only controller and plans every service, unfenced.
     """
 
     def __init__(self, store: Store, providers: Mapping[str, Provider], prober: Prober,
                  lb_runner: LoadBalancerRunner, clock: Clock, settings: ControllerSettings, *,
-                 blobs: BlobStore | None = None, secrets: SecretStore | None = None) -> None:
+                 blobs: BlobStore | None = None, secrets: SecretStore | None = None,
+                 leases: LeaseHolder | None = None) -> None:
         self._store = store
+        self._leases = leases
         self._providers = {cloud: guard_provider(provider) for cloud, provider in providers.items()}
         self._prober = prober
         self._lb_runner = lb_runner
@@ -59,14 +67,18 @@ class Reconciler:
 
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
+        fence = self._leases.reconcile_leases() if self._leases is not None else None
         table = self._tables.table(self._store.all_replicas())
-        snapshots, unreadable = self._read(table)
+        snapshots, unreadable, others = self._read(table, fence)
         observation, index = self._observe(snapshots, table)
-        plan = self._plan(snapshots, unreadable, observation, index, table)
-        if not plan.is_empty:
-            self._executor.apply(plan)
-        self._executor.collect_garbage(force=bool(plan.deletions))
-        self._executor.record_replica_history(find_replica_samples(snapshots, plan, self._clock.now()))
+        if fence is not None:
+            others |= self._find_owned_elsewhere(observation, snapshots, others)
+        plan = self._plan(snapshots, unreadable | others, observation, index, table)
+        with self._store.fenced(fence):
+            if not plan.is_empty:
+                self._executor.apply(plan)
+            self._executor.collect_garbage(force=bool(plan.deletions))
+            self._executor.record_replica_history(find_replica_samples(snapshots, plan, self._clock.now()))
         # Only when the pass got this far: a pass that cannot write (a full disk) leaves the heartbeat old,
         # and `serve status` then says that what it shows is unverified.
         self._executor.record_pass()
@@ -76,9 +88,15 @@ class Reconciler:
         """The state directory is gone: stop what only the providers' own memory can still find."""
         self._executor.abandon()
 
-    def _read(self, table: ReplicaTable) -> tuple[list[ServiceSnapshot], set[str]]:
-        """Every service's snapshot, and the names of those that could not be read this pass."""
-        snapshots, unreadable = [], set()
+    def release_leases(self) -> None:
+        """The loop stops cleanly: hand every service over now rather than after the lease TTL."""
+        if self._leases is not None:
+            self._leases.release_all()
+
+    def _read(self, table: ReplicaTable, fence: Fence | None) -> tuple[list[ServiceSnapshot], set[str], set[str]]:
+        """The snapshot of every service this pass holds, the names of those that could not be read this
+        pass, and of those another controller holds (or none does yet)."""
+        snapshots, unreadable, others = [], set(), set()
         now = self._clock.now()
         try:
             reads: ServiceReads | None = ServiceReads.read_all(self._store, now, self._settings)
@@ -87,6 +105,9 @@ class Reconciler:
             reads = None
         last = self._snapshots
         for service in self._store.list_services():
+            if fence is not None and service.name not in fence.tokens:
+                others.add(service.name)
+                continue
             try:
                 snapshots.append(read_snapshot(self._store, service, table.by_service.get(service.name, ()), now,
                                                self._settings, self._lb_runner.is_alive, self._versions, reads,
@@ -95,7 +116,20 @@ class Reconciler:
                 log.exception("cannot read service %s; leaving it alone this pass", service.name)
                 unreadable.add(service.name)
         self._snapshots = {snapshot.service.name: snapshot for snapshot in snapshots}
-        return snapshots, unreadable
+        return snapshots, unreadable, others
+
+    def _find_owned_elsewhere(self, observation: Observation, snapshots: Sequence[ServiceSnapshot],
+                              others: set[str]) -> set[str]:
+        """Services of listed instances that this pass did not read but that exist now: created (and
+        claimed, and launched by another controller) after this pass read the services. An instance is an
+        orphan of this controller only when its service is its own, or is gone from the database: a service
+        is deleted only after its replicas' instances were terminated, so one listed before this re-read
+        and still without a service really is left over."""
+        known = others.union(snapshot.service.name for snapshot in snapshots)
+        strangers = {i.service for found in observation.instances.values() for i in found} - known
+        if not strangers:
+            return set()
+        return strangers & {service.name for service in self._store.list_services()}
 
     def _plan(self, snapshots: Sequence[ServiceSnapshot], unreadable: set[str], observation: Observation,
               index: InstanceIndex, table: ReplicaTable) -> PassPlan:

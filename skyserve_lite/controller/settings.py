@@ -44,6 +44,11 @@ class ControllerSettings:
     # How many of a service's newest versions keep their snapshot (0: all). An older version's files are
     # dropped, and it can no longer be rolled back to; one that a replica still runs is always kept.
     keep_snapshot_versions: int = 0
+    # Several controllers on one database (controller.leases): a service whose lease is not renewed for this
+    # long is taken over by another controller, and each controller renews its leases this often (a third of
+    # the TTL: two renewals may fail before a live controller's lease lapses).
+    lease_ttl_seconds: float = 30.0
+    lease_renew_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerSettings:
@@ -67,7 +72,12 @@ class ControllerSettings:
             if not math.isfinite(value) or value < minimum:
                 raise UsageError(f"{name} must be at least {minimum}, got {text!r}")
             values[field.name] = value
-        return cls(**values)  # type: ignore[arg-type]
+        settings = cls(**values)  # type: ignore[arg-type]
+        if settings.lease_renew_seconds >= settings.lease_ttl_seconds:
+            raise UsageError(f"SKY_LITE_LEASE_RENEW_SECONDS ({settings.lease_renew_seconds:g}) must be less than "
+                             f"SKY_LITE_LEASE_TTL_SECONDS ({settings.lease_ttl_seconds:g}): leases would lapse "
+                             "between renewals")
+        return settings
 
 
 _ENV_NAME = {"interval_seconds": "SKY_LITE_CONTROLLER_INTERVAL_SECONDS"}
@@ -76,5 +86,5 @@ _MINIMUM: dict[str, float] = {
     "failure_limit": 1,
     "keep_terminal_replicas": 0, "drain_seconds": 0, "interval_seconds": 0.1,
     "autoscaler_period_seconds": 0.1, "autoscaler_window_seconds": 1, "snapshot_limit_bytes": 1,
-    "keep_snapshot_versions": 0,
+    "keep_snapshot_versions": 0, "lease_ttl_seconds": 1, "lease_renew_seconds": 0.1,
 }

@@ -198,4 +198,23 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
     ("""
     INSERT INTO meta (key, value) VALUES ('services_generation', '0') ON CONFLICT (key) DO NOTHING;
     """, CountingTriggers("services_generation", ("services", "autoscaler_state"))),
+    # 15: several controllers on one database. Each running loop's row (its heartbeat: a loop whose row is
+    #    older than the lease TTL is not live), and one lease per service: who owns it, until when, and a
+    #    fencing token that grows at every takeover (``controller.leases``). A service without a lease row
+    #    has never been claimed; a released lease keeps its row (and its token) with no owner.
+    ("""
+    CREATE TABLE controllers (
+        loop_id {TEXT} PRIMARY KEY,
+        host {TEXT} NOT NULL,
+        started_at {REAL} NOT NULL,
+        renewed_at {REAL} NOT NULL
+    );
+    CREATE TABLE service_leases (
+        service {TEXT} PRIMARY KEY REFERENCES services(name) ON DELETE CASCADE,
+        owner {TEXT},
+        expires_at {REAL} NOT NULL,
+        token {INTEGER} NOT NULL
+    );
+    CREATE INDEX service_leases_by_owner ON service_leases (owner);
+    """,),
 )

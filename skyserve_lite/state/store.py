@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import operator
 import os
 import stat
@@ -37,6 +38,7 @@ from skyserve_lite.state.access import StoreAccess, observe_home, plan_store_acc
 from skyserve_lite.state.connection import StoreConnection
 from skyserve_lite.state.dburl import DatabaseUrl, find_database_url
 from skyserve_lite.state.history import REQUEST_COUNTS_KEEP_SECONDS, ReplicaSample
+from skyserve_lite.state.leases import Fence, Lease, LeasePlan
 from skyserve_lite.state.models import (
     REPLICA_STATUS_BY_VALUE,
     AutoscalerObservation,
@@ -53,6 +55,8 @@ from skyserve_lite.state.models import (
     replica_from_fields,
 )
 from skyserve_lite.state.schema import MIGRATIONS
+
+log = logging.getLogger(__name__)
 
 DB_NAME = "state.db"
 
@@ -188,6 +192,8 @@ class Store:
         # The ``services_generation`` each was read at (None: never read, or a store without the counter).
         self._services_read_at: str | None = None
         self._autoscalers_read_at: str | None = None
+        # Inside ``fenced``: the leases a controller pass writes under (None: writes are not fenced).
+        self._fence: Fence | None = None
 
     @property
     def engine(self) -> str:
@@ -357,6 +363,33 @@ class Store:
             self._services_read_at = self._autoscalers_read_at = None
             raise
         self._db.execute("COMMIT")
+
+    @contextmanager
+    def fenced(self, fence: Fence | None) -> Iterator[None]:
+        """Inside, every write for a service commits only while ``fence.owner`` holds the service's lease with
+        the token in ``fence``: each write transaction reads the owner's tokens under the write lock, so no
+        takeover can commit between that read and the write, and drops the rows of services whose token
+        moved on (a takeover, a release) or that the fence does not name. Writes that name no service (the
+        heartbeat, blob collection) are not fenced. ``None``: nothing is fenced (a sole controller)."""
+        self._fence = fence
+        try:
+            yield
+        finally:
+            self._fence = None
+
+    def _fenced(self, db: StoreConnection, services: Sequence[str]) -> frozenset[str] | None:
+        """Of ``services``, those whose rows this write may change (None: every one, nothing is fenced).
+        Reads only when a fence is set and there is something to write."""
+        fence = self._fence
+        if fence is None or not services:
+            return None
+        rows = db.execute("SELECT service, token FROM service_leases WHERE owner = ?", (fence.owner,)).fetchall()
+        held = frozenset(str(service) for service, token in rows if fence.tokens.get(str(service)) == token)
+        lost = sorted(set(services) - held)
+        if lost:
+            log.warning("lease of %s lost to another controller (or never held): this pass's writes for it are "
+                        "dropped", ", ".join(lost))
+        return held
 
     def _migrate(self) -> None:
         """Bring the schema to ``MIGRATIONS``, in one transaction, and make the controller id if there is
@@ -585,7 +618,9 @@ class Store:
     def delete_replica_terminations(self, keys: Sequence[tuple[str, int]]) -> None:
         """Forget requests the executor has acted on (or whose replica is gone)."""
         with self._write() as db:
-            db.executemany("DELETE FROM replica_terminations WHERE service = ? AND replica_id = ?", keys)
+            held = self._fenced(db, [service for service, _ in keys])
+            db.executemany("DELETE FROM replica_terminations WHERE service = ? AND replica_id = ?",
+                           keys if held is None else [key for key in keys if key[0] in held])
 
     def set_service_status(self, name: str, status: ServiceStatus, reason: str | None) -> None:
         self.set_service_statuses([(name, status, reason)])
@@ -596,12 +631,17 @@ class Store:
         if not changes:
             return
         with self._write() as db:
+            held = self._fenced(db, [name for name, _, _ in changes])
             db.executemany("UPDATE services SET status = ?, status_reason = ? WHERE name = ?",
-                           [(status.value, reason, name) for name, status, reason in changes])
+                           [(status.value, reason, name) for name, status, reason in changes
+                            if held is None or name in held])
 
     def set_lb_port(self, name: str, port: int) -> None:
         """Move the service's endpoint to ``port``. Raises ``StateConflictError`` if another service has it."""
         with self._write() as db:
+            held = self._fenced(db, [name])
+            if held is not None and name not in held:
+                return
             other = db.execute("SELECT name FROM services WHERE lb_port = ? AND name != ?", (port, name)).fetchone()
             if other is not None:
                 raise StateConflictError(f"port {port} is already the endpoint of service {other[0]!r}")
@@ -609,11 +649,17 @@ class Store:
 
     def set_load_balancer(self, name: str, pid: int | None, policy: str) -> None:
         with self._write() as db:
+            held = self._fenced(db, [name])
+            if held is not None and name not in held:
+                return
             db.execute("UPDATE services SET lb_pid = ?, lb_policy = ? WHERE name = ?", (pid, policy, name))
 
     def delete_service(self, name: str) -> None:
         """Forget a service: its versions, replicas, request counts and events."""
         with self._write() as db:
+            held = self._fenced(db, [name])
+            if held is not None and name not in held:
+                return
             db.execute("DELETE FROM request_counts WHERE service = ?", (name,))
             db.execute("DELETE FROM lb_reports WHERE service = ?", (name,))
             db.execute("DELETE FROM events WHERE service = ?", (name,))
@@ -671,9 +717,10 @@ class Store:
         None for a service that no longer exists."""
         added: list[list[ReplicaRecord] | None] = []
         with self._write() as db:
+            held = self._fenced(db, [service for service, _, _ in batches])
             for service, count, template in batches:
                 row = db.execute("SELECT next_replica_id FROM services WHERE name = ?", (service,)).fetchone()
-                if row is None:
+                if row is None or (held is not None and service not in held):
                     added.append(None)
                     continue
                 first = int(row[0])
@@ -693,6 +740,10 @@ class Store:
         if not records and not active_versions:
             return
         with self._write() as db:
+            held = self._fenced(db, [*{r.service for r in records}, *(active_versions or {})])
+            if held is not None:
+                records = [r for r in records if r.service in held]
+                active_versions = {k: v for k, v in (active_versions or {}).items() if k in held}
             if skip_deleted_services and records:
                 existing = {row[0] for row in db.execute("SELECT name FROM services")}
                 records = [r for r in records if r.service in existing]
@@ -704,8 +755,59 @@ class Store:
         if not keys:
             return
         with self._write() as db:
+            held = self._fenced(db, [service for service, _ in keys])
+            if held is not None:
+                keys = [key for key in keys if key[0] in held]
             db.executemany("DELETE FROM replicas WHERE service = ? AND replica_id = ?", keys)
             _bump_replicas_generation(db)
+
+    # --- leases (several controllers on one database: controller.leases) ----------------------------
+    def list_leases(self) -> list[Lease]:
+        """One lease per service, by name; token 0 and no owner for a service never claimed."""
+        rows = self._db.execute(
+            "SELECT s.name, l.owner, l.expires_at, l.token FROM services s"
+            " LEFT JOIN service_leases l ON l.service = s.name ORDER BY s.name").fetchall()
+        return [Lease(str(name), owner, float(expires or 0.0), int(token or 0)) for name, owner, expires, token in rows]
+
+    def list_controllers(self) -> dict[str, float]:
+        """Every loop's last renewal, by loop id (live or not: ``controller.leases`` decides)."""
+        rows = self._db.execute("SELECT loop_id, renewed_at FROM controllers").fetchall()
+        return {str(loop_id): float(at) for loop_id, at in rows}
+
+    def apply_leases(self, me: str, host: str, plan: LeasePlan, now: float, ttl_seconds: float) -> dict[str, int]:
+        """Apply ``me``'s lease plan in one transaction and return what ``me`` holds after it (service ->
+        token). A claim takes its lease only if the row still has the token it was read with (a claim of a
+        service never claimed: only if no row appeared meanwhile), incrementing it; a renewal or a release
+        changes the row only while ``me`` still owns it with that token. What another loop changed meanwhile
+        is left as it is: the returned holdings say who won."""
+        expires = now + ttl_seconds
+        with self._write() as db:
+            if plan.heartbeat:
+                db.execute("INSERT INTO controllers (loop_id, host, started_at, renewed_at) VALUES (?, ?, ?, ?)"
+                           " ON CONFLICT (loop_id) DO UPDATE SET renewed_at = excluded.renewed_at",
+                           (me, host, now, now))
+            for lease in plan.claims:
+                if lease.token == 0:
+                    db.execute("INSERT INTO service_leases (service, owner, expires_at, token)"
+                               " SELECT ?, ?, ?, 1 WHERE EXISTS (SELECT 1 FROM services WHERE name = ?)"
+                               " ON CONFLICT (service) DO NOTHING", (lease.service, me, expires, lease.service))
+                else:
+                    db.execute("UPDATE service_leases SET owner = ?, expires_at = ?, token = token + 1"
+                               " WHERE service = ? AND token = ?", (me, expires, lease.service, lease.token))
+            if plan.renewals:
+                db.executemany("UPDATE service_leases SET expires_at = ? WHERE service = ? AND owner = ? AND token = ?",
+                               [(expires, lease.service, me, lease.token) for lease in plan.renewals])
+            if plan.releases:
+                db.executemany("UPDATE service_leases SET owner = NULL, expires_at = 0 WHERE service = ? AND owner = ?"
+                               " AND token = ?", [(lease.service, me, lease.token) for lease in plan.releases])
+            rows = db.execute("SELECT service, token FROM service_leases WHERE owner = ? AND expires_at > ?",
+                              (me, now)).fetchall()
+        return {str(service): int(token) for service, token in rows}
+
+    def forget_controller(self, loop_id: str) -> None:
+        """Remove a loop's controller row (it stopped cleanly; its leases were released first)."""
+        with self._write() as db:
+            db.execute("DELETE FROM controllers WHERE loop_id = ?", (loop_id,))
 
     # --- events ----------------------------------------------------------------------------------
     def add_events(self, events: Sequence[tuple[float, str, int | None, str, str]]) -> None:
@@ -713,9 +815,10 @@ class Store:
         if not events:
             return
         with self._write() as db:
+            held = self._fenced(db, [event[1] for event in events])
             db.executemany(
                 "INSERT INTO events (time, service, replica_id, kind, message) VALUES (?, ?, ?, ?, ?)",
-                events)
+                events if held is None else [event for event in events if event[1] in held])
 
     def list_events(self, service: str, limit: int = 100) -> list[EventRecord]:
         rows = self._db.execute(
@@ -806,6 +909,9 @@ class Store:
         if not states:
             return
         with self._write() as db:
+            held = self._fenced(db, [name for name, _, _ in states])
+            if held is not None:
+                states = [entry for entry in states if entry[0] in held]
             db.executemany(
                 "INSERT INTO autoscaler_state (service, version, target, upscale_count, downscale_count,"
                 " last_decision_at, observed_json) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (service) DO UPDATE SET"
@@ -836,6 +942,9 @@ class Store:
         drop every sample before ``keep_from_minute``, in one transaction. A sample of a service that is gone
         is not written."""
         with self._write() as db:
+            held = self._fenced(db, [s.service for s in samples])
+            if held is not None:
+                samples = [s for s in samples if s.service in held]
             db.executemany(
                 # SQLite reads the ON of an upsert after INSERT ... SELECT as a join's unless the SELECT has a
                 # WHERE, which this one has.
