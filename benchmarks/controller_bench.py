@@ -38,6 +38,7 @@ from typing import Any
 
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
+from skyserve_lite.controller.leases import LeaseHolder
 from skyserve_lite.controller.memory import PassCollector
 from skyserve_lite.controller.probe import FakeProber
 from skyserve_lite.controller.reconcile import Reconciler
@@ -84,14 +85,17 @@ def _counts(counts: StatementCounts) -> dict[str, float]:
     return {"reads": counts.reads, "writes": counts.writes, "rows_written": counts.rows_written}
 
 
-def run_size(services: int, per_service: int, passes: int) -> dict[str, Any]:
+def run_size(services: int, per_service: int, passes: int, leases: bool = True) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as home:
         store = Store.open(Path(home))
         clock = FakeClock()
         provider = FakeProvider(name="local")
         prober = FakeProber()
+        # As `controller run`: one loop holding every service's lease (``--without-leases``: a bare
+        # reconciler, as before leases, to compare).
+        holder = LeaseHolder(store, clock, "bench-loop", "bench-host") if leases else None
         reconciler = Reconciler(store, {"local": provider}, prober, FakeLoadBalancerRunner(), clock,
-                                ControllerSettings())
+                                ControllerSettings(), leases=holder)
         text = TASK.format(replicas=per_service)
         for index in range(services):
             task = SubmittedTask(text=text, source="/bench.yaml", spec=parse_task(text))
@@ -164,13 +168,15 @@ def main() -> None:
     parser.add_argument("--engine", choices=("sqlite", "postgresql"), default="sqlite",
                         help="Where the store is: SQLite in a temporary home (the default), or PostgreSQL on a "
                         "throwaway server on 127.0.0.1, a fresh database per size.")
+    parser.add_argument("--without-leases", action="store_true",
+                        help="A reconciler without leases (one controller, nothing fenced), to compare.")
     parser.add_argument("--json", action="store_true", help="Print one JSON object per size instead of a table "
                         "(what each size's own process answers).")
     args = parser.parse_args()
     if args.json:
         for size in args.sizes:
             services, per = (int(n) for n in size.split("x"))
-            print(json.dumps(run_size(services, per, args.passes)))
+            print(json.dumps(run_size(services, per, args.passes, leases=not args.without_leases)))
         return
     results = []
     server = _start_postgres() if args.engine == "postgresql" else None
@@ -180,7 +186,9 @@ def main() -> None:
             database = server.create_database() if server is not None else None
             if server is not None:
                 env["SKY_LITE_DB_URL"] = server.url(database)  # the environment: never a command line
-            out = subprocess.run([sys.executable, __file__, "--json", "--passes", str(args.passes), "--sizes", size],
+            extra = ["--without-leases"] if args.without_leases else []
+            out = subprocess.run([sys.executable, __file__, "--json", "--passes", str(args.passes), "--sizes", size,
+                                  *extra],
                                  check=True, capture_output=True, text=True, env=env).stdout
             if server is not None:
                 server.drop_database(database)
