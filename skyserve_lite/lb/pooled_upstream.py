@@ -383,11 +383,11 @@ class PooledUpstream:
         replica = self._replicas.get(url)
         if replica is None:
             replica = self._replicas[url] = _Replica(url)
-        connection = self._checkout(replica)
+        connection = self._checkout(replica)  # open, or None
         if connection is None:
             connection = await self._connect(replica)
-        if not connection.is_open:  # closed between the connect and now: nothing was sent
-            raise UpstreamConnectError(f"the connection to {replica.host}:{replica.port} closed before the request")
+            if not connection.is_open:  # closed between the connect and now: nothing was sent
+                raise UpstreamConnectError(f"the connection to {replica.host}:{replica.port} closed at once")
         head = connection.begin(method != "HEAD", upgrade)
         try:
             if isinstance(body, aiohttp.StreamReader):
