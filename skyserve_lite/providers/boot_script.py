@@ -1,6 +1,13 @@
 """The boot script of one launch batch, for every cloud: a bash script, and the file list it applies.
 
-The script, run once as root on first boot (EC2's user data through cloud-init, GCE's ``startup-script``):
+The script runs as root at first boot (EC2's user data through cloud-init, GCE's ``startup-script``). GCE
+runs it again at every boot (a reboot, a GPU instance restarted after host maintenance); by then the workload
+has owned its workdir and home and may have planted symbolic links there (``workdir/data -> /root``), through
+which a root that wrote files again would write or ``chmod`` anywhere. So the first boot leaves a root-only
+marker (``BOOTED_MARKER``) before the workload first owns anything, and a later run only puts back the
+metadata block (step 6) and starts the service (``render_later_boot``): setup is not run again, no file is
+written again. A first boot that stopped after the marker (``setup`` failed) fails again, setup not run. At
+first boot it:
 
 1. finds its replica id: the batch's replica ids are embedded as a list, and the cloud's metadata service
    says which of them this instance is (``BootCloud.find_replica_id``: on EC2 its launch index);
@@ -15,12 +22,18 @@ The script, run once as root on first boot (EC2's user data through cloud-init, 
    source to its destination): it downloads the snapshot's file list and applies it line by line
    (``apply_files``), each file from the bucket's ``blobs/<sha256>``; then copies every cloud mount source
    (``s3://``, ``gs://``). Both with the cloud's own CLI and the instance's own identity
-   (``BootCloud.copy_object``, ``copy_tree``): no credential is ever written into the script. The workdir
-   and the workload user's home then belong to that user;
-6. runs ``setup`` in the workdir as the workload user; if it fails the instance powers itself off, so the
+   (``BootCloud.copy_object``, ``copy_tree``): no credential is ever written into the script;
+6. unless the workload runs as root, keeps the workload user away from the instance metadata service
+   (``GUARD``): the instance's credentials are the replicas' role or service account, which reads every
+   secret of every service of the controller; root keeps them (it has just used them, and the cloud's
+   agents run as root). Then it writes the marker, and the workdir and the workload user's home become
+   that user's;
+7. runs ``setup`` in the workdir as the workload user; if it fails the instance powers itself off, so the
    controller sees it stopped instead of waiting for a readiness probe that cannot succeed;
-7. installs ``run`` as the systemd unit ``sky-lite-replica`` that restarts it whenever it exits, again as
-   the workload user.
+8. installs ``run`` as the systemd unit ``sky-lite-replica`` that restarts it whenever it exits, again as
+   the workload user, and the metadata block as the unit ``sky-lite-guard`` that puts it back at every boot
+   before the network is up (an iptables rule does not survive a reboot, and EC2 runs user data only once),
+   which the replica's unit requires.
 
 ``env.sh`` and ``secrets.sh`` are root's alone (mode 0600): root sources them and only then becomes the
 workload user (``runuser``), so the values reach the workload's environment and that user cannot read the
@@ -73,6 +86,53 @@ SECRETS_FILE = f"{BOOT_ROOT}/secrets.sh"
 WORKLOAD_USER = "sky"
 WORKLOAD_HOME = f"/home/{WORKLOAD_USER}"
 ROOT_HOME = "/root"
+
+# Root's alone (0700): the workload can neither make nor remove the marker of a first boot done.
+STATE_DIR = "/var/lib/sky-lite"
+BOOTED_MARKER = f"{STATE_DIR}/booted"
+GUARD_NAME = "sky-lite-guard"
+GUARD_SCRIPT = f"{BOOT_ROOT}/guard.sh"
+# Every instance metadata address of the clouds sky-lite launches on: EC2's IPv4 and IPv6 (Nitro) endpoints
+# and Compute Engine's (IPv4, and IPv6 on IPv6-only instances). One list for every cloud: a rule for an
+# address that does not exist there costs nothing.
+METADATA_IPV4 = ("169.254.169.254",)
+METADATA_IPV6 = ("fd00:ec2::254", "fd20:ce::254")
+
+# Blocks every user but root from the metadata service: a rule at the top of OUTPUT (inserted, so no ACCEPT
+# before it can skip it), checked first so the boot and every start of the unit add it once. TCP only and
+# not port 53: Compute Engine's metadata server is also the VM's DNS resolver and NTP server, which the
+# workload's own lookups, systemd-resolved and chrony (none of them root) use; credentials are HTTP (TCP 80).
+# An image without iptables keeps the service reachable: a warning in the boot log (and the journal), and
+# the boot goes on, as it did before this block existed; an iptables that refuses the rule fails the boot.
+GUARD = r"""#!/bin/bash
+set -euo pipefail
+block() {
+  local r=(OUTPUT -d "$2" -p tcp ! --dport 53 -m owner ! --uid-owner 0 -j REJECT)
+  "$1" -w -C "${r[@]}" 2>/dev/null || "$1" -w -I "${r[@]}"
+}
+command -v iptables >/dev/null || { echo "sky-lite: warning: no iptables: the workload user can reach" \
+  "the instance metadata service and this instance's credentials" >&2; exit 0; }
+for a in IPV4; do block iptables $a; done
+if command -v ip6tables >/dev/null; then
+  for a in IPV6; do block ip6tables $a || echo "sky-lite: warning: ip6tables cannot block $a" >&2; done
+fi
+""".replace("IPV4", " ".join(METADATA_IPV4)).replace("IPV6", " ".join(METADATA_IPV6))
+
+# Before the network is up at every boot (as ufw's unit is), so no process of the workload user (a crontab of
+# its own, say) meets the metadata service before the rule is back.
+GUARD_UNIT = f"""[Unit]
+Description=sky-lite metadata guard
+DefaultDependencies=no
+After=local-fs.target
+Wants=network-pre.target
+Before=network-pre.target {UNIT_NAME}.service
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/bash {GUARD_SCRIPT}
+[Install]
+WantedBy=multi-user.target
+"""
 
 # File lists and cloud mounts name ``~`` as the task wrote it; the script knows whose home that is (``$home``).
 EXPAND_HOME = r"""homed() {  # path: REPLY is the path with a leading ~ made the workload user's home
@@ -240,6 +300,7 @@ def render_boot_script(cloud: BootCloud, batch: BootBatch, fetches: Sequence[Fet
         "set -Eeuo pipefail",
         f"fail() {{ echo \"sky-lite: $1\" >&2; echo \"$1\" > {BOOT_ROOT}/failed; shutdown -h now; exit 1; }}",
         "trap 'fail \"bootstrap failed at line $LINENO\"' ERR",
+        *render_later_boot(batch),
         f"mkdir -p {WORKDIR}",
         f"cd {BOOT_ROOT}",
         f"replica_ids={_id_list(batch.replica_ids)}",
@@ -286,8 +347,15 @@ def render_boot_script(cloud: BootCloud, batch: BootBatch, fetches: Sequence[Fet
     become = "" if batch.run_as_root else f"runuser -u {WORKLOAD_USER} -- "
     load = f". {ENV_FILE} && . {SECRETS_FILE}"
     if not batch.run_as_root:
+        # Root's own reads of the metadata service are done; from here on only root reaches it.
+        lines += [f"(umask 077 && cat > {GUARD_SCRIPT}) <<'GUARD'", *GUARD.splitlines(), "GUARD"]
+        lines.append(f"/bin/bash {GUARD_SCRIPT} || fail \"cannot keep the workload user from the metadata service\"")
+    # From here on the workload may own files, so a later boot must not act in its tree as root.
+    lines.append(f"(umask 077 && mkdir -p {STATE_DIR}) && : > {BOOTED_MARKER}")
+    if not batch.run_as_root:
         # The workdir and the home are the workload's: setup may write there (caches, builds, checkpoints).
         lines.append(f"chown -R {WORKLOAD_USER}: {WORKDIR} {WORKLOAD_HOME}")
+    guarded = () if batch.run_as_root else (f"Requires={GUARD_NAME}.service", f"After={GUARD_NAME}.service")
     lines += [
         f"cd {WORKDIR}",
         f"if ! ({load} && {become}/bin/bash {BOOT_ROOT}/setup.sh); then fail \"setup failed\"; fi",
@@ -296,6 +364,7 @@ def render_boot_script(cloud: BootCloud, batch: BootBatch, fetches: Sequence[Fet
         "Description=sky-lite replica",
         "After=network-online.target",
         "Wants=network-online.target",
+        *guarded,
         "[Service]",
         f"WorkingDirectory={WORKDIR}",
         f"ExecStart=/bin/bash -c '{load} && exec {become}/bin/bash {BOOT_ROOT}/run.sh'",
@@ -305,10 +374,29 @@ def render_boot_script(cloud: BootCloud, batch: BootBatch, fetches: Sequence[Fet
         "[Install]",
         "WantedBy=multi-user.target",
         "UNIT",
-        "systemctl daemon-reload",
-        f"systemctl enable --now {UNIT_NAME}.service",
     ]
+    if not batch.run_as_root:
+        lines += [f"cat > {UNIT_DIR}/{GUARD_NAME}.service <<'UNIT'", *GUARD_UNIT.splitlines(), "UNIT"]
+    lines.append("systemctl daemon-reload")
+    if not batch.run_as_root:
+        lines.append(f"systemctl enable {GUARD_NAME}.service")
+    lines.append(f"systemctl enable --now {UNIT_NAME}.service")
     return "\n".join(lines) + "\n"
+
+
+def render_later_boot(batch: BootBatch) -> list[str]:
+    """The lines a boot after the first runs instead of the rest of the script (module docstring): start the
+    service if the first boot installed it (the guard first, which the unit requires anyway), else fail as the
+    first boot did. Nothing here touches the workload's files."""
+    guard = [] if batch.run_as_root else [f"  /bin/bash {GUARD_SCRIPT}"]
+    return [
+        f"if [ -e {BOOTED_MARKER} ]; then",
+        f"  [ -e {UNIT_DIR}/{UNIT_NAME}.service ] || fail \"the first boot did not finish; setup is not run again\"",
+        *guard,
+        f"  systemctl start {UNIT_NAME}.service",
+        "  exit 0",
+        "fi",
+    ]
 
 
 def find_mount_destination(destination: str) -> str:

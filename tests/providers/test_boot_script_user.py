@@ -1,10 +1,13 @@
-"""The boot script run whole under bash, in a sandbox: who runs `setup` and `run`, and how secrets reach them.
+"""The boot script run whole under bash, in a sandbox: who runs `setup` and `run`, how secrets reach them, how
+the workload user is kept from the metadata service, and what a later boot does (nothing in the workload's
+tree).
 
 Every command that reaches outside (the metadata service, the clouds' CLIs, user creation, ``runuser``,
-``chown``, ``systemctl``, ``shutdown``) is a stub on ``PATH`` that records its arguments; the script's
-absolute paths are moved into the sandbox. ``runuser`` runs its command after recording it (the sandbox
-cannot become another user: the test checks that the script asks to), and ``setup`` itself records the
-environment it got.
+``chown``, ``iptables``, ``systemctl``, ``shutdown``) is a stub on ``PATH`` that records its arguments; the
+script's absolute paths are moved into the sandbox. ``runuser`` runs its command after recording it (the
+sandbox cannot become another user: the test checks that the script asks to), and ``setup`` itself records
+the environment it got. ``iptables`` keeps its rules in a file, which a reboot empties; the clouds' copy
+commands copy from a folder that stands for the bucket.
 """
 
 from __future__ import annotations
@@ -21,15 +24,24 @@ from pathlib import Path
 
 import pytest
 
+from skyserve_lite.files.manifest import EntryKind, ManifestEntry
 from skyserve_lite.providers.aws_userdata import AWS_BOOT
 from skyserve_lite.providers.boot_script import (
     BOOT_ROOT,
+    BOOTED_MARKER,
+    GUARD_NAME,
+    GUARD_SCRIPT,
+    STATE_DIR,
     UNIT_DIR,
     UNIT_NAME,
+    WORKDIR,
     WORKLOAD_HOME,
     BootBatch,
     BootCloud,
+    Placement,
+    StagedFiles,
     render_boot_script,
+    render_file_list,
 )
 from skyserve_lite.providers.gcp import GCP_BOOT
 
@@ -58,9 +70,17 @@ class Booted:
         return self.root / relocate(path).lstrip("/")
 
 
-MOVED = ((BOOT_ROOT, "/boot"), (UNIT_DIR, "/units"), (WORKLOAD_HOME, "/home-sky"), ("/snap/bin", "/snap-bin"))
+MOVED = ((BOOT_ROOT, "/boot"), (UNIT_DIR, "/units"), (WORKLOAD_HOME, "/home-sky"), ("/snap/bin", "/snap-bin"),
+         (STATE_DIR, "/var-lib"))
 # The only programs the sandbox's PATH has besides the stubs: what the script and the stubs run.
 TOOLS = ("bash", "mkdir", "cat", "tr", "cut", "base64", "dirname", "chmod", "ln", "cp")
+# Every rule a root `iptables` would insert: the workload user (any uid but root's) gets no TCP to the address
+# but DNS.
+RULE = "OUTPUT -d {} -p tcp ! --dport 53 -m owner ! --uid-owner 0 -j REJECT"
+# `iptables -w -C RULE` / `-w -I RULE`, over a file of rules per tool.
+IPTABLES = ('f="$RULES/${0##*/}"; rule="${*:3}"; case "$2" in '
+            '-C) [ -f "$f" ] && while IFS= read -r line; do [ "$line" = "$rule" ] && exit 0; done < "$f"; exit 1 ;; '
+            '-I) echo "$rule" >> "$f" ;; *) exit 2 ;; esac')
 
 
 def relocate(path: str) -> str:
@@ -75,15 +95,21 @@ STUBS = {
     # The metadata services: EC2's token and launch index, GCE's instance name.
     "curl": 'case "$*" in *api/token*) echo tok ;; *ami-launch-index*) echo 0 ;; '
             '*instance/name*) echo sky-ctl1-0123abcd-r4 ;; *) exit 22 ;; esac',
-    # `aws secretsmanager get-secret-value --region R --secret-id ARN --query SecretBinary --output text`
-    "aws": 'f="$STORE/$(printf %s "$6" | tr /: __)"; '
+    # `aws secretsmanager get-secret-value --region R --secret-id ARN --query SecretBinary --output text`;
+    # `aws s3 cp --only-show-errors s3://B/KEY DST`
+    "aws": 'if [ "$1" = s3 ]; then cp "$BUCKET/${4#s3://}" "$5"; exit; fi; f="$STORE/$(printf %s "$6" | tr /: __)"; '
            '[ -f "$f" ] || { echo "ResourceNotFoundException" >&2; exit 254; }; cat "$f"',
-    # `gcloud secrets versions access latest --secret=NAME --format=get(payload.data)`: URL-safe base64
-    "gcloud": 'f="$STORE/${5#--secret=}"; [ -f "$f" ] || { echo "NOT_FOUND" >&2; exit 1; }; tr "/+" "_-" < "$f"',
+    # `gcloud secrets versions access latest --secret=NAME --format=get(payload.data)`: URL-safe base64;
+    # `gcloud storage cp --quiet gs://B/KEY DST`
+    "gcloud": 'if [ "$1" = storage ]; then cp "$BUCKET/${4#gs://}" "$5"; exit; fi; '
+              'f="$STORE/${5#--secret=}"; [ -f "$f" ] || { echo "NOT_FOUND" >&2; exit 1; }; tr "/+" "_-" < "$f"',
     "id": "exit 1",  # no user `sky` yet
     "useradd": "exit 0",
     "runuser": 'shift 3; exec "$@"',  # -u sky -- COMMAND...
-    "chown": "exit 0",
+    # The workload gets its tree only once the marker says a later boot must leave that tree alone.
+    "chown": '[ -e "$MARKER" ] || { echo "chown before the first-boot marker" >&2; exit 1; }',
+    "iptables": IPTABLES,
+    "ip6tables": IPTABLES,
     "systemctl": "exit 0",
     "shutdown": "exit 0",
     # `snap install aws-cli --classic`: puts the CLI where snaps go.
@@ -91,34 +117,60 @@ STUBS = {
 }
 
 
-def boot(tmp_path: Path, cloud: BootCloud, batch: BootBatch, secrets: Mapping[str, str],
-         missing: tuple[str, ...] = ()) -> Booted:
-    """Run ``cloud``'s boot script of ``batch`` in a sandbox whose secret store holds ``secrets`` (by
-    reference), without the stubs named in ``missing`` (kept aside for ``snap`` to install)."""
-    stubs, store, spare = tmp_path / "bin", tmp_path / "store", tmp_path / "spare"
-    for directory in (stubs, store, spare, tmp_path / "units", tmp_path / "home-sky", tmp_path / "snap-bin"):
+def make_sandbox(tmp_path: Path, secrets: Mapping[str, str], missing: tuple[str, ...] = (),
+                 stubs: Mapping[str, str] | None = None) -> Path:
+    """A sandbox whose secret store holds ``secrets`` (by reference), without the stubs named in ``missing``
+    (kept aside for ``snap`` to install), with ``stubs`` in place of the usual ones of those names."""
+    bin_dir, store, spare = tmp_path / "bin", tmp_path / "store", tmp_path / "spare"
+    for directory in (bin_dir, store, spare, tmp_path / "units", tmp_path / "home-sky", tmp_path / "snap-bin",
+                      tmp_path / "bucket", tmp_path / "rules"):
         directory.mkdir(parents=True)
     log = tmp_path / "calls.log"
-    for name, body in STUBS.items():
-        stub = (spare if name in missing else stubs) / name
+    for name, body in {**STUBS, **(stubs or {})}.items():
+        stub = (spare if name in missing else bin_dir) / name
         stub.write_text(f'#!/bin/bash\necho "{name} $*" >> {shlex.quote(str(log))}\n{body}\n')
         stub.chmod(0o755)
     for tool in TOOLS:
         found = shutil.which(tool, path="/usr/bin:/bin")
         assert found is not None, tool
-        (stubs / tool).symlink_to(found)
+        (bin_dir / tool).symlink_to(found)
     for reference, value in secrets.items():
         key = reference.replace("/", "_").replace(":", "_")
         (store / key).write_text(base64.b64encode(value.encode()).decode() + "\n")
-    script = render_boot_script(cloud, batch)
+    return tmp_path
+
+
+def in_sandbox(root: Path, text: str) -> str:
+    """``text`` (a script, a file list) with the absolute paths it names moved into the sandbox."""
     for real, _ in MOVED:
-        script = script.replace(real, f"{tmp_path}{relocate(real)}")
-    env = {"PATH": str(stubs), "STORE": str(store), "SPARE": str(spare), "SNAP_BIN": str(tmp_path / "snap-bin"),
-           "HOME": str(tmp_path)}
-    done = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+        text = text.replace(real, f"{root}{relocate(real)}")
+    return text
+
+
+def run_boot(root: Path, cloud: BootCloud, batch: BootBatch, files: StagedFiles | None = None) -> Booted:
+    """Run ``cloud``'s boot script of ``batch`` in the sandbox ``root``; the calls are this run's only."""
+    log = root / "calls.log"
+    log.unlink(missing_ok=True)
+    env = {"PATH": str(root / "bin"), "STORE": str(root / "store"), "SPARE": str(root / "spare"),
+           "SNAP_BIN": str(root / "snap-bin"), "HOME": str(root), "BUCKET": str(root / "bucket"),
+           "RULES": str(root / "rules"), "MARKER": in_sandbox(root, BOOTED_MARKER)}
+    script = in_sandbox(root, render_boot_script(cloud, batch, files=files))
+    done = subprocess.run(["bash", "-c", script], env=env, cwd=root, capture_output=True, text=True,
                           timeout=60, check=False)
     calls = log.read_text().splitlines() if log.exists() else []
-    return Booted(done.returncode, done.stderr, calls, tmp_path)
+    return Booted(done.returncode, done.stderr, calls, root)
+
+
+def reboot(root: Path) -> None:
+    """What a reboot loses: the firewall's rules."""
+    for rules in (root / "rules").iterdir():
+        rules.unlink()
+
+
+def boot(tmp_path: Path, cloud: BootCloud, batch: BootBatch, secrets: Mapping[str, str],
+         missing: tuple[str, ...] = (), stubs: Mapping[str, str] | None = None) -> Booted:
+    """One first boot of ``cloud``'s script of ``batch`` in a new sandbox (``make_sandbox``)."""
+    return run_boot(make_sandbox(tmp_path, secrets, missing, stubs), cloud, batch)
 
 
 def batch(**fields: object) -> BootBatch:
@@ -213,3 +265,132 @@ def test_aws_fails_the_boot_saying_so_when_no_cli_can_be_had(tmp_path: Path) -> 
     booted = boot(tmp_path, AWS_BOOT, batch(secrets=(("TOKEN", ARN),)), {ARN: "v"}, missing=("aws", "snap"))
     assert booted.returncode != 0
     assert booted.file(f"{BOOT_ROOT}/failed").read_text() == "this image has no AWS CLI, and snap cannot install it\n"
+
+
+# --- the instance metadata service -----------------------------------------------------------------------------
+METADATA_V4 = "169.254.169.254"
+METADATA_V6 = ("fd00:ec2::254", "fd20:ce::254")  # EC2's and Compute Engine's IPv6 endpoints
+
+
+def rules(root: Path, tool: str) -> list[str]:
+    path = root / "rules" / tool
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize(("cloud", "reference"), CLOUDS)
+def test_only_root_reaches_the_metadata_service_once_roots_own_reads_are_done(
+        tmp_path: Path, cloud: BootCloud, reference: str) -> None:
+    booted = boot(tmp_path, cloud, batch(secrets=(("TOKEN", reference),)), {reference: "v"})
+
+    assert booted.returncode == 0, booted.stderr
+    assert rules(tmp_path, "iptables") == [RULE.format(METADATA_V4)]
+    assert rules(tmp_path, "ip6tables") == [RULE.format(address) for address in METADATA_V6]
+    insert = f"iptables -w -I {RULE.format(METADATA_V4)}"
+    last_read = max(i for i, c in enumerate(booted.calls) if c.split()[0] in ("curl", "aws", "gcloud"))
+    setup = next(i for i, c in enumerate(booted.calls) if c.startswith("runuser"))
+    assert last_read < booted.calls.index(insert) < setup
+    assert booted.file(GUARD_SCRIPT).stat().st_mode & 0o777 == 0o600  # root's alone; run as `bash guard.sh`
+    # At every later boot, before the network is up and before the workload's unit, which needs it.
+    guard_unit = booted.file(f"{UNIT_DIR}/{GUARD_NAME}.service").read_text().splitlines()
+    assert f"ExecStart=/bin/bash {tmp_path}/boot/guard.sh" in guard_unit
+    assert f"Before=network-pre.target {UNIT_NAME}.service" in guard_unit and "DefaultDependencies=no" in guard_unit
+    unit = booted.file(f"{UNIT_DIR}/{UNIT_NAME}.service").read_text().splitlines()
+    assert {f"Requires={GUARD_NAME}.service", f"After={GUARD_NAME}.service"} <= set(unit)
+    assert f"systemctl enable {GUARD_NAME}.service" in booted.calls
+
+
+def test_the_guard_adds_each_rule_once_however_often_it_runs(tmp_path: Path) -> None:
+    booted = boot(tmp_path, AWS_BOOT, batch(), {})
+    assert booted.returncode == 0, booted.stderr
+    env = {"PATH": str(tmp_path / "bin"), "RULES": str(tmp_path / "rules")}
+    for _ in range(2):  # a restart of the unit, the guard run again by hand
+        subprocess.run(["bash", str(booted.file(GUARD_SCRIPT))], env=env, check=True, timeout=30)
+    assert rules(tmp_path, "iptables") == [RULE.format(METADATA_V4)]
+    assert len(rules(tmp_path, "ip6tables")) == len(METADATA_V6)
+
+
+def test_without_iptables_the_boot_says_so_and_goes_on(tmp_path: Path) -> None:
+    booted = boot(tmp_path, AWS_BOOT, batch(), {}, missing=("iptables", "ip6tables"))
+    assert booted.returncode == 0, booted.stderr
+    assert ("sky-lite: warning: no iptables: the workload user can reach the instance metadata service and this "
+            "instance's credentials") in booted.stderr.splitlines()
+    assert booted.setup_env["PORT"] == "8080"  # setup ran
+
+
+def test_an_iptables_that_refuses_the_rule_fails_the_boot_before_the_workload_runs(tmp_path: Path) -> None:
+    booted = boot(tmp_path, GCP_BOOT, batch(), {}, stubs={"iptables": "exit 4"})
+    assert booted.returncode != 0
+    assert booted.file(f"{BOOT_ROOT}/failed").read_text() == "cannot keep the workload user from the metadata service\n"
+    assert not [c for c in booted.calls if c.split()[0] in ("runuser", "chown")]
+    assert not booted.file(BOOTED_MARKER).exists()
+
+
+def test_a_workload_run_as_root_keeps_the_metadata_service(tmp_path: Path) -> None:
+    booted = boot(tmp_path, AWS_BOOT, batch(run_as_root=True), {})
+    assert booted.returncode == 0, booted.stderr
+    assert not [c for c in booted.calls if c.split()[0] in ("iptables", "ip6tables")]
+    assert not booted.file(f"{UNIT_DIR}/{GUARD_NAME}.service").exists()
+    assert GUARD_NAME not in booted.file(f"{UNIT_DIR}/{UNIT_NAME}.service").read_text()
+
+
+# --- later boots ---------------------------------------------------------------------------------------------
+DIGEST = "d" * 64
+
+
+def stage_files(root: Path, scheme: str) -> StagedFiles:
+    """A snapshot in the sandbox's bucket: the workdir's ``data/`` (0755) with a file in it, and ``app.py``."""
+    entries = [(ManifestEntry("data", EntryKind.DIR, 0o755), f"{WORKDIR}/data"),
+               (ManifestEntry("data/model.bin", EntryKind.FILE, 0o644, 5, DIGEST), f"{WORKDIR}/data/model.bin"),
+               (ManifestEntry("app.py", EntryKind.FILE, 0o644, 5, DIGEST), f"{WORKDIR}/app.py")]
+    file_list = render_file_list([Placement("workdir", entry, path) for entry, path in entries])
+    (root / "bucket" / "b" / "files").mkdir(parents=True)
+    (root / "bucket" / "b" / "blobs").mkdir()
+    (root / "bucket" / "b" / "files" / "list.tsv").write_text(in_sandbox(root, file_list))
+    (root / "bucket" / "b" / "blobs" / DIGEST).write_text("blob\n")
+    return StagedFiles(file_list=f"{scheme}://b/files/list.tsv", blobs=f"{scheme}://b/blobs/")
+
+
+@pytest.mark.parametrize(("cloud", "scheme"), [pytest.param(AWS_BOOT, "s3", id="aws"),
+                                               pytest.param(GCP_BOOT, "gs", id="gcp")])
+def test_a_later_boot_touches_nothing_through_links_the_workload_planted(
+        tmp_path: Path, cloud: BootCloud, scheme: str) -> None:
+    root = make_sandbox(tmp_path, {})
+    files = stage_files(root, scheme)
+    first = run_boot(root, cloud, batch(), files)
+    assert first.returncode == 0, first.stderr
+    workdir = root / "boot" / "workdir"
+    assert (workdir / "data" / "model.bin").read_text() == "blob\n"
+    assert first.file(BOOTED_MARKER).exists() and first.file(STATE_DIR).stat().st_mode & 0o777 == 0o700
+    # What the workload, owning its workdir, could leave for root: links to root's own files.
+    victim = root / "root-home"
+    victim.mkdir(mode=0o700)
+    (victim / "passwd").write_text("root's\n")
+    shutil.rmtree(workdir / "data")
+    (workdir / "data").symlink_to(victim)
+    (workdir / "app.py").unlink()
+    (workdir / "app.py").symlink_to(victim / "passwd")
+    reboot(root)
+
+    again = run_boot(root, cloud, batch(), files)
+
+    assert again.returncode == 0, again.stderr
+    assert victim.stat().st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in victim.iterdir()) == ["passwd"]
+    assert (victim / "passwd").read_text() == "root's\n"
+    # Nothing is written, owned or set up again; the block a reboot lost is back, and the service started.
+    assert not [c for c in again.calls if c.split()[0] in ("runuser", "chown", "useradd", "aws", "gcloud")]
+    assert rules(root, "iptables") == [RULE.format(METADATA_V4)]
+    assert again.calls[-1] == f"systemctl start {UNIT_NAME}.service"
+
+
+def test_a_later_boot_after_a_first_that_stopped_in_setup_fails_again_without_running_it(tmp_path: Path) -> None:
+    root = make_sandbox(tmp_path, {})
+    first = run_boot(root, GCP_BOOT, batch(setup="exit 3"), None)
+    assert first.returncode != 0 and first.file(f"{BOOT_ROOT}/failed").read_text() == "setup failed\n"
+
+    again = run_boot(root, GCP_BOOT, batch(setup="exit 3"), None)
+
+    assert again.returncode != 0
+    assert again.file(f"{BOOT_ROOT}/failed").read_text() == "the first boot did not finish; setup is not run again\n"
+    assert not [c for c in again.calls if c.split()[0] in ("runuser", "chown", "systemctl")]
+    assert "shutdown -h now" in again.calls
