@@ -4,7 +4,9 @@ controller daemon and `serve down --force`.
 Linux first: liveness reads ``/proc/PID/stat`` so that a zombie counts as dead and a reused pid is told
 apart from the process we started (by its start time). Elsewhere it falls back to ``kill(pid, 0)``, and
 the process table (``list_processes``, ``read_environ``, ``read_cmdline``) is empty: what is found only
-through it (escaped descendants, processes tagged by an earlier controller) is not found there.
+through it (escaped descendants, processes tagged by an earlier controller) is not found there. Every walk of
+``/proc`` goes through ``read_process_table``, whatever it reads of each process (``controller.cron`` reads
+names).
 
 Imports nothing but the standard library: the replica supervisor runs with a replica's bare environment.
 """
@@ -16,9 +18,13 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+PROC = Path("/proc")
+_Read = TypeVar("_Read")
 
 
 def process_start_time(pid: int) -> int | None:
@@ -148,24 +154,14 @@ def _signal_group(pgid: int, signum: signal.Signals) -> bool:
 
 def _group_alive(pgid: int) -> bool:
     """Whether any non-zombie process of the group remains."""
-    proc = Path("/proc")
-    if not proc.is_dir():
+    processes = read_process_table(_read_process)
+    if processes is None:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return False
         return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = _stat_fields(stat)
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
+    return any(process.pgid == pgid for process in processes)
 
 
 @dataclass(frozen=True)
@@ -179,18 +175,25 @@ class ProcessInfo:
     start_time: int
 
 
-def list_processes() -> list[ProcessInfo]:
-    """Every live process of this machine (zombies excluded), from ``/proc``; empty without ``/proc``."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return []
+def read_process_table(read: Callable[[Path], _Read | None], proc: Path = PROC) -> list[_Read] | None:
+    """``read`` of each process directory of ``proc`` (``proc/PID``), by pid, leaving out the processes it
+    gives None for (one that ended while it was read, or that the reader skips); None when ``proc`` cannot be
+    listed (no ``/proc``: not Linux)."""
+    try:
+        entries = sorted((entry for entry in proc.iterdir() if entry.name.isdigit()), key=lambda e: int(e.name))
+    except OSError:
+        return None
     found = []
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            process = _read_process(entry)
-            if process is not None:
-                found.append(process)
+    for entry in entries:
+        item = read(entry)
+        if item is not None:
+            found.append(item)
     return found
+
+
+def list_processes(proc: Path = PROC) -> list[ProcessInfo]:
+    """Every live process of this machine (zombies excluded), by pid, from ``proc``; empty without it."""
+    return read_process_table(_read_process, proc) or []
 
 
 def find_process(pid: int) -> ProcessInfo | None:

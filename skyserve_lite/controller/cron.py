@@ -7,7 +7,7 @@
 
 Lines in a crontab run only if a cron daemon does: containers and minimal images often have ``crontab`` and
 no daemon. ``find_cron_daemon`` tells one from a process listing (pure), ``is_cron_daemon_running`` reads
-that listing from ``/proc``.
+that listing from ``/proc`` (through ``procs.read_process_table``, the one walker of ``/proc``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyserve_lite import procs
 from skyserve_lite.controller.daemon import controller_log_path, ensure_controller
 from skyserve_lite.controller.pidfile import find_controller
 from skyserve_lite.errors import ControllerError, UsageError
@@ -245,20 +246,16 @@ def list_processes(proc: Path = Path("/proc")) -> list[ProcessName] | None:
     that ends while it is read is left out."""
     if not (proc / "1").is_dir():
         return None
+    return procs.read_process_table(_read_name, proc)
+
+
+def _read_name(entry: Path) -> ProcessName | None:
     try:
-        entries = sorted((entry for entry in proc.iterdir() if entry.name.isdigit()), key=lambda e: int(e.name))
+        comm = (entry / "comm").read_text(errors="replace").strip()
+        argv = (entry / "cmdline").read_bytes().split(b"\0")
     except OSError:
-        return None
-    processes = []
-    for entry in entries:
-        try:
-            comm = (entry / "comm").read_text(errors="replace").strip()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        processes.append(ProcessName(int(entry.name), comm,
-                                     tuple(a.decode(errors="replace") for a in argv if a)))
-    return processes
+        return None  # ended while it was read
+    return ProcessName(int(entry.name), comm, tuple(a.decode(errors="replace") for a in argv if a))
 
 
 def is_cron_daemon_running(proc: Path = Path("/proc")) -> bool | None:
