@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.controller.lb_runner import LoadBalancerRunner, find_lb_port
-from skyserve_lite.controller.plan import Event, LaunchBatch, PassPlan
+from skyserve_lite.controller.plan import Event, LaunchBatch, PassPlan, Termination
 from skyserve_lite.errors import ProviderError, StateConflictError, TransientProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest, Provider
@@ -113,9 +113,10 @@ class Executor:
         self._store.put_replicas(plan.replica_updates, dict(plan.active_version_changes))
         if plan.requests_done:  # after the drains they asked for are stored: a crash between repeats them
             self._store.delete_replica_terminations(plan.requests_done)
-        self._terminate(plan)
+        terminations, launches = self._drop_lost(plan)
+        self._terminate(terminations)
         self._store.delete_replicas(plan.removals)
-        self._launch_all(plan.launches, events)
+        self._launch_all(launches, events)
         self._apply_load_balancers(plan, events)
         self._store.set_service_statuses(plan.status_changes)
         self._store.put_autoscaler_states([u for u in plan.autoscaler_updates if u[0] not in plan.deletions])
@@ -153,10 +154,28 @@ class Executor:
                 return
         self._store.delete_service(name)
 
-    def _terminate(self, plan: PassPlan) -> None:
+    def _drop_lost(self, plan: PassPlan) -> tuple[Sequence[Termination], Sequence[LaunchBatch]]:
+        """The plan's terminations and launches less those of services whose lease this loop lost since the
+        pass read it (``Store.find_lost_leases``, one read, just before the cloud calls). Rows are fenced by
+        their transactions, cloud calls are not: a loop paused between reading its leases and terminating
+        (a slow listing, a stopped VM) would otherwise terminate an instance the new owner just launched and
+        that the paused loop's stale rows do not claim. A launch of a lost service is dropped as well: its
+        new rows' intents would not be written anyway, but a retry re-sends a row written before."""
+        if not plan.terminations and not plan.launches:
+            return (), ()
+        lost = self._store.find_lost_leases({t.service for t in plan.terminations}
+                                            | {b.service for b in plan.launches}, self._clock.now())
+        if not lost:
+            return plan.terminations, plan.launches
+        log.warning("lease of %s lost since this pass read it: its terminations and launches are dropped",
+                    ", ".join(sorted(lost)))
+        return ([t for t in plan.terminations if t.service not in lost],
+                [b for b in plan.launches if b.service not in lost])
+
+    def _terminate(self, terminations: Sequence[Termination]) -> None:
         by_cloud: dict[str, list[str]] = defaultdict(list)
-        for cloud, instance_id in plan.terminations:
-            by_cloud[cloud].append(instance_id)
+        for termination in terminations:
+            by_cloud[termination.cloud].append(termination.instance_id)
         for cloud, instance_ids in by_cloud.items():
             provider = self._providers.get(cloud)
             if provider is None:

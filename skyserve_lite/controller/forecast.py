@@ -144,8 +144,8 @@ class _World:
                 drained.append(record.replica_id)
             rows[record.replica_id] = record
         by_instance = {instance.instance_id: rid for rid, (_, instance) in self.instances.items()}
-        for _cloud, instance_id in part.terminations:
-            rid = by_instance.get(instance_id)
+        for termination in part.terminations:
+            rid = by_instance.get(termination.instance_id)
             if rid is not None:
                 del self.instances[rid]
                 self.gone.add(rid)

@@ -125,11 +125,21 @@ class Event:
     warning: bool = False
 
 
+class Termination(NamedTuple):
+    """One instance to terminate, with the service it belongs to: the executor re-checks that service's
+    lease just before the cloud call (a pass paused after planning must not terminate for a service it
+    lost). A named tuple: orphans of 50,000 instances may be listed in one pass."""
+
+    service: str
+    cloud: str
+    instance_id: str
+
+
 @dataclass(frozen=True)
 class PassPlan:
     replica_updates: tuple[ReplicaRecord, ...] = ()
     removals: tuple[ReplicaKey, ...] = ()
-    terminations: tuple[tuple[str, str], ...] = ()  # (cloud, instance_id)
+    terminations: tuple[Termination, ...] = ()
     launches: tuple[LaunchBatch, ...] = ()
     start_lbs: tuple[str, ...] = ()
     stop_lbs: tuple[tuple[str, int], ...] = ()  # (service, pid)

@@ -21,6 +21,7 @@ from skyserve_lite.controller.pass_types import (
     ProbeTarget,
     ReplicaKey,
     ServiceSnapshot,
+    Termination,
 )
 from skyserve_lite.controller.replica_rules import ProbeResult, ReplicaStep, plan_replica
 from skyserve_lite.controller.replica_table import ReplicaTable
@@ -48,7 +49,7 @@ from skyserve_lite.state.models import (
 )
 
 __all__ = ["Event", "InstanceIndex", "LaunchBatch", "Observation", "PassPlan", "ProbeTarget", "ReplicaKey",
-           "ServiceSnapshot", "find_probe_targets", "merge_plans", "plan_orphans", "plan_service_pass",
+           "ServiceSnapshot", "Termination", "find_probe_targets", "merge_plans", "plan_orphans", "plan_service_pass",
            "plan_service_status"]
 
 
@@ -143,7 +144,7 @@ def plan_orphans(table: ReplicaTable, observation: Observation, unknown_services
                        if i.instance_id not in ids and i.state is not InstanceState.TERMINATED
                        and i.service not in unknown and (cloud, i.service, i.replica_id) not in adoptable)
     return PassPlan(
-        terminations=tuple(sorted({(cloud, i.instance_id) for cloud, i in orphans})),
+        terminations=tuple(sorted({Termination(i.service, cloud, i.instance_id) for cloud, i in orphans})),
         events=tuple(Event(i.service, i.replica_id, "orphan", f"terminating {cloud} instance {i.instance_id} "
                            "that no replica claims") for cloud, i in orphans),
     )
@@ -235,7 +236,7 @@ def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], kno
     launches = [] if census is None else plan_launches(snapshot, census, settings, target, now)
     events: list[Event] = []
     updates: list[ReplicaRecord] = []
-    terminations: list[tuple[str, str]] = []
+    terminations: list[Termination] = []
     removals: list[ReplicaKey] = []
     # Every step above maps the replica at its place, so the rows as read line up with the steps. Identity
     # first: an unchanged replica's step holds the very row it was given, and comparing 10,000 rows field
@@ -247,7 +248,7 @@ def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], kno
         if s.event:
             events.append(Event(name, record.replica_id, "replica", s.event, warning=is_failing_step(record, old)))
         if s.terminate and record.instance_id is not None:
-            terminations.append((record.cloud, record.instance_id))
+            terminations.append(Termination(name, record.cloud, record.instance_id))
         if s.remove:
             removals.append((name, record.replica_id))
         elif record is not old and record != old:

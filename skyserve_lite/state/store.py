@@ -22,7 +22,7 @@ import operator
 import os
 import stat
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -390,6 +390,30 @@ class Store:
             log.warning("lease of %s lost to another controller (or never held): this pass's writes for it are "
                         "dropped", ", ".join(lost))
         return held
+
+    def find_lost_leases(self, services: Collection[str], now: float) -> frozenset[str]:
+        """Of ``services``, those the current fence (``fenced``) no longer covers at ``now``: another loop's
+        now, released, or expired by this loop's clock. A service the fence does not name (the service of an
+        orphan, gone from the database) is lost if it exists again: created, and so another loop's to claim.
+        Empty outside ``fenced`` (nothing is fenced).
+
+        The executor asks this just before cloud calls, which no transaction can fence: the token read
+        here may move on before the call lands, but only after the lease expires (or is released), and a
+        live loop's lease has at least 20 s left (TTL 30 s, renewal every 10 s). A loop that was paused
+        long enough for its lease to lapse finds it expired here, taken over or not, and calls nothing."""
+        fence = self._fence
+        if fence is None or not services:
+            return frozenset()
+        rows = self._db.execute("SELECT service, token, expires_at FROM service_leases WHERE owner = ?",
+                                (fence.owner,)).fetchall()
+        held = {str(service) for service, token, expires in rows
+                if fence.tokens.get(str(service)) == token and float(expires) > now}
+        lost = {service for service in services if service in fence.tokens and service not in held}
+        unnamed = {service for service in services if service not in fence.tokens}
+        if unnamed:
+            lost.update(unnamed.intersection(str(name) for (name,) in
+                                             self._db.execute("SELECT name FROM services").fetchall()))
+        return frozenset(lost)
 
     def _migrate(self) -> None:
         """Bring the schema to ``MIGRATIONS``, in one transaction, and make the controller id if there is

@@ -6,7 +6,7 @@ wakes. Every time: no replica launched twice, no instance left without its repli
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from skyserve_lite.controller.leases import LeaseHolder, LeaseSettings
 from skyserve_lite.controller.probe import FakeProber
 from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.providers.base import InstanceState, LaunchOutcome, LaunchRequest
+from skyserve_lite.providers.base import Instance, InstanceState, LaunchOutcome, LaunchRequest
 from skyserve_lite.providers.fake import FakeProvider
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
@@ -43,8 +43,20 @@ class Cloud:
 
     shared: FakeProvider
     on_launch: Any = None  # "before" | "after" | a callable run after the call, before its outcome is stored
+    on_list: Any = None  # a callable run once before the next listing (a loop paused after reading its leases)
     name: str = "local"
     launched: list[tuple[str, int]] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)  # instance ids this loop asked to terminate
+
+    def list_instances(self, regions: Collection[str] = ()) -> list[Instance]:
+        if callable(self.on_list):
+            pause, self.on_list = self.on_list, None
+            pause()
+        return self.shared.list_instances(regions)
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        self.terminated.extend(instance_ids)
+        self.shared.terminate(instance_ids)
 
     def launch(self, requests: Sequence[LaunchRequest]) -> list[LaunchOutcome]:
         if self.on_launch == "before":
@@ -185,3 +197,38 @@ def test_a_paused_loop_that_wakes_after_a_takeover_writes_nothing_for_the_servic
     fleet.run(6)
     fleet.check_converged()
     assert Counter((i.service, i.replica_id) for i in fleet.cloud.instances.values())[("c", intent.replica_id)] == 1
+
+
+def test_a_loop_paused_between_reading_its_leases_and_terminating_terminates_nothing_of_a_lost_service(
+        fleet: Fleet) -> None:
+    """The loop reads its leases and its replica rows, then stalls 40 s at its cloud listing. Meanwhile the
+    others take its service over and replace a failed replica. When it wakes, the listing shows the new
+    owner's instance, which its stale rows do not claim: by its plan an orphan. Its rows are fenced; the
+    termination is a cloud call, and only the re-check of the lease before the call stops it."""
+    fleet.run(12)
+    victim = fleet.owners()["c"]
+    assert victim is not None
+    n = int(victim.removeprefix("loop"))
+    others = sorted(fleet.alive - {n})
+    store = fleet.stores[0]
+    failed = next(r for r in store.list_replicas("c") if r.instance_id is not None)
+    assert failed.instance_id is not None
+    fleet.cloud.set_state(failed.instance_id, InstanceState.EXITED, "run exited with code 1")
+
+    def pause() -> None:
+        for _ in range(int((TTL + 10) / INTERVAL)):
+            fleet.clock.advance(INTERVAL)
+            for other in others:
+                fleet.loops[other].reconcile_once()
+
+    fleet.clouds[n].on_list = pause
+    fleet.loops[n].reconcile_once()
+    new_owner = fleet.owners()["c"]
+    assert new_owner is not None and new_owner != victim
+    mine = {r.instance_id for r in store.list_replicas("c") if r.instance_id is not None}
+    fresh = mine - {failed.instance_id}
+    assert fresh  # the new owner's replacement, unknown to the paused loop's rows
+    assert [i for i in fleet.clouds[n].terminated if fleet.cloud.instances[i].service == "c"] == []
+    assert all(fleet.cloud.instances[i].state is not InstanceState.TERMINATED for i in fresh)
+    fleet.run(6)
+    fleet.check_converged()

@@ -134,3 +134,29 @@ def test_outside_a_fence_writes_are_not_fenced(store: Store) -> None:
     claim(store, "two", 100.0, "a")
     store.set_service_statuses([("a", ServiceStatus.READY, None)])
     assert store.get_service("a").status is ServiceStatus.READY
+
+
+@pytest.mark.parametrize(("now", "fence", "asked", "lost"), [
+    # Held with the token the pass planned with, unexpired: nothing lost.
+    (140.0, Fence("two", {"a": 2}), {"a"}, set()),
+    # "one" planned with token 1 for "a"; "two" took it over at 130: lost. "b" is still one's.
+    (140.0, Fence("one", {"a": 1, "b": 1}), {"a", "b"}, {"a"}),
+    # "b" (one's, expires at 155) expired by the loop's own clock, though nobody claimed it yet: lost.
+    (155.0, Fence("one", {"a": 1, "b": 1}), {"b"}, {"b"}),
+    # A service the fence does not name (an orphan's) that exists: another loop's to claim, lost.
+    (140.0, Fence("two", {"a": 2}), {"b"}, {"b"}),
+    # ... and one that is gone from the database is not: its orphans are this loop's to terminate.
+    (140.0, Fence("two", {"a": 2}), {"gone"}, set()),
+])
+def test_find_lost_leases_names_the_services_the_fence_no_longer_covers(
+        store: Store, now: float, fence: Fence, asked: set[str], lost: set[str]) -> None:
+    claim(store, "one", 100.0, "a")
+    claim(store, "one", 125.0, "b")
+    claim(store, "two", 100.0 + TTL, "a")
+    with store.fenced(fence):
+        assert store.find_lost_leases(asked, now) == lost
+
+
+def test_find_lost_leases_outside_a_fence_finds_nothing(store: Store) -> None:
+    claim(store, "one", 100.0, "a")
+    assert store.find_lost_leases({"a", "b"}, 1000.0) == frozenset()
