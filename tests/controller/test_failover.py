@@ -232,3 +232,28 @@ def test_a_loop_paused_between_reading_its_leases_and_terminating_terminates_not
     assert all(fleet.cloud.instances[i].state is not InstanceState.TERMINATED for i in fresh)
     fleet.run(6)
     fleet.check_converged()
+
+
+def test_instances_of_a_service_created_and_launched_by_another_loop_after_this_pass_read_the_services_are_not_orphans(
+        fleet: Fleet) -> None:
+    """Loop A reads the services (a, b, c); before it lists the cloud, a service d is created and loop B
+    claims it and launches its replicas. A's listing then holds d's instances, which no row A read
+    claims: only the re-read of the services (d exists, so it is another loop's) keeps A from planning
+    them as orphans."""
+    fleet.run(12)
+    a, b = 0, 1
+    text = TASK.format(replicas=2)
+
+    def create_and_launch_elsewhere() -> None:
+        fleet.stores[b].create_service("d", SubmittedTask(text=text, source="/t.yaml", spec=parse_task(text)),
+                                       30004, fleet.clock.now())
+        fleet.loops[b].reconcile_once()
+
+    fleet.clouds[a].on_list = create_and_launch_elsewhere
+    plan = fleet.loops[a].reconcile_once()
+    assert fleet.owners()["d"] == f"loop{b}"
+    launched = [i.instance_id for i in fleet.cloud.instances.values() if i.service == "d"]
+    assert len(launched) == 2
+    assert [t for t in plan.terminations if t.service == "d"] == []
+    assert [e for e in plan.events if e.kind == "orphan"] == []
+    assert all(fleet.cloud.instances[i].state is not InstanceState.TERMINATED for i in launched)
