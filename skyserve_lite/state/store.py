@@ -383,9 +383,17 @@ class Store:
         fence = self._fence
         if fence is None or not services:
             return None
-        rows = db.execute("SELECT service, token FROM service_leases WHERE owner = ?", (fence.owner,)).fetchall()
-        held = frozenset(str(service) for service, token in rows if fence.tokens.get(str(service)) == token)
-        lost = sorted(set(services) - held)
+        named = set(services)
+        # Only the named services' rows when they are few: a launch pass at 1,000 services starts 1,000 load
+        # balancers, one write each, and reading all 1,000 of the loop's tokens for each was ~0.9 s of it.
+        if len(named) <= _FENCE_BY_NAME:
+            rows = db.execute(f"SELECT service, token FROM service_leases WHERE owner = ? AND service IN "
+                              f"({', '.join('?' * len(named))})", (fence.owner, *named)).fetchall()
+        else:
+            rows = db.execute("SELECT service, token FROM service_leases WHERE owner = ?", (fence.owner,)).fetchall()
+        held = frozenset(str(service) for service, token in rows
+                         if str(service) in named and fence.tokens.get(str(service)) == token)
+        lost = sorted(named - held)
         if lost:
             log.warning("lease of %s lost to another controller (or never held): this pass's writes for it are "
                         "dropped", ", ".join(lost))
@@ -810,14 +818,17 @@ class Store:
                 db.execute("INSERT INTO controllers (loop_id, host, started_at, renewed_at) VALUES (?, ?, ?, ?)"
                            " ON CONFLICT (loop_id) DO UPDATE SET renewed_at = excluded.renewed_at",
                            (me, host, now, now))
-            for lease in plan.claims:
-                if lease.token == 0:
-                    db.execute("INSERT INTO service_leases (service, owner, expires_at, token)"
+            # One statement for every first claim and one for every takeover (executemany), each row still
+            # compared with the token it was read with.
+            first = [(lease.service, me, expires, lease.service) for lease in plan.claims if lease.token == 0]
+            if first:
+                db.executemany("INSERT INTO service_leases (service, owner, expires_at, token)"
                                " SELECT ?, ?, ?, 1 WHERE EXISTS (SELECT 1 FROM services WHERE name = ?)"
-                               " ON CONFLICT (service) DO NOTHING", (lease.service, me, expires, lease.service))
-                else:
-                    db.execute("UPDATE service_leases SET owner = ?, expires_at = ?, token = token + 1"
-                               " WHERE service = ? AND token = ?", (me, expires, lease.service, lease.token))
+                               " ON CONFLICT (service) DO NOTHING", first)
+            taken = [(me, expires, lease.service, lease.token) for lease in plan.claims if lease.token != 0]
+            if taken:
+                db.executemany("UPDATE service_leases SET owner = ?, expires_at = ?, token = token + 1"
+                               " WHERE service = ? AND token = ?", taken)
             if plan.renewals:
                 db.executemany("UPDATE service_leases SET expires_at = ? WHERE service = ? AND owner = ? AND token = ?",
                                [(expires, lease.service, me, lease.token) for lease in plan.renewals])
@@ -996,6 +1007,11 @@ _VERSION_SELECT = (
     " v.reuse_identical_files, v.inputs_json, v.spec_json"
     " FROM versions v LEFT JOIN snapshots s ON s.digest = v.files_digest"
 )
+
+
+# A fenced write naming at most this many services reads only their lease rows (one placeholder each);
+# more, and it reads every row of the loop (one statement, no list of placeholders to build or to bound).
+_FENCE_BY_NAME = 50
 
 
 def _find_submission(db: StoreConnection, key: str) -> tuple[str, int] | None:

@@ -160,3 +160,16 @@ def test_find_lost_leases_names_the_services_the_fence_no_longer_covers(
 def test_find_lost_leases_outside_a_fence_finds_nothing(store: Store) -> None:
     claim(store, "one", 100.0, "a")
     assert store.find_lost_leases({"a", "b"}, 1000.0) == frozenset()
+
+
+def test_a_fenced_write_naming_many_services_drops_only_the_lost_ones(store: Store) -> None:
+    """Past 50 services a fenced write reads every lease row of the loop rather than the named ones: the
+    same rule either way."""
+    for index in range(60):
+        store.create_service(f"s{index:02}", task(), 31000 + index, 1.0)
+    names = [f"s{index:02}" for index in range(60)]
+    claim(store, "one", 100.0, *names)
+    claim(store, "two", 100.0 + TTL, "s07")
+    with store.fenced(Fence("one", dict.fromkeys(names, 1))):
+        store.set_service_statuses([(name, ServiceStatus.READY, None) for name in names])
+    assert [name for name in names if store.get_service(name).status is not ServiceStatus.READY] == ["s07"]
