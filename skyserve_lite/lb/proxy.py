@@ -569,7 +569,8 @@ class LoadBalancer:
         ``_hold`` says. Valid between ``start`` and ``close``.
         """
         self._count_request()
-        url = self._select()
+        excluded = self._outliers.excluded
+        url = self._policy.select() if not excluded else self._select()
         if url is None:
             url = await self._hold()
         return url

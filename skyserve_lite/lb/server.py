@@ -2,7 +2,7 @@
 
 ``serve`` runs a ``LoadBalancer`` (``skyserve_lite.lb.proxy``) on it. The server does per request only what
 the HTTP side needs (no request or response objects) and leaves every proxy decision to the load balancer:
-``select_target``, ``forward``, and the answers it makes itself (503, 502).
+``select_target``, ``forward``, and the answers it makes itself (503, 502, 504).
 
 Connections are accepted by a ``Listener`` (``skyserve_lite.lb.listener``) under the ``ConnectionLimits``
 (``skyserve_lite.lb.settings``): at most ``max_connections`` at once, at most ``per_client`` from one client

@@ -1,5 +1,8 @@
-"""Limits on client connections: the connection cap refuses cleanly, and at the open-file limit the load
-balancer backs off accepting, logs a bounded number of lines and keeps serving its open connections."""
+"""Limits on client connections: at the connection cap the longest idle connection makes room, or with none
+idle the new one is refused cleanly; one client address gets its share only; connections that send no
+whole head, or sit idle, are closed at their deadlines; at the open-file limit the load balancer backs off
+accepting, logs a bounded number of lines and keeps serving its open connections; and a client holding
+2,000 idle connections cannot lock another client out."""
 
 from __future__ import annotations
 
