@@ -13,8 +13,14 @@ When the service's current version has `service.tls`, it serves HTTPS with that 
 certificate, written to ``$SKY_LITE_HOME/lb/<service>/tls`` (0700, files 0600) and removed on exit; an
 update that changes them is served from the next connection on (``lb.tls``).
 
-Exit status: 0 on a normal stop, 1 when the port cannot be bound, the store cannot be opened or the
-current version's key and certificate cannot be loaded, 2 for an invalid setting.
+When the current version has `service.auth` or `service.rate_limits`, every request is decided by the
+guard (``lb.guard``) before a replica is chosen: 429 with Retry-After, 401 with WWW-Authenticate. The keys
+are read from the secret store of the home at start (when they cannot be, the process exits 1 naming the
+key, never a value: the controller starts it again, and an endpoint must not open without its keys) and
+again whenever the current version changes; a later failure keeps the keys it has.
+
+Exit status: 0 on a normal stop, 1 when the port cannot be bound, the store cannot be opened, or the
+current version's key and certificate or API keys cannot be loaded, 2 for an invalid setting.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skyserve_lite.clock import SystemClock
-from skyserve_lite.errors import SkyLiteError
+from skyserve_lite.errors import SkyLiteError, StateConflictError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.files.manifest import Manifest
+from skyserve_lite.lb.auth_keys import StoreGuardSource
+from skyserve_lite.lb.guard import Guard
 from skyserve_lite.lb.listener import raise_open_file_limit
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
@@ -143,6 +151,13 @@ async def _run(
     store = await asyncio.to_thread(lambda: Store.open(home, create=False))
     tls = TlsReloader(service, StoreTlsSource(store, service), blob_store_of(home), tls_dir(home, service))
     try:
+        guard_source = StoreGuardSource.of_home(store, service, home)
+        try:
+            # Before listening, and fatal: an endpoint with service.auth must never answer without its keys.
+            guard = Guard(await asyncio.to_thread(guard_source.read))
+        except StateConflictError as exc:  # names the key and the version, never a value
+            print(f"sky-lite load balancer for service {service}: cannot read its API keys: {exc}", file=sys.stderr)
+            return 1
         lb = LoadBalancer(
             service,
             StoreTargetSource(store, service),
@@ -152,6 +167,8 @@ async def _run(
             upstream=upstream_factory(settings),
             eject_after_failures=settings.eject_after_failures,
             eject_seconds=settings.eject_seconds,
+            guard=guard,
+            guard_source=guard_source,
         )
         log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
         try:

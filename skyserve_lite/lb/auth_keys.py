@@ -46,8 +46,8 @@ def read_guard_config(service: ServiceSpec, read_secret: SecretReader, where: st
     ``read_secret``. ``where`` names the version in errors (``service svc version 3``).
 
     Raises ``StateConflictError`` naming the key when it has no digest (a spec that was never bound), when
-    ``read_secret`` raises it (the secret store does when a value is missing), or when a value could not be
-    sent as a bearer token; the message never holds a value."""
+    ``read_secret`` raises it (the secret store does when a value is missing) or ``OSError`` (a file it cannot
+    read), or when a value could not be sent as a bearer token; the message never holds a value."""
     if service.auth is None:
         return GuardConfig(rate_limits=service.rate_limits)
     values = []
@@ -55,7 +55,15 @@ def read_guard_config(service: ServiceSpec, read_secret: SecretReader, where: st
         if not digest:
             raise StateConflictError(f"{where}: the key {name} of service.auth has no value: submit the version "
                                      f"again with --secret {name}")
-        value = read_secret(digest)
+        try:
+            value = read_secret(digest)
+        except StateConflictError as exc:  # the secret store's message holds a digest's first bytes, no value
+            raise StateConflictError(f"{where}: the key {name} of service.auth cannot be read: {exc}") from exc
+        except (OSError, UnicodeDecodeError) as exc:  # str(exc) of a decoding error quotes a byte of the value
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise StateConflictError(f"{where}: the key {name} of service.auth cannot be read from the secret "
+                                     f"store ({reason}); give it again with `sky-lite serve update --secret "
+                                     f"{name}`") from None
         problem = find_api_key_problem(value)
         if problem is not None:
             raise StateConflictError(f"{where}: the key {name} of service.auth {problem}; give another with "

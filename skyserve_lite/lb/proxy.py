@@ -20,6 +20,12 @@ What happens per request:
    recompression; ``is_buffered_response`` says whether the body is read whole or streamed. A 101 to a
    WebSocket handshake turns the connection into a tunnel to the replica.
 
+Before step 1, ``check_request`` lets the service's ``Guard`` (``lb.guard``) decide the request: a
+``LocalAnswer`` (429 with ``Retry-After``, 401 with ``WWW-Authenticate``) refuses it before any replica is
+chosen, held or counted for the autoscaler (a flood of refused requests must not scale the service up).
+With ``service.auth`` on, ``strips_authorization`` tells the server to keep the client's ``Authorization``
+from the replica: the keys are the load balancer's.
+
 A request is in flight to its replica from its first attempt until the server releases the response
 (``Forwarded.release``: the body relayed, the client gone, or the tunnel closed), whatever ends it.
 Failed attempts feed the passive health check (``outliers``): a replica failing
@@ -31,7 +37,9 @@ replicas are READY and which policy to use (an ``LbView``, the store's own type,
 ``MetricsSink`` takes the per-second request counts and the load reports, a ``Clock`` tells the time. A
 background task (``start`` to ``close``) reads the source every ``refresh_seconds``, flushes the counts of
 completed seconds to the sink and hands it a load report (requests in flight per replica, requests held)
-when the load changed, or every ``REPORT_HEARTBEAT_SECONDS`` when it did not. While requests are held it
+when the load changed, or every ``REPORT_HEARTBEAT_SECONDS`` when it did not; on the same pass it reads a
+``GuardSource`` (the current version's keys and limits) and ``configure``s the guard, keeping the config it
+has when the keys cannot be read (logged once per problem). While requests are held it
 reads the source at once and then every ``HOLD_REFRESH_SECONDS``, so that a replica turning READY is used
 within about 0.1 s instead of one ``refresh_seconds`` later.
 """
@@ -41,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -50,6 +59,8 @@ from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
+from skyserve_lite.errors import StateConflictError
+from skyserve_lite.lb.guard import Allowed, Guard, GuardConfig, compute_answer
 from skyserve_lite.lb.outliers import OutlierDetector
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
@@ -80,6 +91,7 @@ __all__ = [
     "REPORT_HEARTBEAT_SECONDS",
     "STREAM_CHUNK",
     "Forwarded",
+    "GuardSource",
     "LbReport",
     "LbView",
     "LoadBalancer",
@@ -142,6 +154,7 @@ _CONNECTION = istr("Connection")
 _HOST = istr("Host")
 # The load balancer already answered "100 Continue" to the client; the replica gets the whole request.
 _EXPECT = istr("Expect")
+_AUTHORIZATION = istr("Authorization")
 _X_FORWARDED_FOR = istr("X-Forwarded-For")
 _X_FORWARDED_HOST = istr("X-Forwarded-Host")
 _X_FORWARDED_PROTO = istr("X-Forwarded-Proto")
@@ -151,10 +164,13 @@ _BODYLESS_STATUSES: Final = frozenset({204, 304})
 
 @dataclass(frozen=True, slots=True)
 class LocalAnswer:
-    """A response the load balancer makes itself (503 without a replica, 502 after failed attempts)."""
+    """A response the load balancer makes itself (503 without a replica, 502 after failed attempts, 429 and
+    401 from the guard), with ``headers`` besides the ones every such answer has (``Retry-After``,
+    ``WWW-Authenticate``)."""
 
     status: int
     text: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class Forwarded:
@@ -217,6 +233,17 @@ class TargetSource(Protocol):
         ...
 
 
+class GuardSource(Protocol):
+    def read(self) -> GuardConfig | None:
+        """The keys and rate limits of the service's current version; None once the service is gone.
+
+        Called from a worker thread, never concurrently with itself or the other sources; may block.
+        ``StateConflictError`` (a key that cannot be read; its message holds no key) is logged once and the
+        guard keeps its config; any other exception is logged and the config kept too.
+        """
+        ...
+
+
 class MetricsSink(Protocol):
     def record_request_counts(self, counts: Mapping[int, int]) -> None:
         """Take ``{epoch_second: requests}`` for completed seconds; each second is handed over once.
@@ -249,7 +276,8 @@ def strip_hop_by_hop(headers: CIMultiDict[str]) -> None:
 
 
 def compute_upstream_headers(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], peer: str | None, scheme: str
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], peer: str | None, scheme: str,
+    strip_authorization: bool = False,
 ) -> CIMultiDict[str]:
     """The headers to send to a replica for a request that arrived with ``headers``.
 
@@ -257,10 +285,14 @@ def compute_upstream_headers(
     own address as nginx does by default; the client's Host goes to ``X-Forwarded-Host``.
     ``X-Forwarded-For`` gets ``peer`` appended (an earlier proxy's list is kept); ``X-Forwarded-Host`` and
     ``X-Forwarded-Proto`` say what this hop saw, replacing any value the client sent, because the load
-    balancer is the edge: a client must not be able to claim it came in over https.
+    balancer is the edge: a client must not be able to claim it came in over https. With
+    ``strip_authorization`` (``service.auth`` on) ``Authorization`` is dropped: the API key was for the load
+    balancer, and a replica's logs must not collect it.
     """
     out = CIMultiDict(headers)
     strip_hop_by_hop(out)
+    if strip_authorization and _AUTHORIZATION in out:
+        del out[_AUTHORIZATION]
     host = out.pop(_HOST, None)
     if _EXPECT in out:
         del out[_EXPECT]
@@ -344,6 +376,8 @@ class LoadBalancer:
     requests wait for a READY replica; the hold is measured on the event loop's monotonic time.
     ``eject_after_failures`` (0: never) and ``eject_seconds`` are the passive health check's
     (``lb.outliers``), on the event loop's time too. ``retries`` and ``ejections`` count since ``start``.
+    ``guard`` decides requests before anything else (none: every request goes on); ``guard_source``, read
+    on each refresh pass, reconfigures it; ``monotonic`` is the guard's clock (it must never go back).
     """
 
     def __init__(
@@ -358,6 +392,9 @@ class LoadBalancer:
         upstream: Callable[[], UpstreamClient] = PooledUpstream,
         eject_after_failures: int = DEFAULT_EJECT_AFTER_FAILURES,
         eject_seconds: float = DEFAULT_EJECT_SECONDS,
+        guard: Guard | None = None,
+        guard_source: GuardSource | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.service = service
         self._source = source
@@ -389,6 +426,10 @@ class LoadBalancer:
         self._outliers = OutlierDetector(eject_after_failures, eject_seconds)
         self.retries = 0
         self.ejections = 0
+        self._guard = guard
+        self._guard_source = guard_source if guard is not None else None
+        self._guard_problem: str | None = None
+        self._monotonic = monotonic
 
     async def start(self) -> None:
         """Create the upstream client, read the source once, start the refresh task."""
@@ -474,6 +515,7 @@ class LoadBalancer:
             log.exception("load balancer for service %s: reading the targets failed", self.service)
         for url in self._outliers.release_due(asyncio.get_running_loop().time()):
             log.info("service %s: replica %s ends its cool-down; its next request is a trial", self.service, url)
+        await self._refresh_guard()
         try:
             await self._flush_counts()
         except Exception:  # top of the loop: the counts were kept and go with the next flush
@@ -482,6 +524,32 @@ class LoadBalancer:
             await self._report_load()
         except Exception:  # top of the loop: the next pass reports again (the last report is still due)
             log.exception("load balancer for service %s: recording the load report failed", self.service)
+
+    async def _refresh_guard(self) -> None:
+        """Read the guard's source and configure the guard; on failure keep its config. Never raises."""
+        source, guard = self._guard_source, self._guard
+        if source is None or guard is None:
+            return
+        try:
+            config = await asyncio.to_thread(source.read)
+        except StateConflictError as exc:  # a key that cannot be read: serve on with the keys the guard has
+            problem = str(exc)
+            if problem != self._guard_problem:
+                log.warning("service %s: keeping the previous API keys and rate limits: %s", self.service, problem)
+                self._guard_problem = problem
+            return
+        except Exception:  # top of the loop: keep the config and read again on the next pass
+            log.exception("load balancer for service %s: reading the API keys and rate limits failed", self.service)
+            return
+        if self._guard_problem is not None:
+            log.info("service %s: the API keys and rate limits can be read again", self.service)
+            self._guard_problem = None
+        if config is not None and config != guard.config:
+            guard.configure(config)
+            keys = config.keys
+            log.info("service %s: %s, %d rate limit(s)", self.service,
+                     f"API keys {', '.join(keys.names)}" if keys is not None else "no API keys",
+                     len(config.rate_limits))
 
     async def _refresh_targets(self) -> None:
         view = await asyncio.to_thread(self._source.read)
@@ -561,6 +629,26 @@ class LoadBalancer:
         second = int(self._clock.now())
         counts = self._counts
         counts[second] = counts.get(second, 0) + 1
+
+    def check_request(self, path: str, client_ip: str | None, headers: Mapping[str, str]) -> LocalAnswer | None:
+        """The guard's answer to a request for target ``path`` from ``client_ip`` (the connection's peer, never
+        a header) with ``headers`` (case-insensitive): None to go on, else the 429 or 401 to answer. Comes
+        before ``select_target``: a refused request chooses, holds and counts nothing."""
+        guard = self._guard
+        if guard is None:
+            return None
+        verdict = guard.decide(path, client_ip, headers, self._monotonic())
+        if isinstance(verdict, Allowed):
+            return None
+        answer = compute_answer(verdict, self.service)
+        return LocalAnswer(answer.status, answer.text, answer.headers)
+
+    @property
+    def strips_authorization(self) -> bool:
+        """Whether the client's ``Authorization`` stays here: with ``service.auth`` the keys are the load
+        balancer's, and a replica never sees one."""
+        guard = self._guard
+        return guard is not None and guard.config.keys is not None
 
     async def select_target(self) -> str | None:
         """Count the request and choose its replica; None means "answer ``no_replica_answer``" (503).

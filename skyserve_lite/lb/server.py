@@ -2,7 +2,8 @@
 
 ``serve`` runs a ``LoadBalancer`` (``skyserve_lite.lb.proxy``) on it. The server does per request only what
 the HTTP side needs (no request or response objects) and leaves every proxy decision to the load balancer:
-``select_target``, ``forward``, and the answers it makes itself (503, 502, 504).
+``check_request`` (the guard: 429, 401), ``select_target``, ``forward``, and the answers it makes itself
+(503, 502, 504).
 
 Connections are accepted by a ``Listener`` (``skyserve_lite.lb.listener``) under the ``ConnectionLimits``
 (``skyserve_lite.lb.settings``): at most ``max_connections`` at once, at most ``per_client`` from one client
@@ -173,11 +174,13 @@ def _head_timeout_text(seconds: float) -> str:
 
 
 def render_local_answer(answer: LocalAnswer, keep_alive: bool, head_only: bool) -> bytes:
-    """A whole response for an answer the load balancer makes itself, as plain UTF-8 text."""
+    """A whole response for an answer the load balancer makes itself, as plain UTF-8 text, with its own
+    headers (``Retry-After``, ``WWW-Authenticate``: values the load balancer wrote, never a client's)."""
     body = answer.text.encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in answer.headers)
     head = (
         f"HTTP/1.1 {answer.status} {_reason(answer.status, None)}\r\n"
-        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n{extra}"
         f"{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n"
     ).encode()
     return head if head_only else head + body
@@ -395,6 +398,13 @@ class _ClientConnection(BaseProtocol):
             answer = LocalAnswer(417, f"Unsupported expectation: {expect!r}; only 100-continue is.\n")
             self._write(render_local_answer(answer, False, head_only))
             return False
+        # The guard first, WebSocket handshakes included: a refused request holds no replica and no place in
+        # the hold. Its body is not read, so unless it is all here the connection closes after the answer.
+        refusal = lb.check_request(message.path, self._peer, message.headers)
+        if refusal is not None:
+            keep_alive = keep_alive and (not has_body or payload.is_eof())
+            self._write(render_local_answer(refusal, keep_alive, head_only))
+            return keep_alive
         url = await lb.select_target()
         if url is None:
             keep_alive = keep_alive and (not has_body or payload.is_eof())
@@ -413,7 +423,7 @@ class _ClientConnection(BaseProtocol):
                     return False  # the client went away, or sent a broken body: nobody to answer
             else:
                 body = payload
-        headers = compute_upstream_headers(message.headers, self._peer, self._scheme)
+        headers = compute_upstream_headers(message.headers, self._peer, self._scheme, lb.strips_authorization)
         # A WebSocket handshake the parser switched on (no body: the switch waits for none) goes to the
         # replica with the two headers that ask for it; any other Upgrade is dropped as hop-by-hop.
         upgrade = upgrade and self._tunnel_in is not None and not has_body
