@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import logging
 import os
 import socket
 import subprocess
@@ -19,13 +21,17 @@ import pytest
 from multidict import CIMultiDict
 
 from skyserve_lite.api import bind_submission
-from skyserve_lite.lb.proxy import compute_upstream_headers
+from skyserve_lite.clock import FakeClock
+from skyserve_lite.errors import StateConflictError
+from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
+from skyserve_lite.lb.proxy import LbView, LoadBalancer, compute_upstream_headers
 from skyserve_lite.spec.inputs import with_inputs
 from skyserve_lite.spec.model import Secret
 from skyserve_lite.spec.parse import read_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
+from tests.lb.serving import StaticSource
 
 KEY_1 = "sk-" + "1" * 29
 KEY_2 = "sk-" + "2" * 29
@@ -263,3 +269,48 @@ def test_authorization_is_kept_from_the_replica_only_with_service_auth(strip: bo
     headers = compute_upstream_headers(sent, "127.0.0.1", "http", strip)
     assert headers.get("Authorization") == expected
     assert headers["Accept"] == "*/*"
+
+
+class FailingGuardSource:
+    """The keys once, then a key that cannot be read on every later read."""
+
+    def __init__(self, first: GuardConfig) -> None:
+        self.first: GuardConfig | None = first
+        self.reads = 0
+
+    def read(self) -> GuardConfig | None:
+        self.reads += 1
+        first, self.first = self.first, None
+        if first is None:
+            raise StateConflictError("service svc version 2: the key API_KEY of service.auth cannot be read")
+        return first
+
+
+def test_keys_that_cannot_be_read_later_keep_the_previous_ones_and_are_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    config = GuardConfig(keys=ApiKeys.from_values([("API_KEY", KEY_1)]))
+    source = FailingGuardSource(config)
+
+    async def body() -> None:
+        lb = LoadBalancer("svc", StaticSource(LbView((), "round_robin")), None, FakeClock(0.0), refresh_seconds=0.01,
+                          hold_seconds=0, guard=Guard(), guard_source=source)
+        await lb.start()
+        try:
+            for _ in range(500):  # bounded: 5 s at most
+                if source.reads >= 5:
+                    break
+                await asyncio.sleep(0.01)
+            assert source.reads >= 5
+            assert lb.strips_authorization
+            assert lb.check_request("/", "127.0.0.1", CIMultiDict(Authorization=f"Bearer {KEY_1}")) is None
+            refusal = lb.check_request("/", "127.0.0.1", CIMultiDict())
+            assert refusal is not None and refusal.status == 401
+            assert dict(refusal.headers)["WWW-Authenticate"] == 'Bearer realm="svc"'
+        finally:
+            await lb.close()
+
+    with caplog.at_level(logging.WARNING, logger="skyserve_lite.lb.proxy"):
+        asyncio.run(body())
+    warnings = [record for record in caplog.records if "cannot be read" in record.getMessage()]
+    assert len(warnings) == 1
+    assert "keeping the previous API keys" in warnings[0].getMessage()
