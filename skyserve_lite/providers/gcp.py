@@ -683,6 +683,44 @@ class _GcsObjects:
 
 
 
+class CloudPlatformApi:
+    """JSON calls to the Google APIs the Compute client library does not cover (Secret Manager, IAM,
+    Resource Manager), on the provider's path: its credentials under the cloud-platform scope those APIs
+    take (the provider's own carry the compute scope), its retries and its one translation of errors
+    (``_retrying``). Builds nothing until the first call."""
+
+    def __init__(self, provider: GcpProvider) -> None:
+        self._gcp = provider
+        self._session: Any = None
+
+    def request(self, what: str, verb: str, url: str, *, params: Mapping[str, str] | None = None,
+                body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One call; its JSON answer ({} for an empty one). Raises ``GcpTransientError`` or
+        ``GcpPermanentError`` (the google-api-core exception of the answer as its cause)."""
+        def call() -> dict[str, Any]:
+            from google.api_core import exceptions as core
+
+            response = self._authorized().request(verb, url, params=params, json=body, timeout=CALL_TIMEOUT_SECONDS)
+            if response.status_code >= 400:
+                raise core.from_http_response(response)  # type: ignore[no-untyped-call]
+            return dict(response.json()) if response.content else {}
+
+        return self._gcp._retrying(what, call)
+
+    def _authorized(self) -> Any:
+        if self._session is None:
+            import google.auth.credentials
+            from google.auth.transport.requests import AuthorizedSession
+
+            self._gcp._get_project()  # the credentials and the project, once
+            self._gcp._client("instances")
+            credentials = self._gcp._credentials
+            if isinstance(credentials, google.auth.credentials.Scoped):
+                credentials = credentials.with_scopes([CLOUD_PLATFORM_SCOPE])  # type: ignore[no-untyped-call]
+            self._session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
+        return self._session
+
+
 class _SecretManager:
     """Secret Manager's REST API as the keeper's ``SecretBackend``, on the provider's path: its credentials
     and endpoint (a local fake when set), its retries and its one translation of errors (``_retrying``).
@@ -691,7 +729,7 @@ class _SecretManager:
 
     def __init__(self, provider: GcpProvider) -> None:
         self._gcp = provider
-        self._session: Any = None
+        self._api = CloudPlatformApi(provider)
 
     def put(self, name: str, value: Secret, service: str, region: str) -> str:
         from google.api_core import exceptions as core
@@ -743,32 +781,9 @@ class _SecretManager:
 
     def _request(self, what: str, verb: str, path: str, *, params: Mapping[str, str] | None = None,
                  body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """One call of ``v1/<path>``; its JSON answer. Raises ``GcpTransientError`` or ``GcpPermanentError``
-        (the google-api-core exception of the answer as its cause)."""
+        """One call of ``v1/<path>`` (``CloudPlatformApi.request``)."""
         url = f"{self._gcp._endpoint or SECRET_MANAGER_URL}/v1/{path}"
-
-        def call() -> dict[str, Any]:
-            from google.api_core import exceptions as core
-
-            response = self._authorized().request(verb, url, params=params, json=body, timeout=CALL_TIMEOUT_SECONDS)
-            if response.status_code >= 400:
-                raise core.from_http_response(response)  # type: ignore[no-untyped-call]
-            return dict(response.json()) if response.content else {}
-
-        return self._gcp._retrying(what, call)
-
-    def _authorized(self) -> Any:
-        if self._session is None:
-            import google.auth.credentials
-            from google.auth.transport.requests import AuthorizedSession
-
-            self._gcp._client("instances")  # the credentials and the project, once
-            credentials = self._gcp._credentials
-            # The provider's credentials carry the compute scope; Secret Manager takes cloud-platform only.
-            if isinstance(credentials, google.auth.credentials.Scoped):
-                credentials = credentials.with_scopes([CLOUD_PLATFORM_SCOPE])  # type: ignore[no-untyped-call]
-            self._session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
-        return self._session
+        return self._api.request(what, verb, url, params=params, body=body)
 
 
 def _image_url(image: str) -> str:

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from skyserve_lite.providers.gcp import GcpPermanentError, GcpProvider
+from skyserve_lite.providers.gcp import CLOUD_PLATFORM_SCOPE, CloudPlatformApi, GcpPermanentError, GcpProvider
 
 IAM_URL = "https://iam.googleapis.com"
 CRM_URL = "https://cloudresourcemanager.googleapis.com"
-CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+CLOUD_PLATFORM = CLOUD_PLATFORM_SCOPE  # what IAM and Resource Manager take
 POLICY_VERSION = 3  # the version that carries conditions
 WRITE_ATTEMPTS = 3  # read-merge-write rounds when someone else writes the same policy meanwhile
 
@@ -90,7 +90,7 @@ class GcpIam:
 
     def __init__(self, provider: GcpProvider) -> None:
         self._gcp = provider
-        self._session: Any = None
+        self._api = CloudPlatformApi(provider)
 
     def project_number(self, project: str) -> str:
         return str(self._request("GET", f"{self._crm}/v1/projects/{project}", None, "projects.get")["projectNumber"])
@@ -170,29 +170,7 @@ class GcpIam:
         self._request("POST", f"{self._policy_url(resource)}:setIamPolicy", {"policy": dict(policy)}, "setIamPolicy")
 
     def _request(self, method: str, url: str, body: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
-        def call() -> dict[str, Any]:
-            from google.api_core import exceptions as core
-
-            response = self._authorized().request(method, url, json=body, timeout=60)
-            if response.status_code >= 400:
-                raise core.from_http_response(response)  # type: ignore[no-untyped-call]
-            return dict(response.json()) if response.content else {}
-
-        return self._gcp._retrying(what, call)
-
-    def _authorized(self) -> Any:
-        if self._session is None:
-            import google.auth.credentials
-            from google.auth.transport.requests import AuthorizedSession
-
-            self._gcp._get_project()  # the credentials, once
-            self._gcp._client("instances")
-            credentials = self._gcp._credentials
-            # The provider asks for the compute scope; IAM and Resource Manager want cloud-platform.
-            if isinstance(credentials, google.auth.credentials.Scoped):
-                credentials = credentials.with_scopes([CLOUD_PLATFORM])  # type: ignore[no-untyped-call]
-            self._session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
-        return self._session
+        return self._api.request(what, method, url, body=body)
 
 
 def _is_not_found(exc: GcpPermanentError) -> bool:
