@@ -786,7 +786,7 @@ def _choose_infra(spec: TaskSpec, infra: str | None, source: str, notes: list[st
     if wanted.cloud is not None:
         return infra
     if find_local_blocker(spec) is None and wanted.region is None and wanted.zone is None:
-        return infra if infra is None else None  # `--infra '*'` for a task `local` runs: local
+        return None  # no infra, or `--infra "*"`, for a task `local` runs: local
     offered = [Cloud(name) for name in available_clouds() if name != Cloud.LOCAL.value]
     choice = choose_cloud(spec, source, offered, lambda placed: resolve_task(placed, source), wanted)
     if notes is not None:

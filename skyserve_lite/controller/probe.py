@@ -42,7 +42,20 @@ class HttpProber:
     secrets a probe refers to; without it such a probe fails, saying which secret it lacks."""
 
     def __init__(self, read_secret: SecretReader | None = None) -> None:
-        self._read_secret = read_secret
+        self._read_secret = read_secret if read_secret is None else self._cached(read_secret)
+
+    @staticmethod
+    def _cached(read_secret: SecretReader) -> SecretReader:
+        """``read_secret`` read once per digest: a digest names one value for good (the store's names are
+        digests of the values), and a probe goes every pass to every replica that needs it."""
+        values: dict[str, str] = {}
+
+        def read(digest: str) -> str:
+            if digest not in values:
+                values[digest] = read_secret(digest)
+            return values[digest]
+
+        return read
 
     def probe(self, targets: Sequence[ProbeTarget]) -> dict[ReplicaKey, ProbeResult]:
         if not targets:

@@ -171,3 +171,18 @@ def test_a_secret_with_a_line_break_is_not_sent_as_a_header(value: str, sent: bo
         with pytest.raises(StateConflictError, match="X-Key holds a line break") as caught:
             fill_probe_secrets(written, {"T": value})
         assert value not in str(caught.value)
+
+
+def test_a_secret_is_read_once_per_digest_however_many_probes(server: str) -> None:
+    reads: list[str] = []
+
+    def read(digest: str) -> str:
+        reads.append(digest)
+        return "t"
+
+    written = ReadinessProbe(path="/auth", headers=(("Authorization", "Bearer $TOKEN"),), secrets=(("TOKEN", "d1"),))
+    prober = HttpProber(read_secret=read)
+    for _ in range(3):
+        results = prober.probe([ProbeTarget("svc", 1, server, written), ProbeTarget("svc", 2, server, written)])
+        assert all(result.ok for result in results.values())
+    assert reads == ["d1"]

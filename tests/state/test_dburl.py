@@ -26,8 +26,8 @@ SECRET = "hunter2:@/x"
 @pytest.mark.parametrize(("text", "parts", "shown"), [
     pytest.param("postgresql://sky@db.internal/state", ("sky", "db.internal", None, "state", None, ()),
                  "postgresql://sky@db.internal/state", id="minimal"),
-    pytest.param("postgres://sky:pw@10.0.0.5:6432/state", ("sky", "10.0.0.5", 6432, "state", "pw", ()),
-                 "postgresql://sky:***@10.0.0.5:6432/state", id="short-scheme-port-password"),
+    pytest.param("postgres://sky:pw@127.0.0.1:6432/state", ("sky", "127.0.0.1", 6432, "state", "pw", ()),
+                 "postgresql://sky:***@127.0.0.1:6432/state", id="short-scheme-port-password"),
     pytest.param("postgresql://sky:hunter2%3A%40%2Fx@h/d", ("sky", "h", None, "d", SECRET, ()),
                  "postgresql://sky:***@h/d", id="escaped-password"),
     pytest.param("postgresql://a%40b@[::1]:5433/my%20db?sslmode=require",

@@ -187,7 +187,7 @@ ENV_VALUES = {
     "APP_DIR": "apps/greeter",
     "CERT_DIR": "tls",
     "MODEL_NAME": "Qwen/Qwen2.5-7B-Instruct",
-    "ENDPOINT": "10.0.0.5:8000",
+    "ENDPOINT": "127.0.0.1:8000",  # a dry run contacts nothing; loopback all the same
 }
 
 

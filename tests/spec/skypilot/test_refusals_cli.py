@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from skyserve_lite.cli.main import main as cli_main
+from tests.spec.skypilot.test_corpus_dry_run import find_stored_services
 
 SECRET = "sk-cli-2f7d41"
 
@@ -102,15 +103,3 @@ def test_serve_up_dry_run(row: Row, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         assert result.stderr.count("\n") == 1 and result.stderr.endswith("\n")
         assert row.says in result.stderr
     assert find_stored_services(home) == []
-
-
-def find_stored_services(home: Path) -> list[str]:
-    if not (home / "state.db").exists():
-        return []
-    from skyserve_lite.state.store import Store
-
-    store = Store.open(home)
-    try:
-        return [service.name for service in store.list_services()]
-    finally:
-        store.close()
