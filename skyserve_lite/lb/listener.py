@@ -43,6 +43,7 @@ import ssl
 from collections.abc import Callable
 from typing import Final
 
+from skyserve_lite.lb.guard import compute_client_key
 from skyserve_lite.lb.settings import MAX_CONNECTIONS_PER_CLIENT_VARIABLE, MAX_CONNECTIONS_VARIABLE
 
 __all__ = [
@@ -292,7 +293,8 @@ class Listener:
             except OSError as exc:
                 self._back_off(exc)
                 return
-            client = str(address[0]) if isinstance(address, tuple) and address else ""
+            # One client as the rate limits count one: an IPv6 /64 together, `::ffff:1.2.3.4` as `1.2.3.4`.
+            client = compute_client_key(str(address[0])) if isinstance(address, tuple) and address else ""
             if self._max_per_client is not None and self._per_client.get(client, 0) >= self._max_per_client:
                 self._last_client = client
                 self._refuse(connection, self._client_refusal, self._refused_client)

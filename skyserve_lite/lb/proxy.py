@@ -657,8 +657,7 @@ class LoadBalancer:
         ``_hold`` says. Valid between ``start`` and ``close``.
         """
         self._count_request()
-        excluded = self._outliers.excluded
-        url = self._policy.select() if not excluded else self._select()
+        url = self._select()
         if url is None:
             url = await self._hold()
         return url
@@ -695,6 +694,10 @@ class LoadBalancer:
         tried: tuple[str, ...] = ()  # a tuple: the common case (the first attempt works) allocates none
         while True:
             if outliers.failures:
+                if url in outliers.excluded and attempt == 1:
+                    # Chosen while it was on probation, and another request began its trial since (this one
+                    # read its body meanwhile): the trial is that request's alone.
+                    url = self._select() or url
                 outliers.begin_trial(url)
             in_flight.start(url)
             try:

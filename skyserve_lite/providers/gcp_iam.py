@@ -17,11 +17,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from skyserve_lite.providers.gcp import CLOUD_PLATFORM_SCOPE, CloudPlatformApi, GcpPermanentError, GcpProvider
+from skyserve_lite.providers.gcp import CloudPlatformApi, GcpPermanentError, GcpProvider
 
 IAM_URL = "https://iam.googleapis.com"
 CRM_URL = "https://cloudresourcemanager.googleapis.com"
-CLOUD_PLATFORM = CLOUD_PLATFORM_SCOPE  # what IAM and Resource Manager take
 POLICY_VERSION = 3  # the version that carries conditions
 WRITE_ATTEMPTS = 3  # read-merge-write rounds when someone else writes the same policy meanwhile
 

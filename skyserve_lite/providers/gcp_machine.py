@@ -37,8 +37,15 @@ from typing import Any
 
 from skyserve_lite.errors import TransientProviderError
 from skyserve_lite.providers.cloud_secrets import check_controller_id, compute_secret_prefix
-from skyserve_lite.providers.gcp import DEFAULT_IMAGE, GcpPermanentError, GcpProvider, _as_dict, _image_url
-from skyserve_lite.providers.gcp_iam import CLOUD_PLATFORM, Condition, GcpIam, Grant
+from skyserve_lite.providers.gcp import (
+    CLOUD_PLATFORM_SCOPE,
+    DEFAULT_IMAGE,
+    GcpPermanentError,
+    GcpProvider,
+    _as_dict,
+    _image_url,
+)
+from skyserve_lite.providers.gcp_iam import Condition, GcpIam, Grant
 from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest, wait_until_running
 from skyserve_lite.providers.staging import compute_bucket_prefix
 
@@ -214,7 +221,7 @@ class GcpMachines:
                 "metadata": {"items": [{"key": "ssh-keys",
                                         "value": f"{request.ssh_user}:{request.public_key.strip()}"},
                                        *HOST_KEY_METADATA]},
-                "service_accounts": [{"email": account, "scopes": [CLOUD_PLATFORM]}],
+                "service_accounts": [{"email": account, "scopes": [CLOUD_PLATFORM_SCOPE]}],
             }
             self._insert_as(account, lambda: self._gcp._wait(self._gcp._call(
                 "instances", "insert", project=project, zone=zone, instance_resource=body), "instances.insert"))

@@ -143,3 +143,63 @@ _RETRY_CASES = [
 @pytest.mark.parametrize(("error", "method", "replayable", "expected"), _RETRY_CASES)
 def test_is_retryable_table(error: UpstreamError, method: str, replayable: bool, expected: bool) -> None:
     assert is_retryable(error, method, replayable) is expected
+
+
+def test_a_replica_on_trial_gets_one_request_whatever_was_chosen_before() -> None:
+    """Two requests both choose the replica on probation (the second reads its body meanwhile): the first
+    begins its trial, and the second goes elsewhere, so the trial is one request, as promised."""
+    import asyncio
+    from collections.abc import Callable
+
+    import aiohttp
+    from multidict import CIMultiDict
+
+    from skyserve_lite.clock import FakeClock
+    from skyserve_lite.lb.proxy import Forwarded, LoadBalancer
+    from skyserve_lite.lb.upstream import UpstreamClient, UpstreamResponse
+    from skyserve_lite.state.models import LbView
+
+    A, B = "http://127.0.0.1:9/a", "http://127.0.0.1:9/b"  # nothing is contacted: the upstream is a fake
+
+    class Source:
+        def read(self) -> LbView:
+            return LbView((A, B), "round_robin")
+
+    sent: list[str] = []
+    trial_answer: asyncio.Future[None] | None = None
+
+    class Upstream:
+        async def request(self, url: str, method: str, path: str, headers: CIMultiDict[str],
+                          body: bytes | aiohttp.StreamReader | None, upgrade: bool = False) -> UpstreamResponse:
+            sent.append(url)
+            if url == A:
+                assert trial_answer is not None
+                await trial_answer  # the trial takes its time
+            # Only where requests went counts here; a POST reset is not retried, so nothing goes anywhere else.
+            raise UpstreamResetError("reset")
+
+        async def close(self) -> None:
+            pass
+
+    async def run() -> None:
+        nonlocal trial_answer
+        trial_answer = asyncio.get_running_loop().create_future()
+        make: Callable[[], UpstreamClient] = Upstream
+        lb = LoadBalancer("svc", Source(), None, FakeClock(0.0), upstream=make, eject_after_failures=3)
+        await lb.start()
+        try:
+            outliers = lb._outliers
+            outliers.failures = {A: 3}
+            outliers.probation = frozenset({A})
+            # Both requests were given A (select_target's choice while A was on probation).
+            one = asyncio.ensure_future(lb.forward(A, "POST", "/", CIMultiDict(), b"x"))
+            await asyncio.sleep(0)  # the first request begins A's trial
+            other = await asyncio.wait_for(lb.forward(A, "POST", "/", CIMultiDict(), b"y"), 5)
+            assert not isinstance(other, Forwarded)
+            trial_answer.set_result(None)
+            await one
+        finally:
+            await lb.close()
+
+    asyncio.run(run())
+    assert sent == [A, B]  # before the fix: [A, A], the second request on the first one's trial
