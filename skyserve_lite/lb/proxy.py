@@ -32,6 +32,12 @@ Failed attempts feed the passive health check (``outliers``): a replica failing
 ``eject_after_failures`` times in a row is left out of the rotation for ``eject_seconds``, then tried
 again with one request.
 
+Every finished attempt, and every answer the load balancer makes itself in place of a replica's (401,
+429, 503, and the 502 or 504 after failed attempts), goes to the ``OutcomeSink`` sinks given to the
+constructor as one ``Outcome`` (``lb.outcomes``): a failed attempt where it fails in ``forward``, a
+response when ``Forwarded.release`` ends it, the others where they are decided. Nothing else records a
+request's result, so the metrics and the canary counts cannot disagree.
+
 Everything outside the request path comes in through the constructor: a ``TargetSource`` says which
 replicas are READY and which policy to use (an ``LbView``, the store's own type, re-exported here), a
 ``MetricsSink`` takes the per-second request counts and the load reports, a ``Clock`` tells the time. A
@@ -61,6 +67,7 @@ from skyserve_lite.clock import Clock
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.errors import StateConflictError
 from skyserve_lite.lb.guard import Allowed, Guard, GuardConfig, compute_answer
+from skyserve_lite.lb.outcomes import Failure, Outcome, OutcomeSink
 from skyserve_lite.lb.outliers import OutlierDetector
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
@@ -99,6 +106,7 @@ __all__ = [
     "MetricsSink",
     "TargetSource",
     "compute_upstream_headers",
+    "find_failure",
     "is_buffered_response",
     "is_report_due",
     "is_retryable",
@@ -175,14 +183,22 @@ class LocalAnswer:
 
 class Forwarded:
     """A replica's response to relay; whoever relays it must call ``release`` once done with it, which
-    releases the response and ends the request's time in flight (later calls do nothing)."""
+    releases the response, ends the request's time in flight and hands its ``Outcome`` to the ``sinks``
+    (``seconds`` since ``started``, on ``monotonic``'s time); later calls do nothing."""
 
-    __slots__ = ("_in_flight", "response", "url")
+    __slots__ = ("_in_flight", "_monotonic", "_sinks", "attempt", "response", "started", "url", "version")
 
-    def __init__(self, response: UpstreamResponse, url: str, in_flight: InFlight) -> None:
+    def __init__(self, response: UpstreamResponse, url: str, in_flight: InFlight,
+                 sinks: tuple[OutcomeSink, ...] = (), version: int | None = None, started: float = 0.0,
+                 attempt: int = 1, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.response = response
         self.url = url
         self._in_flight: InFlight | None = in_flight
+        self._sinks = sinks
+        self.version = version
+        self.started = started
+        self.attempt = attempt
+        self._monotonic = monotonic
 
     def release(self) -> None:
         in_flight = self._in_flight
@@ -193,6 +209,12 @@ class Forwarded:
             self.response.release()
         finally:
             in_flight.end(self.url)
+            sinks = self._sinks
+            if sinks:
+                outcome = Outcome(self.version, self.url, self.response.status,
+                                  self._monotonic() - self.started, self.attempt)
+                for sink in sinks:
+                    sink.record(outcome)
 
 
 def is_retryable(error: UpstreamError, method: str, replayable: bool) -> bool:
@@ -208,6 +230,17 @@ def is_retryable(error: UpstreamError, method: str, replayable: bool) -> bool:
     if isinstance(error, UpstreamResetError):
         return replayable and method in IDEMPOTENT_METHODS
     return False
+
+
+def find_failure(error: UpstreamError) -> Failure:
+    """The ``Failure`` an attempt that raised ``error`` is recorded with."""
+    if isinstance(error, UpstreamConnectError):
+        return Failure.CONNECT
+    if isinstance(error, UpstreamResetError):
+        return Failure.RESET
+    if isinstance(error, UpstreamTimeoutError):
+        return Failure.TIMEOUT
+    return Failure.INVALID
 
 
 def is_buffered_response(status: int, content_length: int | None, method: str) -> bool:
@@ -377,7 +410,8 @@ class LoadBalancer:
     ``eject_after_failures`` (0: never) and ``eject_seconds`` are the passive health check's
     (``lb.outliers``), on the event loop's time too. ``retries`` and ``ejections`` count since ``start``.
     ``guard`` decides requests before anything else (none: every request goes on); ``guard_source``, read
-    on each refresh pass, reconfigures it; ``monotonic`` is the guard's clock (it must never go back).
+    on each refresh pass, reconfigures it; ``monotonic`` is the guard's clock (it must never go back), and
+    the one the ``outcomes`` sinks' seconds are measured on.
     """
 
     def __init__(
@@ -395,6 +429,7 @@ class LoadBalancer:
         guard: Guard | None = None,
         guard_source: GuardSource | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        outcomes: tuple[OutcomeSink, ...] = (),
     ) -> None:
         self.service = service
         self._source = source
@@ -430,6 +465,9 @@ class LoadBalancer:
         self._guard_source = guard_source if guard is not None else None
         self._guard_problem: str | None = None
         self._monotonic = monotonic
+        self._outcomes = outcomes
+        self._versions: dict[str, int] = {}  # replica url -> its service version, from the view
+        self._versions_of: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())  # the view they come from
 
     async def start(self) -> None:
         """Create the upstream client, read the source once, start the refresh task."""
@@ -587,6 +625,7 @@ class LoadBalancer:
                 self._outliers.set_targets(view.ready_urls)
                 self._policy, self._policy_name, self._urls = policy, view.policy, view.ready_urls
                 self._accelerators = view.accelerators
+                self._set_versions(view)
                 self._rejected_policy = None
                 log.info("service %s: policy %s, targets %s", self.service, view.policy, list(self._urls))
                 return
@@ -596,6 +635,17 @@ class LoadBalancer:
             self._outliers.set_targets(view.ready_urls)
             self._urls, self._accelerators = view.ready_urls, view.accelerators
             log.info("service %s: targets %s", self.service, list(self._urls))
+        if (view.ready_urls, view.versions) != self._versions_of:
+            self._set_versions(view)
+
+    def _set_versions(self, view: LbView) -> None:
+        """Know the version of each url of ``view``; a url that left it keeps its version while requests
+        to it are in flight (a retry to a replica taken out of READY mid-request still counts for its
+        version), then is forgotten."""
+        in_flight = self._in_flight
+        versions = {url: v for url, v in self._versions.items() if in_flight.get(url)}
+        versions.update(zip(view.ready_urls, view.versions, strict=False))  # empty: versions unknown
+        self._versions, self._versions_of = versions, (view.ready_urls, view.versions)
 
     async def _flush_counts(self) -> None:
         now_second = int(self._clock.now())
@@ -641,7 +691,16 @@ class LoadBalancer:
         if isinstance(verdict, Allowed):
             return None
         answer = compute_answer(verdict, self.service)
+        self._record_local(answer.status, 0.0)
         return LocalAnswer(answer.status, answer.text, answer.headers)
+
+    def _record_local(self, status: int, seconds: float) -> None:
+        """Hand the outcome of an answer the load balancer made in place of a replica's to the sinks."""
+        sinks = self._outcomes
+        if sinks:
+            outcome = Outcome(None, None, status, seconds, 0)
+            for sink in sinks:
+                sink.record(outcome)
 
     @property
     def strips_authorization(self) -> bool:
@@ -651,7 +710,8 @@ class LoadBalancer:
         return guard is not None and guard.config.keys is not None
 
     async def select_target(self) -> str | None:
-        """Count the request and choose its replica; None means "answer ``no_replica_answer``" (503).
+        """Count the request and choose its replica; None means "answer ``no_replica_answer``" (503, which
+        this records as the request's outcome).
 
         The first step of every request. Without a READY replica it holds the request as
         ``_hold`` says. Valid between ``start`` and ``close``.
@@ -659,7 +719,10 @@ class LoadBalancer:
         self._count_request()
         url = self._select()
         if url is None:
+            started = self._monotonic()
             url = await self._hold()
+            if url is None:
+                self._record_local(503, self._monotonic() - started)
         return url
 
     def _select(self) -> str | None:
@@ -690,6 +753,7 @@ class LoadBalancer:
         assert upstream is not None, "the load balancer has not started"
         in_flight = self._in_flight
         outliers = self._outliers
+        sinks, monotonic = self._outcomes, self._monotonic
         attempt = 1
         tried: tuple[str, ...] = ()  # a tuple: the common case (the first attempt works) allocates none
         while True:
@@ -700,6 +764,9 @@ class LoadBalancer:
                     url = self._select() or url
                 outliers.begin_trial(url)
             in_flight.start(url)
+            started = monotonic()
+            if attempt == 1:
+                first_started = started
             try:
                 response = await upstream.request(url, method, path, headers, body, upgrade)
             except UpstreamError as exc:
@@ -708,19 +775,28 @@ class LoadBalancer:
             except BaseException:  # cancelled: the client went away; the replica is neither good nor bad
                 in_flight.end(url)
                 outliers.abandon_trial(url)
+                if sinks:
+                    self._record_attempt(url, started, attempt, Failure.ABORTED)
                 raise
             else:
                 if outliers.failures:
                     self._record_success(url)
-                return Forwarded(response, url, in_flight)
+                if not sinks:
+                    return Forwarded(response, url, in_flight)
+                return Forwarded(response, url, in_flight, sinks, self._versions.get(url), started, attempt,
+                                 monotonic)
             tried += (url,)
             self._record_failure(url, error)
+            if sinks:
+                self._record_attempt(url, started, attempt, find_failure(error))
             retry = None
             if attempt < MAX_ATTEMPTS and is_retryable(error, method, not isinstance(body, aiohttp.StreamReader)):
                 retry = self._select_retry(tried, isinstance(error, UpstreamConnectError))
             if retry is None:
                 log.warning("service %s: %s to %s failed: %s", self.service, method, url, error)
-                return self._failed_answer(attempt, error)
+                answer = self._failed_answer(attempt, error)
+                self._record_local(answer.status, monotonic() - first_started)
+                return answer
             self.retries += 1
             log.warning(
                 "service %s: %s to %s failed before a response (%s); retrying on %s (%d retries since start)",
@@ -728,6 +804,12 @@ class LoadBalancer:
             )
             url = retry
             attempt += 1
+
+    def _record_attempt(self, url: str, started: float, attempt: int, failure: Failure) -> None:
+        """Hand the outcome of an attempt to ``url`` that got no response to the sinks."""
+        outcome = Outcome(self._versions.get(url), url, None, self._monotonic() - started, attempt, failure)
+        for sink in self._outcomes:
+            sink.record(outcome)
 
     def _select_retry(self, tried: tuple[str, ...], refused: bool) -> str | None:
         """The replica for a retry: a READY one not tried and not ejected; else one not tried; else, unless

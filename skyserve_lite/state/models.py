@@ -299,6 +299,7 @@ class LbView:
     ready_urls: tuple[str, ...]
     policy: str
     accelerators: tuple[str | None, ...] = ()  # of each ready url, in order ("A100:8"; None: unknown)
+    versions: tuple[int, ...] = ()  # the service version of each ready url, in order (empty: unknown)
 
 
 @dataclass(frozen=True)

@@ -872,9 +872,11 @@ class Store:
             "SELECT url, version, accelerator FROM replicas WHERE service = ? AND status = ? AND url IS NOT NULL"
             " ORDER BY replica_id", (service, ReplicaStatus.READY.value)).fetchall()
         active = None if row[2] is None else set(json.loads(row[2]))
-        ready = [(url, accelerator) for url, version, accelerator in rows if active is None or version in active]
-        return LbView(ready_urls=tuple(url for url, _ in ready), policy=row[0],
-                      accelerators=tuple(accelerator for _, accelerator in ready))
+        ready = [(url, version, accelerator) for url, version, accelerator in rows
+                 if active is None or version in active]
+        return LbView(ready_urls=tuple(url for url, _, _ in ready), policy=row[0],
+                      accelerators=tuple(accelerator for _, _, accelerator in ready),
+                      versions=tuple(version for _, version, _ in ready))
 
     def record_request_counts(self, service: str, counts: Mapping[int, int],
                               keep_seconds: int = REQUEST_COUNTS_KEEP_SECONDS) -> None:

@@ -1,0 +1,136 @@
+"""The outcome hook: every finished attempt and every answer the load balancer makes itself reaches the
+sinks once, with the replica's version and status (none for an attempt without a response)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from skyserve_lite.clock import FakeClock
+from skyserve_lite.lb.guard import Guard, GuardConfig
+from skyserve_lite.lb.outcomes import Failure, Outcome, RecordingSink
+from skyserve_lite.lb.proxy import LbView, LoadBalancer
+from skyserve_lite.lb.server import HttpServer
+from skyserve_lite.spec.model import RateLimit
+
+
+class _Static:
+    def __init__(self, view: LbView) -> None:
+        self.view = view
+
+    def read(self) -> LbView:
+        return self.view
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 nobody listens on (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _answer(request: web.Request) -> web.Response:
+    return web.Response(status=int(request.match_info["status"]), text="answered")
+
+
+@contextlib.asynccontextmanager
+async def _replica() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_get("/status/{status}", _answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _lb(view: LbView, sink: RecordingSink, guard: Guard | None = None) -> AsyncIterator[str]:
+    lb = LoadBalancer("svc", _Static(view), None, FakeClock(0.0), hold_seconds=0, guard=guard, outcomes=(sink,))
+    server = HttpServer(lb)
+    await lb.start()
+    try:
+        host, port = (await server.start("127.0.0.1", 0))[0]
+        yield f"http://{host}:{port}"
+    finally:
+        lb.stop_holding()
+        await server.close()
+        await lb.close()
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> int:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=20)) as response:
+        await response.read()
+        return response.status
+
+
+def test_each_answered_request_gives_one_outcome_with_its_replica_version_and_status() -> None:
+    async def body() -> list[Outcome]:
+        sink = RecordingSink()
+        async with _replica() as replica, _lb(LbView((replica,), "round_robin", versions=(7,)), sink) as lb, \
+                aiohttp.ClientSession() as session:
+            statuses = [await _get(session, f"{lb}/status/{s}") for s in (200, 200, 404, 500)]
+            assert statuses == [200, 200, 404, 500]
+            await asyncio.sleep(0.05)  # the last release runs right after the body went out
+            return [dataclass_without_seconds(o, replica) for o in sink.outcomes]
+
+    assert asyncio.run(body()) == [
+        Outcome(7, "R", 200, 0.0, 1), Outcome(7, "R", 200, 0.0, 1),
+        Outcome(7, "R", 404, 0.0, 1), Outcome(7, "R", 500, 0.0, 1),
+    ]
+
+
+def dataclass_without_seconds(outcome: Outcome, replica: str) -> Outcome:
+    """``outcome`` with its replica url "R" (when it is ``replica``) and 0 seconds, after checking them."""
+    assert 0.0 <= outcome.seconds < 20.0
+    return Outcome(outcome.version, "R" if outcome.replica == replica else outcome.replica, outcome.status, 0.0,
+                   outcome.attempt, outcome.failure)
+
+
+def test_a_refused_attempt_and_its_retry_are_two_outcomes() -> None:
+    async def body() -> tuple[list[Outcome], str, str]:
+        sink = RecordingSink()
+        dead = f"http://127.0.0.1:{_closed_port()}"
+        async with _replica() as replica, \
+                _lb(LbView((dead, replica), "round_robin", versions=(3, 4)), sink) as lb, \
+                aiohttp.ClientSession() as session:
+            # Round robin starts with the dead replica: refused, retried on the live one.
+            assert await _get(session, f"{lb}/status/200") == 200
+            await asyncio.sleep(0.05)
+            return sink.outcomes, dead, replica
+
+    outcomes, dead, replica = asyncio.run(body())
+    assert [(o.version, o.replica, o.status, o.attempt, o.failure) for o in outcomes] == [
+        (3, dead, None, 1, Failure.CONNECT), (4, replica, 200, 2, None),
+    ]
+
+
+def test_answers_without_a_replica_are_outcomes_without_one() -> None:
+    async def body() -> list[Outcome]:
+        sink = RecordingSink()
+        dead = f"http://127.0.0.1:{_closed_port()}"
+        # One request per 100 s: the second request in a row is refused with 429.
+        guard = Guard(GuardConfig(keys=None, rate_limits=(RateLimit(rps=0.01),)))
+        async with _lb(LbView((dead,), "round_robin", versions=(1,)), sink, guard) as lb, \
+                aiohttp.ClientSession() as session:
+            assert await _get(session, f"{lb}/status/200") == 502  # refused, nowhere else to go
+            assert await _get(session, f"{lb}/status/200") == 429
+        async with _lb(LbView((), "round_robin"), sink) as lb, aiohttp.ClientSession() as session:
+            assert await _get(session, f"{lb}/status/200") == 503
+        return sink.outcomes
+
+    outcomes = asyncio.run(body())
+    assert [(o.version, o.replica is None, o.status, o.attempt, o.failure) for o in outcomes] == [
+        (1, False, None, 1, Failure.CONNECT), (None, True, 502, 0, None),
+        (None, True, 429, 0, None), (None, True, 503, 0, None),
+    ]
