@@ -67,7 +67,7 @@ def plan_leases(leases: Sequence[Lease], now: float, me: str, live_controllers: 
     """
     mine = [lease for lease in leases if lease.is_held_by(me, now)]
     if stopping:
-        return LeasePlan(releases=tuple(mine))
+        return LeasePlan(releases=tuple(mine), held=tuple(mine))
     last = live_controllers.get(me)
     heartbeat = last is None or now - last >= settings.renew_seconds
     renewals = tuple(mine) if heartbeat else ()
@@ -75,15 +75,16 @@ def plan_leases(leases: Sequence[Lease], now: float, me: str, live_controllers: 
     share = math.ceil(len(leases) / len(live)) if leases else 0
     free = [lease for lease in leases if lease.is_free(now)]
     if len(mine) < share:
-        return LeasePlan(claims=tuple(free[:share - len(mine)]), renewals=renewals, heartbeat=heartbeat)
+        return LeasePlan(claims=tuple(free[:share - len(mine)]), renewals=renewals, heartbeat=heartbeat,
+                         held=tuple(mine))
     loads = Counter(lease.owner for lease in leases if lease.owner in live and lease.expires_at > now)
     least = min((loads.get(loop_id, 0) for loop_id in live if loop_id != me), default=len(mine))
     # While a lease is free the least loaded loop takes that one: handing another over would only churn.
     if mine and (len(mine) > share or (not free and len(mine) >= least + 2)):
         handed = mine[-1]  # the last by name: deterministic, and tests can name it
         return LeasePlan(renewals=tuple(lease for lease in renewals if lease != handed), releases=(handed,),
-                         heartbeat=heartbeat)
-    return LeasePlan(renewals=renewals, heartbeat=heartbeat)
+                         heartbeat=heartbeat, held=tuple(mine))
+    return LeasePlan(renewals=renewals, heartbeat=heartbeat, held=tuple(mine))
 
 
 def new_loop_id() -> str:
@@ -121,13 +122,12 @@ class LeaseHolder:
         """Read every lease and live loop, apply this loop's ``plan_leases``, and return what it holds now.
         A steady pass between renewals reads two tables and writes nothing."""
         now = self._clock.now()
-        leases = self._store.list_leases()
-        plan = plan_leases(leases, now, self.loop_id, self._store.list_controllers(), self._settings)
+        plan = plan_leases(self._store.list_leases(), now, self.loop_id, self._store.list_controllers(),
+                           self._settings)
         if plan.is_empty:
-            return Fence(self.loop_id, {lease.service: lease.token for lease in leases
-                                        if lease.is_held_by(self.loop_id, now)})
+            return Fence(self.loop_id, {lease.service: lease.token for lease in plan.held})
         held = self._store.apply_leases(self.loop_id, self._host, plan, now, self._settings.ttl_seconds)
-        taken = sorted(set(held) - {lease.service for lease in leases if lease.is_held_by(self.loop_id, now)})
+        taken = sorted(set(held).difference(lease.service for lease in plan.held))
         if taken:
             log.info("loop %s now owns %s", self.loop_id, ", ".join(taken))
         for lease in plan.releases:

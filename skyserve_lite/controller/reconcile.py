@@ -129,7 +129,7 @@ class Reconciler:
         strangers = {i.service for found in observation.instances.values() for i in found} - known
         if not strangers:
             return set()
-        return strangers & {service.name for service in self._store.list_services()}
+        return set(self._store.find_existing_services(strangers))  # by name: the table is not scanned again
 
     def _plan(self, snapshots: Sequence[ServiceSnapshot], unreadable: set[str], observation: Observation,
               index: InstanceIndex, table: ReplicaTable) -> PassPlan:

@@ -35,6 +35,9 @@ class LeasePlan:
     renewals: tuple[Lease, ...] = ()
     releases: tuple[Lease, ...] = ()
     heartbeat: bool = False  # write this loop's controller row (its liveness) now
+    # The leases this loop held when it planned (unexpired, as read): what it holds after an empty plan, and
+    # what a claim adds to.
+    held: tuple[Lease, ...] = ()
 
     @property
     def is_empty(self) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 from skyserve_lite.api import LocalController
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
+from skyserve_lite.state.store import UNFENCED
 
 from ..controller.conftest import Harness
 
@@ -43,7 +44,8 @@ def test_a_named_status_reads_the_named_services_rows_only(tmp_path: Path) -> No
     harness.create("other", replicas=1)
     harness.tick()
     harness.tick()
-    with harness.store._write() as db:
+    with harness.store._write(UNFENCED) as tx:
+        db = tx.db
         db.execute("UPDATE autoscaler_state SET observed_json = '{\"unknown\": 1}' WHERE service = 'other'")
     controller = LocalController(harness.home, FakeClock(harness.clock.now()), start_daemon=False)
     (view,) = controller.get_status(["svc"])

@@ -21,7 +21,7 @@ from skyserve_lite.providers.fake import FakeProvider
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaStatus, ServiceStatus
-from skyserve_lite.state.store import Store
+from skyserve_lite.state.store import UNFENCED, Store
 
 LOCAL = "service: {replicas: 1}\nrun: python serve.py\n"
 AWS = "resources: {cloud: aws, region: us-east-1, image_id: ami-1}\nservice: {replicas: 1}\nrun: python serve.py\n"
@@ -198,7 +198,8 @@ def test_an_unreadable_service_is_skipped_and_its_instances_are_not_orphans(
     (bad,) = fleet.store.list_replicas("bad")
     assert bad.instance_id is not None
     # The stored task of "bad" is damaged: that service cannot be read, the other one goes on.
-    with fleet.store._write() as db:
+    with fleet.store._write(UNFENCED) as tx:
+        db = tx.db
         db.execute("UPDATE versions SET text = ? WHERE service = ?", ("service: [", "bad"))
     reconciler = Reconciler(fleet.store, {"local": fleet.local, "aws": fleet.aws}, FakeProber(), fleet.lbs,
                             fleet.clock, ControllerSettings(drain_seconds=0))

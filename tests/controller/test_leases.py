@@ -55,6 +55,8 @@ def test_plan_leases(leases: list[Lease], live: dict[str, float], claims: list[s
     plan = plan_leases(leases, NOW, "me", live, SETTINGS)
     assert (names(plan.claims), names(plan.renewals), names(plan.releases), plan.heartbeat) == (
         claims, renewals, releases, heartbeat)
+    # What the loop held as it planned: what an empty plan leaves it, and what its claims add to.
+    assert plan.held == tuple(item for item in leases if item.is_held_by("me", NOW))
 
 
 def test_a_paused_owner_whose_lease_expired_claims_it_again_like_any_other() -> None:
@@ -76,7 +78,7 @@ def test_stopping_releases_everything_held_and_nothing_else() -> None:
     held = [lease("a", "me", NOW + 5, 1), lease("b", "me", NOW + 20, 2)]
     plan = plan_leases([*held, lease("c", "other", NOW + 20, 1), lease("d")], NOW, "me", {"me": NOW - 1},
                        SETTINGS, stopping=True)
-    assert plan == LeasePlan(releases=tuple(held))
+    assert plan == LeasePlan(releases=tuple(held), held=tuple(held))
 
 
 def test_no_service_no_lease_but_the_heartbeat() -> None:

@@ -25,7 +25,7 @@ from skyserve_lite.state import pg
 from skyserve_lite.state.dialect import LOCK_CLASS, WRITE_LOCK
 from skyserve_lite.state.models import ServiceStatus
 from skyserve_lite.state.schema import MIGRATIONS
-from skyserve_lite.state.store import Store
+from skyserve_lite.state.store import UNFENCED, Store
 from skyserve_lite.userconfig import set_config, show_config
 from tests.postgres import PASSWORD, PASSWORD_USER, PostgresServer
 from tests.state.test_store import task
@@ -253,7 +253,9 @@ def test_a_connection_lost_inside_a_transaction_fails_it_and_the_next_one_reconn
         tmp_path: Path, postgres_server: PostgresServer) -> None:
     store = Store.open(tmp_path)
     store.create_service("svc", task(), 30001, now=1.0)
-    with pytest.raises(StateUnavailableError, match="lost in the middle of a transaction"), store._write() as db:
+    lost = pytest.raises(StateUnavailableError, match="lost in the middle of a transaction")
+    with lost, store._write(UNFENCED) as tx:
+        db = tx.db
         db.execute("UPDATE services SET status_reason = 'half'")
         _end_other_sessions(postgres_server)
         with pytest.raises(StateUnavailableError, match=r"^cannot use the state database"):

@@ -26,7 +26,7 @@ from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 from skyserve_lite.state.schema import MIGRATIONS
 from skyserve_lite.state.sqlite import split_statements
-from skyserve_lite.state.store import HOME_MARKER, Store, prepare_home
+from skyserve_lite.state.store import HOME_MARKER, UNFENCED, Store, prepare_home
 
 TEXT = "# my service\nservice:\n  replicas: 2   # two of them\nrun: echo hi\n"
 
@@ -106,7 +106,8 @@ def test_a_rolled_back_write_leaves_no_read_of_its_rows_behind(tmp_path: Path) -
     store = Store.open(tmp_path)
     store.create_service("svc", task(), 30001, now=5.0)
     assert store.list_services()[0].status_reason is None
-    with pytest.raises(RuntimeError), store._write() as db:
+    with pytest.raises(RuntimeError), store._write(UNFENCED) as tx:
+        db = tx.db
         db.execute("UPDATE services SET status_reason = 'never committed'")
         assert store.list_services()[0].status_reason == "never committed"  # read inside, at counter G+1
         raise RuntimeError("rolled back")
