@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from skyserve_lite import __version__
 from skyserve_lite.codec import decode, encode
 from skyserve_lite.files.manifest import TaskFiles
+from skyserve_lite.plan.canary import CanaryState, Command
 from skyserve_lite.spec.inputs import BoundInputs, bind, with_legacy_user
 from skyserve_lite.spec.model import ServiceSpec, TaskSpec
 from skyserve_lite.spec.parse import parse_task
@@ -300,6 +301,19 @@ class LbView:
     policy: str
     accelerators: tuple[str | None, ...] = ()  # of each ready url, in order ("A100:8"; None: unknown)
     versions: tuple[int, ...] = ()  # the service version of each ready url, in order (empty: unknown)
+    # A canary rollout's split: (version, percent of the requests) for the versions given a share; every other
+    # version in ``versions`` shares the rest. Empty: no split, every ready url by the policy alone.
+    split: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class StoredCanary:
+    """A service's canary rollout as stored: its state, the new version's share of the traffic now, and a
+    person's command the controller has not yet acted on (None: none)."""
+
+    state: CanaryState
+    percent: int
+    command: Command | None = None
 
 
 @dataclass(frozen=True)

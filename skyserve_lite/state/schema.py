@@ -217,4 +217,34 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
     );
     CREATE INDEX service_leases_by_owner ON service_leases (owner);
     """,),
+    # 16: canary rollouts. The rollout of a service's current version in canary mode, as the controller left
+    #    it (step, bake window start, extensions, paused, verdict, the new version's share of the traffic), so
+    #    a restarted or taking-over controller continues from the stored step; ``command`` is what a person
+    #    asked (`serve rollout NAME promote|abort|pause|resume`) and the controller has not yet acted on.
+    #    And requests per version and status class per second as the load balancers saw them (added up, as
+    #    request counts are, so several load balancers sum), for the canary judge.
+    ("""
+    CREATE TABLE canary_rollouts (
+        service {TEXT} PRIMARY KEY REFERENCES services(name) ON DELETE CASCADE,
+        version {INTEGER} NOT NULL,
+        settings_json {TEXT} NOT NULL,
+        phase {TEXT} NOT NULL,
+        step {INTEGER} NOT NULL,
+        window_start {REAL},
+        extensions {INTEGER} NOT NULL,
+        paused {INTEGER} NOT NULL,
+        verdict {TEXT},
+        percent {INTEGER} NOT NULL,
+        command {TEXT}
+    );
+    CREATE TABLE version_counts (
+        service {TEXT} NOT NULL,
+        version {INTEGER} NOT NULL,
+        second {INTEGER} NOT NULL,
+        status_class {TEXT} NOT NULL,
+        count {INTEGER} NOT NULL,
+        PRIMARY KEY (service, version, second, status_class)
+    );
+    CREATE INDEX version_counts_by_second ON version_counts (second);
+    """,),
 )

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.errors import NotFoundError, StateConflictError, StateUnwritableError, UsageError
 from skyserve_lite.files.manifest import TaskFiles
+from skyserve_lite.plan.canary import CanaryPhase, CanarySettings, CanaryState, Command
 from skyserve_lite.spec.inputs import BoundInputs
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state import sqlite
@@ -50,6 +51,7 @@ from skyserve_lite.state.models import (
     ReplicaStatus,
     ServiceRecord,
     ServiceStatus,
+    StoredCanary,
     VersionRecord,
     parsed_spec_json,
     replace_replica,
@@ -699,6 +701,7 @@ class Store:
             if not tx.holds(name):
                 return
             db.execute("DELETE FROM request_counts WHERE service = ?", (name,))
+            db.execute("DELETE FROM version_counts WHERE service = ?", (name,))
             db.execute("DELETE FROM lb_reports WHERE service = ?", (name,))
             db.execute("DELETE FROM events WHERE service = ?", (name,))
             db.execute("DELETE FROM submissions WHERE service = ?", (name,))
@@ -881,9 +884,13 @@ class Store:
         active = None if row[2] is None else set(json.loads(row[2]))
         ready = [(url, version, accelerator) for url, version, accelerator in rows
                  if active is None or version in active]
+        # A canary rollout still stepping splits the requests between versions (``lb.split``).
+        canary = self._db.execute("SELECT version, percent FROM canary_rollouts WHERE service = ? AND phase = ?",
+                                  (service, CanaryPhase.STEPPING.value)).fetchone()
         return LbView(ready_urls=tuple(url for url, _, _ in ready), policy=row[0],
                       accelerators=tuple(accelerator for _, _, accelerator in ready),
-                      versions=tuple(version for _, version, _ in ready))
+                      versions=tuple(version for _, version, _ in ready),
+                      split=() if canary is None else ((int(canary[0]), int(canary[1])),))
 
     def record_request_counts(self, service: str, counts: Mapping[int, int],
                               keep_seconds: int = REQUEST_COUNTS_KEEP_SECONDS) -> None:
@@ -980,6 +987,77 @@ class Store:
             (service, since_minute * 60)).fetchall()
         return {int(minute): int(count) for minute, count in rows}
 
+    # --- canary rollouts --------------------------------------------------------------------------
+    def put_canary(self, service: str, state: CanaryState, percent: int, *, done_command: Command | None = None,
+                   fenced: bool = True) -> None:
+        """Store the canary rollout of ``service`` (one row per service: a later version's replaces an earlier
+        one's) and the new version's share of the traffic. ``done_command``: the command the caller acted on,
+        forgotten now unless a person asked another since. ``fenced`` False: the CLI's write starting a
+        rollout (it keeps no command)."""
+        settings = json.dumps(state.settings.to_json(), sort_keys=True)
+        values = (service, state.version, settings, state.phase.value, state.step, state.window_start,
+                  state.extensions, int(state.paused), state.verdict, percent)
+        with self._write([service] if fenced else UNFENCED) as tx:
+            if not tx.holds(service):
+                return
+            db = tx.db
+            if db.execute("SELECT 1 FROM services WHERE name = ?", (service,)).fetchone() is None:
+                return  # gone meanwhile
+            db.execute(
+                "INSERT INTO canary_rollouts (service, version, settings_json, phase, step, window_start, extensions,"
+                " paused, verdict, percent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (service) DO UPDATE SET"
+                " version = excluded.version, settings_json = excluded.settings_json, phase = excluded.phase,"
+                " step = excluded.step, window_start = excluded.window_start, extensions = excluded.extensions,"
+                " paused = excluded.paused, verdict = excluded.verdict, percent = excluded.percent", values)
+            if not fenced:
+                db.execute("UPDATE canary_rollouts SET command = NULL WHERE service = ?", (service,))
+            elif done_command is not None:
+                db.execute("UPDATE canary_rollouts SET command = NULL WHERE service = ? AND command = ?",
+                           (service, done_command.value))
+
+    def request_canary_command(self, service: str, command: Command) -> None:
+        """A person's `serve rollout NAME COMMAND`, for the controller's next pass (a later one replaces it).
+        Raises ``NotFoundError`` when the service has no canary rollout."""
+        with self._write(UNFENCED) as tx:  # the CLI's
+            changed = tx.db.execute("UPDATE canary_rollouts SET command = ? WHERE service = ?",
+                                    (command.value, service)).rowcount
+        if not changed:
+            raise NotFoundError(f"service {service!r} has no canary rollout; see `sky-lite serve status {service}`")
+
+    def list_canaries(self, service: str | None = None) -> dict[str, StoredCanary]:
+        """Every service's stored canary rollout (or only ``service``'s), in one query."""
+        sql = ("SELECT service, version, settings_json, phase, step, window_start, extensions, paused, verdict,"
+               " percent, command FROM canary_rollouts")
+        rows = (self._db.execute(sql + " WHERE service = ?", (service,)) if service is not None
+                else self._db.execute(sql)).fetchall()
+        return {str(row[0]): _canary(row[1:]) for row in rows}
+
+    def record_version_counts(self, service: str, counts: Mapping[tuple[int, int, str], int],
+                              keep_seconds: int = REQUEST_COUNTS_KEEP_SECONDS) -> None:
+        """Add requests per (version, second, status class), and drop those older than ``keep_seconds``
+        before the newest. Added up, not replaced: each of a service's load balancers adds its own."""
+        if not counts:
+            return
+        with self._write(UNFENCED) as tx:  # the load balancers'
+            tx.db.executemany(
+                "INSERT INTO version_counts (service, version, second, status_class, count) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (service, version, second, status_class)"
+                " DO UPDATE SET count = version_counts.count + excluded.count",
+                [(service, version, second, status_class, count)
+                 for (version, second, status_class), count in counts.items()])
+            tx.db.execute("DELETE FROM version_counts WHERE service = ? AND second < ?",
+                          (service, max(second for _, second, _ in counts) - keep_seconds))
+
+    def count_versions_since(self, service: str, since_second: int) -> dict[int, dict[str, int]]:
+        """Requests of ``service`` from ``since_second`` on, per version and status class."""
+        rows = self._db.execute(
+            "SELECT version, status_class, SUM(count) FROM version_counts WHERE service = ? AND second >= ?"
+            " GROUP BY version, status_class", (service, since_second)).fetchall()
+        counts: dict[int, dict[str, int]] = {}
+        for version, status_class, count in rows:
+            counts.setdefault(int(version), {})[str(status_class)] = int(count)
+        return counts
+
     # --- replica history -------------------------------------------------------------------------
     def record_replica_samples(self, samples: Sequence[ReplicaSample], keep_from_minute: int) -> None:
         """Write the samples (one per service and minute: a second one for the same minute replaces it) and
@@ -1020,6 +1098,15 @@ _VERSION_SELECT = (
 # A fenced write naming at most this many services reads only their lease rows (one placeholder each);
 # more, and it reads every row of the loop (one statement, no list of placeholders to build or to bound).
 _FENCE_BY_NAME = 50
+
+
+def _canary(row: tuple[Any, ...]) -> StoredCanary:
+    version, settings, phase, step, window_start, extensions, paused, verdict, percent, command = row
+    state = CanaryState(version=int(version), settings=CanarySettings.from_json(json.loads(settings)),
+                        phase=CanaryPhase(phase), step=int(step),
+                        window_start=None if window_start is None else float(window_start),
+                        extensions=int(extensions), paused=bool(paused), verdict=verdict)
+    return StoredCanary(state, int(percent), None if command is None else Command(command))
 
 
 def _find_submission(db: StoreConnection, key: str) -> tuple[str, int] | None:
