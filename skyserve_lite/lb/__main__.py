@@ -51,6 +51,7 @@ from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
 from skyserve_lite.lb.server import serve
 from skyserve_lite.lb.settings import ConnectionLimits, LbSettings
 from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
+from skyserve_lite.lb.version_counts import VersionCounter
 
 if TYPE_CHECKING:
     from skyserve_lite.state.store import Store
@@ -158,6 +159,7 @@ async def _run(
         except StateConflictError as exc:  # names the key and the version, never a value
             print(f"sky-lite load balancer for service {service}: cannot read its API keys: {exc}", file=sys.stderr)
             return 1
+        versions = VersionCounter(SystemClock())  # for the canary judge (``lb.version_counts``)
         lb = LoadBalancer(
             service,
             StoreTargetSource(store, service),
@@ -169,6 +171,7 @@ async def _run(
             eject_seconds=settings.eject_seconds,
             guard=guard,
             guard_source=guard_source,
+            outcomes=(versions,),
         )
         log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
         try:
@@ -178,6 +181,8 @@ async def _run(
             print(f"sky-lite load balancer for service {service}: cannot serve HTTPS: {exc}", file=sys.stderr)
             return 1
         reloading = asyncio.create_task(tls.run(), name=f"lb-tls-{service}")
+        write_counts = functools.partial(store.record_version_counts, service)
+        counting = asyncio.create_task(versions.flush_every(write_counts), name=f"lb-version-counts-{service}")
         try:
             await serve(lb, host, port, stop, limits, ssl_context=lambda: tls.context)
         except OSError as exc:  # serve raises OSError only when the port cannot be bound
@@ -188,8 +193,15 @@ async def _run(
             return 1
         finally:
             reloading.cancel()
+            counting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reloading
+            with contextlib.suppress(asyncio.CancelledError):
+                await counting
+            try:
+                await versions.flush(write_counts, everything=True)
+            except Exception:  # the last flush; nothing is left to retry it
+                log.exception("load balancer for service %s: final flush of version counts failed", service)
     finally:
         await asyncio.to_thread(tls.discard)  # the key's copy lives only as long as the load balancer
         await asyncio.to_thread(store.close)

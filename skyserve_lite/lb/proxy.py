@@ -77,6 +77,7 @@ from skyserve_lite.lb.settings import (
     DEFAULT_HOLD_SECONDS,
     UPSTREAM_TIMEOUT_VARIABLE,
 )
+from skyserve_lite.lb.split import VersionSplit
 from skyserve_lite.lb.upstream import (
     UpstreamClient,
     UpstreamConnectError,
@@ -430,6 +431,7 @@ class LoadBalancer:
         guard_source: GuardSource | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         outcomes: tuple[OutcomeSink, ...] = (),
+        split: VersionSplit | None = None,
     ) -> None:
         self.service = service
         self._source = source
@@ -466,6 +468,7 @@ class LoadBalancer:
         self._guard_problem: str | None = None
         self._monotonic = monotonic
         self._outcomes = outcomes
+        self._split = split if split is not None else VersionSplit()  # a canary's weights between versions
         self._versions: dict[str, int] = {}  # replica url -> its service version, from the view
         self._versions_of: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())  # the view they come from
 
@@ -628,6 +631,7 @@ class LoadBalancer:
                 self._set_versions(view)
                 self._rejected_policy = None
                 log.info("service %s: policy %s, targets %s", self.service, view.policy, list(self._urls))
+                self._apply_split(view)
                 return
         if view.ready_urls != self._urls or view.accelerators != self._accelerators:
             self._policy.set_targets(view.ready_urls, view.accelerators)
@@ -637,6 +641,13 @@ class LoadBalancer:
             log.info("service %s: targets %s", self.service, list(self._urls))
         if (view.ready_urls, view.versions) != self._versions_of:
             self._set_versions(view)
+        self._apply_split(view)
+
+    def _apply_split(self, view: LbView) -> None:
+        """The view's canary split, with one policy (the one in use) per group of versions (``lb.split``)."""
+        name, in_flight = self._policy_name, self._in_flight
+        self._split.set_view(view.ready_urls, view.accelerators, view.versions, view.split, name,
+                             lambda: make_policy(name, in_flight))
 
     def _set_versions(self, view: LbView) -> None:
         """Know the version of each url of ``view``; a url that left it keeps its version while requests
@@ -726,8 +737,13 @@ class LoadBalancer:
         return url
 
     def _select(self) -> str | None:
-        """The policy's choice among the replicas not ejected; among all of them when every one is."""
+        """The policy's choice among the replicas not ejected; among all of them when every one is. With a
+        canary split (``lb.split``), among the drawn version's replicas first."""
         excluded = self._outliers.excluded
+        if self._split.active:  # a canary split: the version drawn first, then the policy among its replicas
+            url = self._split.select(excluded)
+            if url is not None:
+                return url
         if not excluded:
             return self._policy.select()
         return self._policy.select(excluded) or self._policy.select()
