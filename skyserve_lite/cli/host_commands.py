@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from skyserve_lite import __version__
 from skyserve_lite.cli.common import errors, get_controller, home_dir, stderr
 from skyserve_lite.cli.params import FiniteFloatRange
+
+if TYPE_CHECKING:
+    from skyserve_lite.controller.fleet import ControllerView
+    from skyserve_lite.remote.client import RemoteController
+    from skyserve_lite.remote.config import ControllerRecord
 
 
 @click.command("up")
@@ -44,17 +52,27 @@ from skyserve_lite.cli.params import FiniteFloatRange
 @click.option("--ssh-cidr", default=None, metavar="CIDR",
               help="With --cloud, required: who may reach sshd, e.g. your address/32 (an --allow-cidr given is "
               "taken when this is not; 0.0.0.0/0 only when written out).")
+@click.option("--db-url", "db_url", default=None, metavar="postgresql://USER[:PASSWORD]@HOST[:PORT]/DB",
+              help="Keep the host's state in this PostgreSQL database; with a host recorded already, add this "
+              "one beside it (every host on one database). - reads the URL from standard input. The password "
+              "goes to the host's libpq password file, never to a command line.")
 def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | None, remote_home: str | None,
                   remote_python: str, extras: tuple[str, ...], host_key_fingerprint: str | None,
                   region: str | None, zone: str | None, instance_type: str | None, image_id: str | None,
-                  ssh_user: str, allow_cidr: str | None, ssh_cidr: str | None) -> None:
+                  ssh_user: str, allow_cidr: str | None, ssh_cidr: str | None, db_url: str | None) -> None:
     """Install this sky-lite on a host (--ssh) or on a VM launched for it (--cloud) and make it this
-    machine's controller. Running it again repairs a half-done install."""
+    machine's controller; with --db-url, one more controller host on the same database. Running it again
+    repairs a half-done install."""
     from skyserve_lite.errors import StateConflictError, UsageError
-    from skyserve_lite.remote import hosting, ssh
+    from skyserve_lite.remote import config, hosting, ssh
     from skyserve_lite.remote.connect import open_remote
+    from skyserve_lite.state.dburl import parse_database_url
 
     with errors():
+        database = None
+        if db_url is not None:
+            text = sys.stdin.readline().strip() if db_url == "-" else db_url
+            database = parse_database_url(text, "--db-url")
         if (ssh_target is None) == (cloud is None):
             raise UsageError("pass --ssh USER@HOST or --cloud CLOUD (one of them)")
         cloud_only = {"--region": region, "--zone": zone, "--instance-type": instance_type, "--image-id": image_id,
@@ -69,7 +87,8 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
             _check_cidr(option, cidr)
         ssh_block = None if cloud is None else choose_ssh_cidr(ssh_cidr, allow_cidr)
         home = home_dir()
-        if _has_local_services(home):
+        adding = database is not None and config.load_record(home) is not None
+        if not adding and _has_local_services(home):
             raise StateConflictError(f"this machine's own controller ({home}) holds services; take them down "
                                      "with `sky-lite serve down --all` before moving the controller to a host")
         target = (ssh.parse_ssh_target(ssh_target, key_file=key_file.resolve() if key_file else None)
@@ -79,7 +98,7 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
                        "address; give your own block (e.g. 203.0.113.7/32) to narrow it.", err=True)
         request = hosting.UpRequest(
             target=target, remote_home=remote_home, remote_python=remote_python, extras=extras,
-            host_key_fingerprint=host_key_fingerprint,
+            host_key_fingerprint=host_key_fingerprint, database=database,
             cloud=None if cloud is None else hosting.CloudRequest(
                 cloud=cloud, region=region, zone=zone, instance_type=instance_type, image_id=image_id,
                 ssh_user=ssh_user, allow_cidr=allow_cidr or hosting.DEFAULT_ALLOW_CIDR, ssh_cidr=ssh_block))
@@ -87,8 +106,15 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
         info = open_remote(home, record).describe()
         where = record.target.url + (f" ({record.machine.cloud} {record.machine.instance_id})" if record.machine
                                      else "")
-        click.echo(f"The controller runs on {where} (sky-lite {info.sky_lite}, state in {record.remote_home}); "
-                   f"host key {record.fingerprint} pinned. Every `sky-lite serve` command now talks to it.")
+        hosts = config.load_records(home)
+        if len(hosts) > 1:
+            click.echo(f"A controller runs on {where} too (sky-lite {info.sky_lite}, state in {database}); host "
+                       f"key {record.fingerprint} pinned. Commands try {', '.join(h.target.url for h in hosts)} in "
+                       "that order.")
+        else:
+            click.echo(f"The controller runs on {where} (sky-lite {info.sky_lite}, state in "
+                       f"{database or record.remote_home}); host key {record.fingerprint} pinned. Every "
+                       "`sky-lite serve` command now talks to it.")
         if info.cron_running is False:
             click.echo(f"Warning: no cron daemon runs on {record.target.url}: the cron lines are installed but "
                        "nothing runs them, so nothing restarts the controller loop if it stops or the host "
@@ -152,12 +178,14 @@ def _has_local_services(home: Path) -> bool:
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Output format; json prints only JSON on stdout.")
 def controller_status(output: str) -> None:
-    """Where the controller runs, its sky-lite version, its loop, its cron lines and its services."""
+    """Where the controller runs, its sky-lite version, its loop, its cron lines and its services; and every
+    controller sharing its database (id, host, services owned, last renewal, live or not)."""
     import json
 
     from skyserve_lite.api import LocalController
     from skyserve_lite.clock import format_timestamp
-    from skyserve_lite.errors import UsageError
+    from skyserve_lite.controller.fleet import list_controller_views
+    from skyserve_lite.errors import ControllerVersionError, UsageError
     from skyserve_lite.remote.client import RemoteController
     from skyserve_lite.remote.server import describe_host
 
@@ -166,15 +194,24 @@ def controller_status(output: str) -> None:
         if isinstance(controller, RemoteController):
             info = controller.describe()  # versionless: answers a host of any version
             where = controller.transport.where
+            try:
+                views = controller.list_controllers()
+            except (ControllerVersionError, UsageError):
+                views = None  # a host of another version: `controller upgrade` first
         elif isinstance(controller, LocalController):
             info = describe_host(controller)
             where = "this machine"
+            views = list_controller_views(controller.home)
         else:
             raise UsageError("`controller status` needs this machine's or a host's controller")
+        controllers = None if views is None else [
+            {"id": view.loop_id, "host": view.host, "services": list(view.services),
+             "last_renewal": format_timestamp(view.renewed_at), "live": view.live} for view in views]
         document = {"where": where, "home": info.home, "sky_lite": info.sky_lite, "client_sky_lite": __version__,
                     "build": info.build, "running": info.running, "pid": info.pid,
                     "last_pass_at": format_timestamp(info.last_pass_at), "cron_installed": info.cron_installed,
-                    "cron_running": info.cron_running, "services": list(info.services)}
+                    "cron_running": info.cron_running, "services": list(info.services),
+                    "controllers": controllers}
         if output == "json":
             click.echo(json.dumps(document, indent=2))
             return
@@ -187,7 +224,23 @@ def controller_status(output: str) -> None:
                  f"Last pass:  {format_timestamp(info.last_pass_at) or 'none yet'}{age}",
                  f"Cron lines: {cron}",
                  f"Services:   {', '.join(info.services) if info.services else 'none'}"]
+        if views is None:
+            lines.append("Controllers: unknown (the host runs another sky-lite; `sky-lite controller upgrade`)")
+        else:
+            lines += ["", *render_controllers(views, time.time())]
         click.echo("\n".join(lines))
+
+
+def render_controllers(views: Sequence[ControllerView], now: float) -> list[str]:
+    """The `Controllers sharing the database` table of `controller status`."""
+    if not views:
+        return ["Controllers sharing the database: none has run a pass yet"]
+    rows = [("ID", "HOST", "SERVICES", "LAST RENEWAL", "LIVE")]
+    rows += [(view.loop_id, view.host, ",".join(view.services) or "-", f"{max(0.0, now - view.renewed_at):.0f}s ago",
+              "yes" if view.live else "no") for view in views]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    table = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return [f"Controllers sharing the database ({sum(view.live for view in views)} live):", *table]
 
 
 def describe_cron(installed: bool | None, running: bool | None) -> str:
@@ -231,12 +284,16 @@ def controller_upgrade(remote_python: str) -> None:
 
 
 @click.command("down")
+@click.argument("host", required=False, metavar="[HOST|ID]")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--force", is_flag=True, help="Take every service down first.")
 @click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
-              help="With --force: seconds to wait for the services to go.")
-def controller_down(yes: bool, force: bool, timeout: float) -> None:
-    """Stop the controller and remove its cron lines (refused while it holds services, unless --force)."""
+              help="With --force: seconds to wait for the services to go; with HOST, for the other controllers "
+              "to take its services.")
+def controller_down(host: str | None, yes: bool, force: bool, timeout: float) -> None:
+    """Stop the controller and remove its cron lines (refused while it holds services, unless --force). With
+    several hosts on one database, HOST (or a controller id of `controller status`) names the one to stop:
+    it hands its services over to the others first."""
     from skyserve_lite.controller.cron import uninstall_cron
     from skyserve_lite.controller.daemon import stop_controller
     from skyserve_lite.errors import ControllerError, SkyLiteError, StateConflictError, UsageError
@@ -245,6 +302,15 @@ def controller_down(yes: bool, force: bool, timeout: float) -> None:
 
     with errors():
         home = home_dir()
+        records = config.load_records(home)
+        if host is not None or len(records) > 1:
+            if host is None:
+                raise UsageError("HOST: several controller hosts are recorded ("
+                                 f"{', '.join(r.target.url for r in records)}); name the one to stop")
+            chosen = _find_host_record(home, records, host)
+            if len(records) > 1:
+                hand_over_host(home, chosen, records, yes=yes, timeout=timeout)
+                return
         choice = config.choose_controller(home, os.environ)
         if choice.target is not None:
             raise UsageError(f"{config.SELECT_SETTING} names a host that `controller up` did not record; "
@@ -298,6 +364,82 @@ def controller_down(yes: bool, force: bool, timeout: float) -> None:
         uninstall_cron(home)
         stop_controller(home)
         click.echo(f"The controller of {home} is stopped and its cron lines are removed.")
+
+
+def _find_host_record(home: Path, records: Sequence[ControllerRecord], name: str) -> ControllerRecord:
+    """The recorded host ``name`` designates (``config.find_record``), or the host of the controller whose id
+    it is (asked of the recorded hosts). Raises ``UsageError`` naming HOST."""
+    from skyserve_lite.errors import UsageError
+    from skyserve_lite.remote import config
+
+    found = config.find_record(records, name)
+    if found is None and records:
+        views = _open_hosts(home, records).list_controllers()
+        hosts = {view.host for view in views if view.loop_id == name}
+        found = next((record for record in records if record.target.host in hosts), None)
+    if found is None:
+        recorded = ", ".join(record.target.url for record in records) or "none"
+        raise UsageError(f"HOST: {name!r} is neither a recorded controller host (recorded: {recorded}) nor the id "
+                         "of one of their controllers (`sky-lite controller status` lists them)")
+    return found
+
+
+def _open_hosts(home: Path, records: Sequence[ControllerRecord]) -> RemoteController:
+    """A client of ``records``' hosts: the first, moving to the next when one does not answer."""
+    from skyserve_lite.remote.client import RemoteController
+    from skyserve_lite.remote.config import Choice
+    from skyserve_lite.remote.connect import ssh_transport
+
+    first, *others = records
+    return RemoteController(ssh_transport(home, Choice(record=first)),
+                            fallbacks=[ssh_transport(home, Choice(record=other)) for other in others],
+                            say=lambda line: click.echo(line, err=True))
+
+
+def hand_over_host(home: Path, record: ControllerRecord, records: Sequence[ControllerRecord], *, yes: bool,
+                   timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    """`controller down HOST` with other hosts on the database: refused unless a controller of another host
+    is live to take the services; then the host's loop stops, releasing its leases
+    (``bootstrap.hand_over``), the record forgets it, and the command waits up to ``timeout`` for live
+    controllers of the other hosts to hold every service it held."""
+    from skyserve_lite.errors import StateConflictError
+    from skyserve_lite.remote import bootstrap, config
+    from skyserve_lite.remote.connect import record_shell
+
+    where = record.target.url
+    others = [kept for kept in records if not config.is_same_host(kept.target, record.target)]
+    remote = _open_hosts(home, others)
+    views = remote.list_controllers()
+    held = sorted({name for view in views if view.host == record.target.host for name in view.services})
+    takers = [view for view in views if view.live and view.host != record.target.host]
+    if held and not takers:
+        raise StateConflictError(f"no controller of another host is live to take {', '.join(held)} over from {where}; "
+                                 "start one first (`sky-lite controller status` lists them)")
+    if not yes:
+        what = f", handing {', '.join(held)} over to {', '.join(sorted({v.host for v in takers}))}" if held else ""
+        click.confirm(f"Stop the controller on {where}{what}?", abort=True)
+    shell = record_shell(home, record)
+    try:
+        bootstrap.hand_over(shell, record.remote_home)
+    finally:
+        shell.close()
+    config.remove_host(home, record)
+    deadline = time.monotonic() + timeout
+    while held:
+        views = remote.list_controllers()
+        owners = {name: view for view in views if view.live and view.host != record.target.host
+                  for name in view.services}
+        if all(name in owners for name in held):
+            moved = ", ".join(f"{name} -> {owners[name].host}" for name in held)
+            click.echo(f"The controller on {where} is stopped; its services were handed over ({moved}).")
+            return
+        if time.monotonic() >= deadline:
+            click.echo(f"The controller on {where} is stopped and released its services; the other controllers "
+                       f"had not taken them all within {timeout:g}s (`sky-lite controller status`).", err=True)
+            return
+        sleep(1.0)
+    click.echo(f"The controller on {where} is stopped (it held no service); commands use "
+               f"{', '.join(kept.target.url for kept in others)}.")
 
 
 COMMANDS = (controller_up, controller_status, controller_upgrade, controller_down)

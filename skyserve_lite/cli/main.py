@@ -454,14 +454,21 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
         report = _controller().get_status_report(names, events=shown_events)
         views, state = list(report.services), report.controller
         unverified = state.unverified_for
+        endpoints = _endpoints_of(views)
         if output == "json":  # without the renderers: scripts polling a fleet's JSON do not import rich
-            click.echo(_dump({"services": [view.to_json() for view in views], "controller": state.to_json()}))
+            click.echo(_dump({"services": [view.to_json() | {"endpoints": [{"url": url, "live": up} for url, up in
+                                                                           endpoints[view.service.name]]}
+                                           for view in views], "controller": state.to_json()}))
         else:
             from skyserve_lite.cli.render import status_renderable
 
             # Not cropped: every line fits the console already (``cli.fit``), and rich's crop measures each
             # line again, a third of printing 10,000 replicas.
             _stdout().print(status_renderable(views, events=bool(names), unverified_for=unverified), crop=False)
+            from skyserve_lite.cli.render import endpoint_lines
+
+            for line in endpoint_lines([(view.service.name, endpoints[view.service.name]) for view in views]):
+                click.echo(line)
             if names:
                 from skyserve_lite.cli.sparkline import history_lines
 
@@ -475,6 +482,33 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
             click.echo(f"Warning: the controller (pid {state.pid}) has not completed a pass for {unverified:.0f}s, "
                        "so nothing above has been checked since (is the disk full?); see "
                        f"`sky-lite serve logs {name} --controller`.", err=True)
+
+
+def _endpoints_of(views: Sequence[api.ServiceView]) -> dict[str, list[tuple[str, bool]]]:
+    """Each service's endpoint on every controller host sharing the database, and whether it is live
+    (``render.find_endpoints``); the service's own endpoint alone where the controllers cannot be listed
+    (a host of an older sky-lite)."""
+    from skyserve_lite.api import LocalController
+    from skyserve_lite.cli.render import find_endpoints
+    from skyserve_lite.controller.fleet import ControllerView, list_controller_views
+    from skyserve_lite.errors import ControllerVersionError
+
+    if not views:
+        return {}
+    controller = _controller()
+    controllers: list[ControllerView] = []
+    if isinstance(controller, LocalController):
+        controllers = list_controller_views(controller.home)
+    else:
+        from skyserve_lite.remote.client import RemoteController  # not for a local controller: ~20 ms
+
+        if isinstance(controller, RemoteController):
+            try:
+                controllers = controller.list_controllers()
+            except (ControllerVersionError, UsageError):
+                controllers = []  # a host of an older sky-lite: its endpoint alone
+    return {view.service.name: find_endpoints(view.service.endpoint, view.service.lb_port, controllers)
+            for view in views}
 
 
 def _replica_pid(names: tuple[str, ...], replica_id: int | None, pid_only: bool, endpoint_only: bool) -> int:
@@ -736,13 +770,21 @@ def controller_start() -> None:
 
 
 @controller.command("stop")
-def controller_stop() -> None:
-    """Stop this state directory's controller loop (replicas and load balancers keep running)."""
+@click.option("--load-balancers", "load_balancers", is_flag=True,
+              help="Also stop this host's load balancers (the host leaves the endpoints; `controller down HOST`).")
+def controller_stop(load_balancers: bool) -> None:
+    """Stop this state directory's controller loop (replicas and load balancers keep running, unless
+    --load-balancers). The loop hands its services over as it stops."""
     from skyserve_lite.controller.daemon import stop_controller
 
     with _errors():
         said = "Stopped the controller." if stop_controller(home_dir()) else "No controller was running."
         click.echo(said)
+        if load_balancers:
+            from skyserve_lite.controller.lb_runner import stop_host_lbs
+
+            stopped = stop_host_lbs(home_dir())
+            click.echo(f"Stopped {len(stopped)} load balancer(s).")
 
 
 @controller.command("rpc", hidden=True)

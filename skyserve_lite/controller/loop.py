@@ -6,7 +6,6 @@ import fcntl
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +16,7 @@ from types import FrameType
 from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.host import load_host_settings
-from skyserve_lite.controller.lb_runner import ProcessLoadBalancerRunner
+from skyserve_lite.controller.lb_runner import HostLoadBalancers, ProcessLoadBalancerRunner
 from skyserve_lite.controller.leases import LeaseHolder, LeaseSettings, new_loop_id
 from skyserve_lite.controller.memory import PassCollector
 from skyserve_lite.controller.pidfile import (
@@ -76,10 +75,13 @@ def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> 
     database; alone, it holds every lease). Cloud resources are tagged with the database's
     ``controller_id``, the same for every loop, so whichever loop owns a service adopts its instances."""
     clock = SystemClock()
-    leases = LeaseHolder(store, clock, new_loop_id(), socket.gethostname(),
+    host = load_host_settings(home)
+    # The controller row names the address this host's endpoints answer on (`controller status`, and the
+    # endpoints `serve status` lists); the loop id names the machine.
+    leases = LeaseHolder(store, clock, new_loop_id(), host.endpoint_host,
                          LeaseSettings(settings.lease_ttl_seconds, settings.lease_renew_seconds))
     providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
-    lb_host = load_host_settings(home).lb_host
+    lb_host = host.lb_host
     secrets = SecretStore(home)
     prober = HttpProber(read_secret=lambda digest: secrets.get(digest).value)
     return Reconciler(store, providers, prober, ProcessLoadBalancerRunner(home, lb_host), clock, settings,
@@ -126,6 +128,8 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
         _write_atomically(home / PID_FILE, me.to_text())
         store = Store.open(home)
         reconciler = build_reconciler(home, store, settings)
+        # A load balancer of every service on this host, not only of the services this loop owns.
+        host_lbs = HostLoadBalancers(store, ProcessLoadBalancerRunner(home, load_host_settings(home).lb_host))
         listener = RpcListener(home)  # calls from `controller rpc` (a remote client's) are served here
         listener.start()
         log.info("controller %s running for %s, every %.1fs", store.controller_id, home,
@@ -145,6 +149,7 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
                 started = time.monotonic()
                 try:
                     reconciler.reconcile_once()
+                    host_lbs.reconcile_host_lbs()
                 except Exception:  # the top-level loop: log with context, keep going
                     log.exception("reconcile pass failed; retrying in %.1fs", settings.interval_seconds)
                 collector.after_pass()

@@ -34,6 +34,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
@@ -100,17 +101,26 @@ class StoreTlsSource:
 
 
 class StoreMetricsSink:
-    """``MetricsSink`` backed by the state store."""
+    """``MetricsSink`` backed by the state store. ``lb`` names this load balancer among the service's (one
+    per controller host): its load report is kept apart from theirs and the readers sum them; request
+    counts are added up as they are written."""
 
-    def __init__(self, store: Store, service: str) -> None:
+    def __init__(self, store: Store, service: str, lb: str = "") -> None:
         self._store = store
         self._service = service
+        self._lb = lb
 
     def record_request_counts(self, counts: Mapping[int, int]) -> None:
         self._store.record_request_counts(self._service, counts)
 
     def record_load(self, report: LbReport) -> None:
-        self._store.record_lb_report(self._service, report)
+        self._store.record_lb_report(self._service, report, self._lb)
+
+
+def lb_identity(host: str, port: int) -> str:
+    """This load balancer among its service's: the machine and the address it listens on
+    (``web-1/0.0.0.0:30001``; on one machine, controllers bind different loopback addresses)."""
+    return f"{socket.gethostname()}/{host}:{port}"
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -163,7 +173,7 @@ async def _run(
         lb = LoadBalancer(
             service,
             StoreTargetSource(store, service),
-            StoreMetricsSink(store, service),
+            StoreMetricsSink(store, service, lb_identity(host, port)),
             SystemClock(),
             hold_seconds=settings.hold_seconds,
             upstream=upstream_factory(settings),

@@ -11,8 +11,10 @@ connection) and is idempotent, so running `controller up` again repairs a half-d
    start the controller loop (for an upgrade, stop the running loop first: replicas and load balancers are
    processes of their own and keep serving).
 
-Nothing secret crosses: the host's cloud access is its own (an instance profile, a service account, its own
-credential chain); the only file sent is the wheel.
+Nothing secret crosses but a database password: the host's cloud access is its own (an instance profile, a
+service account, its own credential chain); the only file sent is the wheel. With ``--db-url`` the host's
+state lives in that PostgreSQL database: the URL reaches the host on ssh's stdin (`sky-lite config set db_url
+-`), which keeps its password in the host's libpq password file (0600), never on a command line.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import subprocess
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ from skyserve_lite.controller.host import HostSettings
 from skyserve_lite.errors import ControllerError
 from skyserve_lite.remote.ssh import SshTarget, ssh_argv
 from skyserve_lite.remote.wheel import wheel_name
+from skyserve_lite.state.dburl import DatabaseUrl
 
 _PIP = ("-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input")
 
@@ -67,8 +71,9 @@ class HostPlan:
 
     remote_home: str | None  # None: ~/.sky-lite of the login user; relative: under the login user's home
     python: str = "python3"
-    extras: tuple[str, ...] = ()  # the package's extras to install ("aws")
+    extras: tuple[str, ...] = ()  # the package's extras to install ("aws", "postgres")
     settings: HostSettings = field(default_factory=HostSettings)
+    database: DatabaseUrl | None = None  # where the host's state lives (None: SQLite in its home, or as set)
 
 
 def find_remote_home(shell: RemoteShell, remote_home: str | None) -> str:
@@ -107,6 +112,12 @@ def install(shell: RemoteShell, plan: HostPlan, home: str, wheel: Path, *, resta
                   "--endpoint-host", plan.settings.endpoint_host,
                   *(("--aws-instance-profile", profile) if profile else ()),
                   *(("--gcp-service-account", account) if account else ())), what="writing the host settings")
+    if plan.database is not None:
+        say(f"pointing the host's state at {plan.database}")
+        # The whole URL travels on ssh's stdin (`config set db_url -`): the host keeps a password in its
+        # libpq password file, 0600, and never sees it on a command line.
+        shell.run(run("config", "set", "db_url", "-"), what="setting the host's database (--db-url)",
+                  stdin=(database_text(plan.database) + "\n").encode())
     say("installing the cron lines")
     shell.run(run("controller", "cron", "install"), what="installing the cron lines")
     if restart:
@@ -117,6 +128,14 @@ def install(shell: RemoteShell, plan: HostPlan, home: str, wheel: Path, *, resta
     shell.run(run("controller", "ensure"), what="starting the controller loop")
 
 
+def database_text(url: DatabaseUrl) -> str:
+    """``url`` written out whole, its password included (for the host's stdin only)."""
+    if url.password is None:
+        return url.text_without_password()
+    user, _, rest = url.text_without_password().partition("://")[2].partition("@")
+    return f"postgresql://{user}:{urllib.parse.quote(url.password.reveal(), safe='')}@{rest}"
+
+
 def remote_sky_lite(home: str) -> Callable[..., str]:
     """A function making the command line that runs ``sky-lite ARGS`` on the host against ``home``."""
     executable = f"{home}/venv/bin/sky-lite"
@@ -124,6 +143,16 @@ def remote_sky_lite(home: str) -> Callable[..., str]:
     def command(*args: str) -> str:
         return f"SKY_LITE_HOME={shlex.quote(home)} {shlex.join([executable, *args])}"
     return command
+
+
+def hand_over(shell: RemoteShell, home: str) -> None:
+    """Take one host out of several on one database: remove its cron lines, stop its loop (which releases
+    its leases as it stops, so the other controllers take its services at their next pass instead of after
+    the lease TTL) and its load balancers (the host leaves the endpoints). Its replicas are the services'
+    and stay. Idempotent."""
+    run = remote_sky_lite(home)
+    shell.run(run("controller", "cron", "remove"), what="removing the cron lines")
+    shell.run(run("controller", "stop", "--load-balancers"), what="stopping the controller loop")
 
 
 def uninstall(shell: RemoteShell, home: str) -> None:

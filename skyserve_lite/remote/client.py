@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from skyserve_lite.api import DEFAULT_EVENTS, ControllerStatus, RolloutState, ServiceView, StatusReport
 from skyserve_lite.clock import Clock, SystemClock
 from skyserve_lite.codec import decode, encode
+from skyserve_lite.controller.fleet import ControllerView
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, HostKeyError, MissingBlobsError, SpecError
 from skyserve_lite.files.capture import capture_task_files, find_local_paths, find_task_dir, needs_capture
@@ -67,8 +68,11 @@ class RemoteController:
 
     def __init__(self, transport: Transport, clock: Clock | None = None, *, host_key_hint: str = "",
                  retry_pause_seconds: float = RETRY_PAUSE_SECONDS, submission_secret: bytes | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, fallbacks: Sequence[Transport] = ()) -> None:
         self.transport = transport
+        # Other controller hosts on the same database, in order: a dropped connection moves to the next at
+        # once (any live controller answers for every service), and the rest of the command stays there.
+        self._fallbacks = list(fallbacks)
         self._clock = clock or SystemClock()
         self._host_key_hint = host_key_hint
         self._retry_pause = retry_pause_seconds
@@ -152,6 +156,10 @@ class RemoteController:
     # --- for `sky-lite controller status` --------------------------------------------------------
     def describe(self) -> HostInfo:
         return cast(HostInfo, decode(HostInfo, self._call("describe", {})))
+
+    def list_controllers(self) -> list[ControllerView]:
+        """Every controller sharing the host's database (``fleet.list_controller_views``)."""
+        return cast(list[ControllerView], decode(list[ControllerView], self._call("list_controllers", {})))
 
     # --- submissions -----------------------------------------------------------------------------
     def _prepare(self, task: SubmittedTask, updating: str | None = None) -> WireTask:
@@ -256,23 +264,31 @@ class RemoteController:
         and that line. An error answer is raised here, as the sky-lite error it carries. ``outcome``: the
         ``submission_outcome`` params of a submission, asked after a drop before the request goes again."""
         known: SubmissionOutcome | None = None
-        for attempt in range(ATTEMPTS):
+        attempt, failed = 0, []
+        while True:
             try:
                 if attempt > 0 and outcome is not None and key is not None:
                     known = self._ask_outcome(outcome, key)
                 channel, message = self._exchange(method, params, key, payload, keep_open)
             except _Dropped as exc:
-                if attempt == ATTEMPTS - 1:
+                attempt += 1
+                if self._fallbacks:
+                    failed.append(f"{self.transport.where} ({exc})")
+                    self.transport = self._fallbacks.pop(0)
+                    continue
+                if attempt == ATTEMPTS:
+                    tried = f" (and {'; '.join(failed)})" if failed else ""
                     raise ControllerError(f"lost the connection to the controller at {self.transport.where} "
-                                          f"{ATTEMPTS} times ({exc}); "
+                                          f"{ATTEMPTS - len(failed)} times ({exc}){tried}; "
                                           + ("is the host up?" if outcome is None else _fate(known))) from None
                 self._clock.sleep(self._retry_pause)
                 continue
+            if failed:
+                self._say(f"The controller at {'; '.join(failed)} did not answer; {self.transport.where} answered.")
             if message.get("replayed") and outcome is not None:
                 self._say(f"The controller at {self.transport.where} had stored this request already (an earlier "
                           "attempt or run sent the same one); this is its answer, and nothing was stored again.")
             return channel, message
-        raise AssertionError("unreachable")
 
     def _ask_outcome(self, params: dict[str, Any], key: str) -> SubmissionOutcome:
         """What became of the submission ``key`` whose connection dropped, said to the user. One try: a

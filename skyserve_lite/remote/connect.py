@@ -27,14 +27,16 @@ if TYPE_CHECKING:
 
 
 def open_controller(home: Path, env: Mapping[str, str]) -> api.Controller:
-    """This machine's controller, or a ``RemoteController`` of the recorded (or named) host."""
+    """This machine's controller, or a ``RemoteController`` of the recorded (or named) host; with several
+    hosts recorded on one database, of the first, moving to the next when one does not answer."""
     choice = choose_controller(home, env)
     if choice.is_local:
         return api.LocalController(home)
     from skyserve_lite.remote.client import RemoteController  # not for a local controller: ~20 ms of start-up
 
+    fallbacks = [ssh_transport(home, Choice(record=other)) for other in choice.others]
     return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice),
-                            submission_secret=submission_secret(home), say=_say)
+                            submission_secret=submission_secret(home), say=_say, fallbacks=fallbacks)
 
 
 def open_remote(home: Path, record: ControllerRecord) -> RemoteController:

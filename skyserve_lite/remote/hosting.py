@@ -35,6 +35,7 @@ from skyserve_lite.remote.ssh import SshTarget
 
 if TYPE_CHECKING:
     from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest
+    from skyserve_lite.state.dburl import DatabaseUrl
 
 Say = Callable[[str], None]
 DEFAULT_ALLOW_CIDR = "0.0.0.0/0"
@@ -67,13 +68,21 @@ class UpRequest:
     remote_python: str = "python3"
     extras: tuple[str, ...] = ()
     host_key_fingerprint: str | None = None
+    # --db-url: the PostgreSQL database the host's state lives in (its password goes to the host's libpq
+    # password file through ssh's stdin, never a command line); with hosts recorded already, the host is
+    # added beside them, sharing that database.
+    database: DatabaseUrl | None = None
 
 
 def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
     """See the module docstring. Raises ``UsageError``, ``StateConflictError``, ``HostKeyError``,
     ``ControllerError`` or ``ProviderError``, each naming the step."""
-    previous = config.load_record(home)
+    records = config.load_records(home)
+    previous = records[0] if records else None
     machine, extras, cloud_keys = None, request.extras, None
+    adding = False
+    if request.database is not None:
+        extras = tuple(sorted({*extras, "postgres"}))
     if request.cloud is not None:
         if previous is not None and previous.machine is None:
             raise StateConflictError(f"this machine's controller is recorded at {previous.target.url}; take it "
@@ -83,9 +92,13 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
     else:
         assert request.target is not None
         target = request.target
-        if previous is not None and (previous.target.host, previous.target.port) != (target.host, target.port):
+        same = [record for record in records if config.is_same_host(record.target, target)]
+        if previous is not None and not same and request.database is None:
             raise StateConflictError(f"this machine's controller is recorded at {previous.target.url}; take it "
-                                     "down first with `sky-lite controller down`")
+                                     "down first with `sky-lite controller down`, or add this host beside it "
+                                     "with --db-url (both sharing one PostgreSQL database)")
+        adding = previous is not None and (not same or same[0] is not previous)
+        previous = same[0] if same else None
         machine = previous.machine if previous is not None else None
     same_host = previous is not None and (previous.target.host, previous.target.port) == (target.host, target.port)
     pinned = previous.host_keys if previous is not None and same_host else ()
@@ -95,7 +108,7 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
     record = ControllerRecord(target=target, remote_home=previous.remote_home if previous and same_host else "",
                               host_keys=tuple(keys), fingerprint=ssh.fingerprint(keys[0]), machine=machine,
                               controller_id=pinned_id)
-    config.save_pinned_keys(home, record)
+    config.save_pinned_keys(home, record, add=adding)
     if machine is not None:
         config.save_record(home, record)  # a VM exists: record it before anything else can fail
     from skyserve_lite.remote.connect import record_shell
@@ -104,11 +117,11 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
     remote_home = request.remote_home or record.remote_home or None
     home_there = bootstrap.find_remote_home(shell, remote_home)
     plan = bootstrap.HostPlan(remote_home=home_there, python=request.remote_python, extras=extras,
-                              settings=host_settings_of(record))
+                              settings=host_settings_of(record), database=request.database)
     install_wheel(shell, plan, home_there, restart=False, say=say)
     record = ControllerRecord(target=target, remote_home=home_there, host_keys=tuple(keys),
                               fingerprint=record.fingerprint, machine=machine, controller_id=pinned_id)
-    config.save_record(home, record)
+    config.save_record(home, record, add=adding)
     if machine is not None:
         record = grant_machine(home, record, say)
     return record
@@ -185,7 +198,21 @@ def host_settings_of(record: ControllerRecord) -> HostSettings:
                             endpoint_host="127.0.0.1" if emulated else record.machine.address,
                             aws_instance_profile=made.get("replica-instance-profile") if cloud == "aws" else None,
                             gcp_service_account=made.get("replica-service-account") if cloud == "gcp" else None)
+    if is_loopback_address(target.host):
+        # A host on a loopback address of this machine (127.0.0.2, 127.0.0.3 ... one per controller, as tests
+        # run several): its load balancers bind that address only, so each host has its own endpoints.
+        return HostSettings(lb_host=target.host, endpoint_host=target.host)
     return HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
+
+
+def is_loopback_address(host: str) -> bool:
+    """Whether ``host`` is an IPv4 loopback address (127.0.0.0/8), written as one."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host) in ipaddress.ip_network("127.0.0.0/8")
+    except ValueError:
+        return False
 
 
 class Machines(Protocol):

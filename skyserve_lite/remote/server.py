@@ -22,6 +22,7 @@ from typing import IO, Any
 from skyserve_lite import __version__
 from skyserve_lite.api import DEFAULT_EVENTS, LocalController
 from skyserve_lite.codec import decode, encode
+from skyserve_lite.controller.fleet import list_controller_views
 from skyserve_lite.errors import ControllerVersionError, NotFoundError, SkyLiteError, UsageError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.plan.rollout import UpdateMode
@@ -78,6 +79,7 @@ class RpcServer:
         c = self._controller
         return {
             "describe": lambda p, k: self._answer(self._describe()),
+            "list_controllers": lambda p, k: self._answer(list_controller_views(self.home)),
             "create_service": lambda p, k: self._answer_submission(p, k, "create_service", lambda: c.create_service(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task(),
                 endpoint_port=_get(p, "endpoint_port", int | None), key=_key(k))),

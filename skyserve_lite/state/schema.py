@@ -247,4 +247,18 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
     );
     CREATE INDEX version_counts_by_second ON version_counts (second);
     """,),
+    # 17: a load balancer on every controller host: one load report per service and load balancer (``lb``:
+    #    the host and address it listens on), summed by the reader. Reports are replaced every 2 s, so the
+    #    old table's rows are dropped rather than carried over.
+    ("""
+    DROP TABLE lb_reports;
+    CREATE TABLE lb_reports (
+        service {TEXT} NOT NULL,
+        lb {TEXT} NOT NULL,
+        reported_at {REAL} NOT NULL,
+        waiting {INTEGER} NOT NULL,
+        in_flight_json {TEXT} NOT NULL,
+        PRIMARY KEY (service, lb)
+    );
+    """,),
 )

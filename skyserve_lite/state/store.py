@@ -850,6 +850,19 @@ class Store:
                               (me, now)).fetchall()
         return {str(service): int(token) for service, token in rows}
 
+    def list_controller_rows(self) -> list[ControllerRow]:
+        """Every controller (loop) sharing this database, live or not, by loop id, with the services whose
+        leases it holds (unexpired or not: ``controller.leases`` decides liveness)."""
+        rows = self._db.execute("SELECT loop_id, host, started_at, renewed_at FROM controllers ORDER BY loop_id"
+                                ).fetchall()
+        owned: dict[str, list[str]] = {}
+        for service, owner in self._db.execute(
+                "SELECT service, owner FROM service_leases WHERE owner IS NOT NULL ORDER BY service").fetchall():
+            owned.setdefault(str(owner), []).append(str(service))
+        return [ControllerRow(loop_id=str(loop_id), host=str(host), started_at=float(started),
+                              renewed_at=float(renewed), services=tuple(owned.get(str(loop_id), ())))
+                for loop_id, host, started, renewed in rows]
+
     def forget_controller(self, loop_id: str) -> None:
         """Remove a loop's controller row (it stopped cleanly; its leases were released first)."""
         with self._write(UNFENCED) as tx:
@@ -906,21 +919,25 @@ class Store:
             db.execute("DELETE FROM request_counts WHERE service = ? AND second < ?",
                        (service, max(counts) - keep_seconds))
 
-    def record_lb_report(self, service: str, report: LbReport) -> None:
-        """Replace the service's load balancer report (one row per service)."""
+    def record_lb_report(self, service: str, report: LbReport, lb: str = "") -> None:
+        """Replace the report of the service's load balancer ``lb`` (its host and address: every controller
+        host runs one per service; the readers sum them)."""
         with self._write(UNFENCED) as tx:  # no service's rows, or the load balancers'
             db = tx.db
             db.execute(
-                "INSERT INTO lb_reports (service, reported_at, waiting, in_flight_json) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (service) DO UPDATE SET reported_at = excluded.reported_at, waiting = excluded.waiting,"
-                " in_flight_json = excluded.in_flight_json",
-                (service, report.reported_at, report.waiting, json.dumps(dict(report.in_flight), sort_keys=True)))
+                "INSERT INTO lb_reports (service, lb, reported_at, waiting, in_flight_json) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (service, lb) DO UPDATE SET reported_at = excluded.reported_at,"
+                " waiting = excluded.waiting, in_flight_json = excluded.in_flight_json",
+                (service, lb, report.reported_at, report.waiting, json.dumps(dict(report.in_flight), sort_keys=True)))
 
     def list_lb_reports(self) -> dict[str, LbReport]:
-        """Every service's latest load balancer report, in one query (a pass reads them all)."""
+        """Every service's load, its load balancers' latest reports summed (``sum_lb_reports``), in one query
+        (a pass reads them all)."""
         rows = self._db.execute("SELECT service, reported_at, waiting, in_flight_json FROM lb_reports").fetchall()
-        return {row[0]: LbReport(reported_at=row[1], waiting=row[2],
-                                 in_flight=tuple(sorted(json.loads(row[3]).items()))) for row in rows}
+        by_service: dict[str, list[LbReport]] = {}
+        for service, reported_at, waiting, in_flight in rows:
+            by_service.setdefault(str(service), []).append(_lb_report(reported_at, waiting, in_flight))
+        return {service: sum_lb_reports(reports) for service, reports in by_service.items()}
 
     def list_autoscaler_states(self) -> dict[str, tuple[AutoscalerState, AutoscalerObservation]]:
         """Every service's autoscaler state, in one query; not even that while ``services_generation`` stands
@@ -944,11 +961,10 @@ class Store:
         return {str(service): int(count) for service, count in rows}
 
     def get_lb_report(self, service: str) -> LbReport | None:
-        row = self._db.execute("SELECT reported_at, waiting, in_flight_json FROM lb_reports WHERE service = ?",
-                               (service,)).fetchone()
-        if row is None:
-            return None
-        return LbReport(reported_at=row[0], waiting=row[1], in_flight=tuple(sorted(json.loads(row[2]).items())))
+        """The service's load balancers' latest reports summed (``sum_lb_reports``); None before any."""
+        rows = self._db.execute("SELECT reported_at, waiting, in_flight_json FROM lb_reports WHERE service = ?",
+                                (service,)).fetchall()
+        return sum_lb_reports([_lb_report(*row) for row in rows]) if rows else None
 
     def get_autoscaler_state(self, service: str) -> tuple[AutoscalerState, AutoscalerObservation] | None:
         row = self._db.execute(
@@ -1107,6 +1123,46 @@ def _canary(row: tuple[Any, ...]) -> StoredCanary:
                         window_start=None if window_start is None else float(window_start),
                         extensions=int(extensions), paused=bool(paused), verdict=verdict)
     return StoredCanary(state, int(percent), None if command is None else Command(command))
+
+
+@dataclass(frozen=True)
+class ControllerRow:
+    """One controller (loop) of the database: its id, the host its endpoints answer on (``host.json``'s
+    endpoint host), when it started and last renewed its row, and the services whose leases name it."""
+
+    loop_id: str
+    host: str
+    started_at: float
+    renewed_at: float
+    services: tuple[str, ...] = ()
+
+
+# A load balancer's report older than this, next to its service's newest, is of a load balancer that is gone
+# (a host down): it reports every 2 s while it runs (``lb.proxy.REPORT_HEARTBEAT_SECONDS``), so 10 s is five
+# missed reports (as ``controller.snapshots.REPORT_STALE_SECONDS``).
+LB_REPORT_STALE_SECONDS = 10.0
+
+
+def sum_lb_reports(reports: Sequence[LbReport]) -> LbReport:
+    """One load out of several load balancers' reports of a service (one per controller host): waiting
+    requests and in-flight requests per replica url added up, as of the newest report; a report more than
+    ``LB_REPORT_STALE_SECONDS`` older than the newest is left out. Two hosts, in flight {a: 2} and {a: 1,
+    b: 3}, 1 and 0 waiting -> {a: 3, b: 3}, 1 waiting. ``reports`` must not be empty."""
+    newest = max(report.reported_at for report in reports)
+    fresh = [report for report in reports if newest - report.reported_at <= LB_REPORT_STALE_SECONDS]
+    if len(fresh) == 1:
+        return fresh[0]
+    in_flight: dict[str, int] = {}
+    for report in fresh:
+        for url, count in report.in_flight:
+            in_flight[url] = in_flight.get(url, 0) + count
+    return LbReport(reported_at=newest, in_flight=tuple(sorted(in_flight.items())),
+                    waiting=sum(report.waiting for report in fresh))
+
+
+def _lb_report(reported_at: Any, waiting: Any, in_flight_json: Any) -> LbReport:
+    return LbReport(reported_at=float(reported_at), waiting=int(waiting),
+                    in_flight=tuple(sorted(json.loads(in_flight_json).items())))
 
 
 def _find_submission(db: StoreConnection, key: str) -> tuple[str, int] | None:

@@ -107,7 +107,7 @@ def test_store_adapters_pass_the_store_values_through() -> None:
         def record_request_counts(self, service: str, counts: Mapping[int, int]) -> None:
             self.recorded.append((service, dict(counts)))
 
-        def record_lb_report(self, service: str, report: LbReport) -> None:
+        def record_lb_report(self, service: str, report: LbReport, lb: str = "") -> None:
             self.recorded.append((service, report))
 
     store = FakeStore()
