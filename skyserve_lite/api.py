@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +44,11 @@ from skyserve_lite.state.history import ServiceHistory, compute_service_history,
 from skyserve_lite.state.models import (
     AutoscalerObservation,
     EventRecord,
+    LbEndpoint,
     ReplicaRecord,
     ReplicaStatus,
     ServiceRecord,
+    ServiceStatus,
     VersionRecord,
 )
 from skyserve_lite.state.store import Store
@@ -54,6 +56,7 @@ from skyserve_lite.state.store import Store
 if TYPE_CHECKING:
     from skyserve_lite.files.blobs import BlobStore
     from skyserve_lite.forcedown import ForceDownReport
+    from skyserve_lite.lb.identity import EndpointIdentity
     from skyserve_lite.plan.placement import LaunchPlan
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.plan.update import UpdatePlan
@@ -80,6 +83,14 @@ class ServiceView:
     # How many replicas the controller steers to for the current version (the autoscaler's target within
     # the bounds, plus num_overprovision); None before its first pass over that version.
     target_replicas: int | None = None
+    # The state's controller id, which the service's endpoint must answer with (``lb.identity``); None from
+    # a host that does not say.
+    controller_id: str | None = None
+    # What the service's load balancers recorded once they listened (address bound, pid), one per host.
+    lb_endpoints: tuple[LbEndpoint, ...] = ()
+    # Only in `serve status`: why the endpoint does not answer as this service, for a service whose
+    # replicas say it should (None: it does, or it is not expected to).
+    endpoint_problem: str | None = None
 
     def autoscaler_json(self) -> dict[str, Any] | None:
         if self.autoscaler is None:
@@ -104,6 +115,9 @@ class ServiceView:
             "version": self.service.current_version,
             "active_versions": self.active_versions,
             "endpoint": self.service.endpoint,
+            "endpoint_problem": self.endpoint_problem,
+            "load_balancers": [{"host": e.host, "address": e.address, "pid": e.pid,
+                                "bound_at": format_timestamp(e.bound_at)} for e in self.lb_endpoints],
             "policy": self.policy,
             "load_balancing_policy": self.load_balancing_policy,
             "autoscaler": self.autoscaler_json(),
@@ -341,11 +355,14 @@ class LocalController:
                     return self._shown(existing, tls=tls)
                 # Updated since, or going down: not a rerun any more, refused as any `serve up` of a taken name.
                 key = None
-            used = store.used_lb_ports()
-            if endpoint_port is not None and (endpoint_port in used or not procs.is_port_free(endpoint_port)):
-                whose = "the endpoint of another service" if endpoint_port in used else "taken on this host"
-                raise StateConflictError(f"--endpoint-port {endpoint_port}: the port is {whose}; choose another")
-            port = endpoint_port if endpoint_port is not None else _pick_lb_port(used)
+            if endpoint_port is not None:
+                used = store.used_lb_ports()
+                if endpoint_port in used or not procs.is_port_free(endpoint_port):
+                    whose = "the endpoint of another service" if endpoint_port in used else "taken on this host"
+                    raise StateConflictError(f"--endpoint-port {endpoint_port}: the port is {whose}; choose another")
+            # Without --endpoint-port the port is chosen inside the transaction that stores it: two `serve up`
+            # at once in one home read the ports in use one after the other, never both before either wrote.
+            port: int | Callable[[set[int]], int] = endpoint_port if endpoint_port is not None else _pick_lb_port
             service = self._shown(store.create_service(name, task, port, self._clock.now(), key=key,
                                                        inputs=inputs, pinned=endpoint_port is not None), tls=tls)
             store.add_events([(self._clock.now(), name, None, "service", f"version 1 submitted from "
@@ -385,6 +402,7 @@ class LocalController:
         autoscalers = store.list_autoscaler_states() if not names else {
             service.name: state for service in services if (state := store.get_autoscaler_state(service.name))}
         views = []
+        controller_id = store.controller_id
         for service in services:
             # A version missing from the batch, or not the service's current one, is asked for alone: the
             # store's error names it.
@@ -405,6 +423,8 @@ class LocalController:
                 autoscaler=autoscaler,
                 history=self._history(store, service.name) if spec.replica_policy.is_autoscaling else None,
                 target_replicas=target,
+                controller_id=controller_id,
+                lb_endpoints=tuple(store.list_lb_endpoints(service.name)),
             ))
         return views
 
@@ -435,7 +455,7 @@ class LocalController:
         return tuple(shown)
 
     def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
-        return StatusReport(services=tuple(self.get_status(names, events=events)),
+        return StatusReport(services=tuple(check_endpoints(self.get_status(names, events=events))),
                             controller=self.controller_status())
 
     def controller_status(self) -> ControllerStatus:
@@ -660,6 +680,23 @@ class LocalController:
 # How long `serve down` lets the controller it waits on be gone before saying so: long enough for a restart
 # (`controller upgrade` stops the loop, then starts it within a second or two), far short of any timeout.
 CONTROLLER_GONE_SECONDS = 3.0
+
+
+def check_endpoints(views: Sequence[ServiceView],
+                    ask_identity: Callable[[str], EndpointIdentity | str] | None = None) -> list[ServiceView]:
+    """``views`` with ``endpoint_problem`` set for each service whose status says its endpoint answers
+    (READY, NO_REPLICA) while the endpoint does not answer as it (``lb.identity``)."""
+    from skyserve_lite.lb.identity import find_identity_problem, read_endpoint_identity
+
+    ask = ask_identity or (lambda endpoint: read_endpoint_identity(endpoint, timeout_seconds=1.0))
+    checked = []
+    for view in views:
+        if view.service.status in (ServiceStatus.READY, ServiceStatus.NO_REPLICA):
+            endpoint = view.service.endpoint
+            problem = find_identity_problem(ask(endpoint), view.service.name, view.controller_id, endpoint)
+            view = dataclasses.replace(view, endpoint_problem=problem)
+        checked.append(view)
+    return checked
 
 
 def describe_stopped_controller(recorded: procs.RecordedProcess | None, left: Sequence[str]) -> str:
@@ -1028,6 +1065,8 @@ def default_service_name(task: SubmittedTask) -> str:
 
 
 def _pick_lb_port(used: set[int]) -> int:
+    """The first port from ``LB_PORT_START`` that no service of this home has and nothing on this host
+    listens on. Raises ``ControllerError`` when there is none."""
     port = find_lb_port(used, procs.is_port_free)
     if port is None:
         raise ControllerError(f"no free port for a load balancer between {LB_PORT_START} and {LB_PORT_END}")

@@ -9,7 +9,6 @@ nothing, and the controller carries on.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -20,6 +19,7 @@ from skyserve_lite.clock import Clock, SystemClock
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.errors import WaitTimeoutError
+from skyserve_lite.lb.identity import EndpointIdentity, find_identity_problem, read_endpoint_identity
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 
 
@@ -30,41 +30,35 @@ class StatusReader(Protocol):
         ...
 
 
-def is_endpoint_listening(endpoint: str) -> bool:
-    """Whether something accepts TCP connections at ``http://HOST:PORT`` (or ``https://``: a TLS load
-    balancer accepts first and shakes hands after, so a TCP connect tells the same)."""
-    host, _, port = endpoint.partition("://")[2].rstrip("/").rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")  # an IPv6 endpoint host: [::1]
-    try:
-        with socket.create_connection((host, int(port)), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 def wait_until_ready(controller: StatusReader, name: str, timeout_seconds: float,
                      on_progress: Callable[[ServiceView], None] = lambda _view: None,
                      poll_seconds: float = 0.5,
-                     is_listening: Callable[[str], bool] = is_endpoint_listening,
+                     ask_identity: Callable[[str], EndpointIdentity | str] = read_endpoint_identity,
                      clock: Clock | None = None) -> ServiceView:
     """Poll until the service can answer: READY, or scaled to zero (NO_REPLICA: the first request starts a
-    replica), with its load balancer listening. Raises ``WaitTimeoutError`` (with what is stuck and why)
-    on timeout, and ``WaitTimeoutError`` too when the service became FAILED (waiting cannot help)."""
+    replica), with its endpoint answering as this service's load balancer (``lb.identity``: the service's
+    name and the view's ``controller_id``; a port that merely accepts connections is not enough). Raises
+    ``WaitTimeoutError`` (with what is stuck and why) on timeout, and ``WaitTimeoutError`` too when the
+    service became FAILED (waiting cannot help)."""
     clock = clock or SystemClock()
     deadline = clock.now() + timeout_seconds
     while True:
         (view,) = controller.get_status([name])
         on_progress(view)
-        # READY in the store, and the load balancer is listening: only then does the endpoint answer.
+        # READY in the store, and this service's load balancer answers at the endpoint: only then is it ready.
         answering = view.service.status in (ServiceStatus.READY, ServiceStatus.NO_REPLICA)
-        if answering and is_listening(view.service.endpoint):
-            return view
+        problem = None
+        if answering:
+            endpoint = view.service.endpoint
+            problem = find_identity_problem(ask_identity(endpoint), name, view.controller_id, endpoint)
+            if problem is None:
+                return view
         if view.service.status is ServiceStatus.FAILED:
             raise WaitTimeoutError(f"service {name} FAILED: {view.service.status_reason}. "
                                    f"See `sky-lite serve logs {name} REPLICA_ID`.")
         if clock.now() >= deadline:
-            raise WaitTimeoutError(f"service {name} is not READY after {timeout_seconds:g}s: "
-                                   + describe_stuck(view))
+            stuck = f"its replicas are, but {problem}" if problem is not None else describe_stuck(view)
+            raise WaitTimeoutError(f"service {name} is not READY after {timeout_seconds:g}s: {stuck}")
         clock.sleep(poll_seconds)
 
 

@@ -36,6 +36,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,7 @@ from skyserve_lite.lb.server import serve
 from skyserve_lite.lb.settings import ConnectionLimits, LbSettings
 from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
 from skyserve_lite.lb.version_counts import VersionCounter
+from skyserve_lite.state.models import LbEndpoint
 
 if TYPE_CHECKING:
     from skyserve_lite.state.store import Store
@@ -182,6 +184,8 @@ async def _run(
             guard=guard,
             guard_source=guard_source,
             outcomes=(versions,),
+            identity={"service": service, "controller_id": await asyncio.to_thread(lambda: store.controller_id),
+                      "pid": os.getpid()},
         )
         log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
         try:
@@ -194,7 +198,8 @@ async def _run(
         write_counts = functools.partial(store.record_version_counts, service)
         counting = asyncio.create_task(versions.flush_every(write_counts), name=f"lb-version-counts-{service}")
         try:
-            await serve(lb, host, port, stop, limits, ssl_context=lambda: tls.context)
+            await serve(lb, host, port, stop, limits, ssl_context=lambda: tls.context,
+                        on_listening=functools.partial(_record_endpoint, store, service))
         except OSError as exc:  # serve raises OSError only when the port cannot be bound
             print(
                 f"sky-lite load balancer for service {service}: cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -213,10 +218,23 @@ async def _run(
             except Exception:  # the last flush; nothing is left to retry it
                 log.exception("load balancer for service %s: final flush of version counts failed", service)
     finally:
+        with contextlib.suppress(Exception):  # a record left behind names a dead pid, which readers can tell
+            await asyncio.to_thread(store.delete_lb_endpoint, service, socket.gethostname(), os.getpid())
         await asyncio.to_thread(tls.discard)  # the key's copy lives only as long as the load balancer
         await asyncio.to_thread(store.close)
     log.info("load balancer for service %s stopped", service)
     return 0
+
+
+async def _record_endpoint(store: Store, service: str, addresses: list[tuple[str, int]]) -> None:
+    """Record in the store the address this process bound, with its pid (``Store.record_lb_endpoint``);
+    a store that cannot take it is logged: the endpoint serves anyway, and its identity path says who it is."""
+    host, port = addresses[0][:2]
+    endpoint = LbEndpoint(service, socket.gethostname(), f"{host}:{port}", os.getpid(), time.time())
+    try:
+        await asyncio.to_thread(store.record_lb_endpoint, endpoint)
+    except Exception:  # the top of this step: serving matters more than the record
+        log.exception("load balancer for service %s: recording its address %s:%d failed", service, host, port)
 
 
 def upstream_factory(settings: LbSettings) -> functools.partial[PooledUpstream]:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -67,6 +68,7 @@ from skyserve_lite.clock import Clock
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.errors import StateConflictError
 from skyserve_lite.lb.guard import Allowed, Guard, GuardConfig, compute_answer
+from skyserve_lite.lb.identity import IDENTITY_HEADER, IDENTITY_PATH
 from skyserve_lite.lb.outcomes import Failure, Outcome, OutcomeSink
 from skyserve_lite.lb.outliers import OutlierDetector
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
@@ -95,6 +97,8 @@ __all__ = [
     "HOLD_REFRESH_SECONDS",
     "HOP_BY_HOP_HEADERS",
     "IDEMPOTENT_METHODS",
+    "IDENTITY_HEADER",
+    "IDENTITY_PATH",
     "MAX_ATTEMPTS",
     "REPORT_HEARTBEAT_SECONDS",
     "STREAM_CHUNK",
@@ -174,12 +178,13 @@ _BODYLESS_STATUSES: Final = frozenset({204, 304})
 @dataclass(frozen=True, slots=True)
 class LocalAnswer:
     """A response the load balancer makes itself (503 without a replica, 502 after failed attempts, 429 and
-    401 from the guard), with ``headers`` besides the ones every such answer has (``Retry-After``,
-    ``WWW-Authenticate``)."""
+    401 from the guard, its identity), with ``headers`` besides the ones every such answer has
+    (``Retry-After``, ``WWW-Authenticate``) and its ``content_type``."""
 
     status: int
     text: str
     headers: tuple[tuple[str, str], ...] = ()
+    content_type: str = "text/plain; charset=utf-8"
 
 
 class Forwarded:
@@ -412,7 +417,9 @@ class LoadBalancer:
     (``lb.outliers``), on the event loop's time too. ``retries`` and ``ejections`` count since ``start``.
     ``guard`` decides requests before anything else (none: every request goes on); ``guard_source``, read
     on each refresh pass, reconfigures it; ``monotonic`` is the guard's clock (it must never go back), and
-    the one the ``outcomes`` sinks' seconds are measured on.
+    the one the ``outcomes`` sinks' seconds are measured on. ``identity`` (JSON-ready values: the service,
+    its controller id, the process) is answered at ``IDENTITY_PATH`` to anyone, before the guard; without
+    it that path goes to the replicas like any other.
     """
 
     def __init__(
@@ -431,6 +438,7 @@ class LoadBalancer:
         guard_source: GuardSource | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         outcomes: tuple[OutcomeSink, ...] = (),
+        identity: Mapping[str, str | int] | None = None,
         split: VersionSplit | None = None,
     ) -> None:
         self.service = service
@@ -469,6 +477,9 @@ class LoadBalancer:
         self._monotonic = monotonic
         self._outcomes = outcomes
         self._split = split if split is not None else VersionSplit()  # a canary's weights between versions
+        self._identity = None if identity is None else LocalAnswer(
+            200, json.dumps(dict(identity), sort_keys=True) + "\n", ((IDENTITY_HEADER, service),),
+            "application/json")
         self._versions: dict[str, int] = {}  # replica url -> its service version, from the view
         self._versions_of: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())  # the view they come from
 
@@ -693,8 +704,11 @@ class LoadBalancer:
 
     def check_request(self, path: str, client_ip: str | None, headers: Mapping[str, str]) -> LocalAnswer | None:
         """The guard's answer to a request for target ``path`` from ``client_ip`` (the connection's peer, never
-        a header) with ``headers`` (case-insensitive): None to go on, else the 429 or 401 to answer. Comes
-        before ``select_target``: a refused request chooses, holds and counts nothing."""
+        a header) with ``headers`` (case-insensitive): None to go on, else the 429 or 401 to answer, or the
+        identity at ``IDENTITY_PATH``. Comes before ``select_target``: a refused request chooses, holds and
+        counts nothing."""
+        if path == IDENTITY_PATH and self._identity is not None:
+            return self._identity
         guard = self._guard
         if guard is None:
             return None

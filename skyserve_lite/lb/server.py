@@ -174,13 +174,13 @@ def _head_timeout_text(seconds: float) -> str:
 
 
 def render_local_answer(answer: LocalAnswer, keep_alive: bool, head_only: bool) -> bytes:
-    """A whole response for an answer the load balancer makes itself, as plain UTF-8 text, with its own
+    """A whole response for an answer the load balancer makes itself, as UTF-8 text, with its own
     headers (``Retry-After``, ``WWW-Authenticate``: values the load balancer wrote, never a client's)."""
     body = answer.text.encode()
     extra = "".join(f"{name}: {value}\r\n" for name, value in answer.headers)
     head = (
         f"HTTP/1.1 {answer.status} {_reason(answer.status, None)}\r\n"
-        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n{extra}"
+        f"Content-Type: {answer.content_type}\r\nContent-Length: {len(body)}\r\n{extra}"
         f"{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n"
     ).encode()
     return head if head_only else head + body
@@ -675,10 +675,11 @@ async def serve(
     stop: asyncio.Event,
     limits: ConnectionLimits | None = None,
     ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
+    on_listening: Callable[[list[tuple[str, int]]], Awaitable[None]] | None = None,
 ) -> None:
     """Run ``lb`` on ``host:port`` under ``limits`` (the defaults when None) until ``stop`` is set or its
     source says the service is gone; over TLS for the connections accepted while ``ssl_context()`` gives a
-    context.
+    context. ``on_listening`` is awaited with the addresses bound, once they are.
 
     Raises OSError when the port cannot be bound. On return the listening sockets are closed, the requests
     in flight are answered, the counts of completed seconds are flushed and the upstream client is closed.
@@ -687,6 +688,8 @@ async def serve(
     await lb.start()
     try:
         addresses = await server.start(host, port)
+        if on_listening is not None:
+            await on_listening(addresses)
         bound = ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
         limits = server.limits
         log.info(

@@ -317,6 +317,18 @@ class StoredCanary:
 
 
 @dataclass(frozen=True)
+class LbEndpoint:
+    """What a load balancer recorded once it listened: the ``address`` it bound (``127.0.0.1:30001``) on
+    ``host`` (its machine's name), its ``pid``, and when (epoch seconds)."""
+
+    service: str
+    host: str
+    address: str
+    pid: int
+    bound_at: float
+
+
+@dataclass(frozen=True)
 class LbReport:
     """A load balancer's latest report: in-flight requests per replica url, and requests held waiting for
     a READY replica (scale from zero)."""

@@ -45,6 +45,7 @@ from skyserve_lite.state.models import (
     REPLICA_STATUS_BY_VALUE,
     AutoscalerObservation,
     EventRecord,
+    LbEndpoint,
     LbReport,
     LbView,
     ReplicaRecord,
@@ -454,11 +455,14 @@ class Store:
         return str(self._db.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()[0])
 
     # --- services and versions ------------------------------------------------------------------
-    def create_service(self, name: str, task: SubmittedTask, lb_port: int, now: float, *,
-                       key: str | None = None, inputs: BoundInputs | None = None,
+    def create_service(self, name: str, task: SubmittedTask, lb_port: int | Callable[[set[int]], int], now: float,
+                       *, key: str | None = None, inputs: BoundInputs | None = None,
                        pinned: bool = False) -> ServiceRecord:
         """Store a new service with ``task`` as version 1. Raises ``StateConflictError`` if it exists, unless
-        it was created by the submission ``key`` (a retry), which returns it."""
+        it was created by the submission ``key`` (a retry), which returns it. ``lb_port`` is the endpoint's
+        port, or a function choosing it from the ports other services have, called inside the write
+        transaction that stores it (so two creations at once cannot choose the same port); what it raises
+        propagates and nothing is stored."""
         with self._write(UNFENCED) as tx:  # the CLI's, or the load balancers'
             db = tx.db
             if key is not None and _find_submission(db, key) == (name, 1):
@@ -467,7 +471,9 @@ class Store:
                 raise StateConflictError(
                     f"service {name!r} already exists; change it with `sky-lite serve update {name} TASK.yaml`"
                 )
-            if db.execute("SELECT 1 FROM services WHERE lb_port = ?", (lb_port,)).fetchone():
+            if callable(lb_port):
+                lb_port = lb_port({row[0] for row in db.execute("SELECT lb_port FROM services")})
+            elif db.execute("SELECT 1 FROM services WHERE lb_port = ?", (lb_port,)).fetchone():
                 raise StateConflictError(f"port {lb_port} is already the endpoint of another service")
             db.execute(
                 "INSERT INTO services (name, current_version, status, lb_port, lb_policy, created_at, lb_port_pinned)"
@@ -929,6 +935,29 @@ class Store:
                 " ON CONFLICT (service, lb) DO UPDATE SET reported_at = excluded.reported_at,"
                 " waiting = excluded.waiting, in_flight_json = excluded.in_flight_json",
                 (service, lb, report.reported_at, report.waiting, json.dumps(dict(report.in_flight), sort_keys=True)))
+
+    def record_lb_endpoint(self, endpoint: LbEndpoint) -> None:
+        """Record what a load balancer bound (replacing its host's earlier row); nothing when the service is
+        gone (its load balancer is stopping)."""
+        with self._write(UNFENCED) as tx:  # the load balancer's
+            tx.db.execute(
+                "INSERT INTO lb_endpoints (service, host, address, pid, bound_at)"
+                " SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM services WHERE name = ?)"
+                " ON CONFLICT (service, host) DO UPDATE SET address = excluded.address, pid = excluded.pid,"
+                " bound_at = excluded.bound_at",
+                (endpoint.service, endpoint.host, endpoint.address, endpoint.pid, endpoint.bound_at,
+                 endpoint.service))
+
+    def delete_lb_endpoint(self, service: str, host: str, pid: int) -> None:
+        """Forget the row a load balancer recorded, if it is still that process's (a successor's stays)."""
+        with self._write(UNFENCED) as tx:  # the load balancer's, as it stops
+            tx.db.execute("DELETE FROM lb_endpoints WHERE service = ? AND host = ? AND pid = ?", (service, host, pid))
+
+    def list_lb_endpoints(self, service: str) -> list[LbEndpoint]:
+        """What the service's load balancers recorded, one per host, by host."""
+        rows = self._db.execute("SELECT service, host, address, pid, bound_at FROM lb_endpoints WHERE service = ?"
+                                " ORDER BY host", (service,)).fetchall()
+        return [LbEndpoint(*row) for row in rows]
 
     def list_lb_reports(self) -> dict[str, LbReport]:
         """Every service's load, its load balancers' latest reports summed (``sum_lb_reports``), in one query

@@ -1,5 +1,6 @@
 """The outcome hook: every finished attempt and every answer the load balancer makes itself reaches the
-sinks once, with the replica's version and status (none for an attempt without a response)."""
+sinks once, with the replica's version and status (none for an attempt without a response). And the
+identity the load balancer answers itself at its reserved path, before API keys."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import aiohttp
 from aiohttp import web
 
 from skyserve_lite.clock import FakeClock
-from skyserve_lite.lb.guard import Guard, GuardConfig
+from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
+from skyserve_lite.lb.identity import (
+    IDENTITY_HEADER,
+    IDENTITY_PATH,
+    EndpointIdentity,
+    find_identity_problem,
+    read_endpoint_identity,
+)
 from skyserve_lite.lb.outcomes import Failure, Outcome, RecordingSink
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
 from skyserve_lite.lb.server import HttpServer
@@ -134,3 +142,59 @@ def test_answers_without_a_replica_are_outcomes_without_one() -> None:
         (1, False, None, 1, Failure.CONNECT), (None, True, 502, 0, None),
         (None, True, 429, 0, None), (None, True, 503, 0, None),
     ]
+
+
+def test_the_identity_path_is_answered_by_the_load_balancer_before_api_keys_and_counts_nothing() -> None:
+    async def body() -> None:
+        sink = RecordingSink()
+        guard = Guard(GuardConfig(keys=ApiKeys.from_values([("API_KEY", "s3cret")])))
+        lb = LoadBalancer("svc", _Static(LbView((), "round_robin")), None, FakeClock(0.0), hold_seconds=0,
+                          guard=guard, outcomes=(sink,), identity={"service": "svc", "controller_id": "c1", "pid": 7})
+        server = HttpServer(lb)
+        await lb.start()
+        try:
+            host, port = (await server.start("127.0.0.1", 0))[0]
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://{host}:{port}{IDENTITY_PATH}") as response:
+                    assert response.status == 200
+                    assert response.headers["Content-Type"] == "application/json"
+                    assert response.headers[IDENTITY_HEADER] == "svc"
+                    assert await response.json() == {"service": "svc", "controller_id": "c1", "pid": 7}
+                assert await _get(session, f"http://{host}:{port}/anything") == 401  # the keys still hold
+        finally:
+            lb.stop_holding()
+            await server.close()
+            await lb.close()
+        # The identity is no request of the service's: only the 401 is an outcome.
+        assert [(o.replica, o.status) for o in sink.outcomes] == [(None, 401)]
+
+    asyncio.run(body())
+
+
+def test_the_endpoint_identity_is_read_over_http_and_judged() -> None:
+    async def body() -> tuple[EndpointIdentity | str, EndpointIdentity | str]:
+        sink = RecordingSink()
+        view = LbView((), "round_robin")
+        lb = LoadBalancer("svc", _Static(view), None, FakeClock(0.0), hold_seconds=0, outcomes=(sink,),
+                          identity={"service": "svc", "controller_id": "c1", "pid": 7})
+        server = HttpServer(lb)
+        await lb.start()
+        try:
+            host, port = (await server.start("127.0.0.1", 0))[0]
+            ours = await asyncio.to_thread(read_endpoint_identity, f"http://{host}:{port}")
+        finally:
+            lb.stop_holding()
+            await server.close()
+            await lb.close()
+        async with _replica() as replica:  # an HTTP server that is no load balancer: 404
+            stranger = await asyncio.to_thread(read_endpoint_identity, replica)
+        return ours, stranger
+
+    ours, stranger = asyncio.run(body())
+    assert ours == EndpointIdentity("svc", "c1", 7)
+    assert find_identity_problem(ours, "svc", "c1", "E") is None
+    assert find_identity_problem(ours, "svc", "c2", "E") == \
+        "E is the endpoint of service 'svc' of controller c1 (pid 7), not of this service yet"
+    assert isinstance(stranger, str) and "answered 404" in stranger
+    refused = read_endpoint_identity(f"http://127.0.0.1:{_closed_port()}")
+    assert isinstance(refused, str) and refused.startswith("nothing answers at")
