@@ -120,6 +120,11 @@ class Executor:
         self._apply_load_balancers(plan, events)
         self._store.set_service_statuses(plan.status_changes)
         self._store.put_autoscaler_states([u for u in plan.autoscaler_updates if u[0] not in plan.deletions])
+        for update in plan.canary_updates:  # a canary's step, before its rollback: a crash between repeats it
+            self._store.put_canary(update.service, update.state, update.percent, done_command=update.done_command)
+        for rollback in plan.rollbacks:
+            self._store.add_rollback_version(rollback.service, rollback.from_version, rollback.to_version,
+                                             rollback.note, self._clock.now())
         for name in plan.deletions:
             self._delete_service(name)
         now = self._clock.now()

@@ -24,6 +24,7 @@ from skyserve_lite.controller.pass_types import Observation, PassPlan, ServiceSn
 from skyserve_lite.controller.plan import InstanceIndex, find_probe_targets, plan_service_pass
 from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.settings import ControllerSettings
+from skyserve_lite.plan.canary import find_canary_settings, plan_canary_preview
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import LaunchDecision, PlanStep, ReplicaAction, ReplicaDecision, UpdatePlan
 from skyserve_lite.providers.base import Instance, InstanceState
@@ -43,7 +44,10 @@ def forecast_update(snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSp
     """The plan of making ``new_spec`` version ``to_version`` of ``snapshot``'s service, rolled out with
     ``mode`` (reusing replicas whose files are identical with ``reuse_identical_files``). See the module
     docstring for the model."""
-    world = _World(snapshot, to_version, new_spec, mode, reuse_identical_files)
+    # A canary's passes wait on its bake windows and the load balancers' counts, which the model has not:
+    # its replicas end as a rolling update's do once promoted, and its steps are the plan's ``canary``.
+    run_mode = UpdateMode.ROLLING if mode is UpdateMode.CANARY else mode
+    world = _World(snapshot, to_version, new_spec, run_mode, reuse_identical_files)
     settings = dataclasses.replace(settings, drain_seconds=0.0)
     steps: list[PlanStep] = []
     converged = False
@@ -65,6 +69,7 @@ def forecast_update(snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSp
         launches=tuple(LaunchDecision(rid, is_spot, kept=rid not in world.gone)
                        for rid, is_spot in world.launched.items()),
         steps=tuple(steps), converged=converged,
+        canary=plan_canary_preview(target, find_canary_settings(new_spec)) if mode is UpdateMode.CANARY else (),
     )
 
 

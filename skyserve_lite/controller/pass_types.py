@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.controller.replica_rules import ProbeResult
+from skyserve_lite.plan.canary import CanaryState, Command
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.providers.base import Instance
 from skyserve_lite.spec.model import ReadinessProbe, TaskSpec
@@ -18,6 +19,7 @@ from skyserve_lite.state.models import (
     ReplicaRecord,
     ServiceRecord,
     ServiceStatus,
+    StoredCanary,
 )
 
 ReplicaKey = tuple[str, int]  # (service, replica_id)
@@ -55,6 +57,10 @@ class ServiceSnapshot:
     reuse_identical_files: bool = False
     # Replicas an operator asked to terminate (`serve down NAME --replica-id N`) and not yet acted on.
     terminate_requested: frozenset[int] = frozenset()
+    # A canary rollout (mode canary): as stored (None: not started yet), and what the load balancers counted
+    # per version and status class since its bake window started (empty before it started).
+    canary: StoredCanary | None = None
+    canary_counts: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def spec(self) -> TaskSpec:
@@ -136,6 +142,27 @@ class Termination(NamedTuple):
 
 
 @dataclass(frozen=True)
+class CanaryUpdate:
+    """Store a service's canary rollout as decided (``done_command``: the person's command acted on)."""
+
+    service: str
+    state: CanaryState
+    percent: int
+    done_command: Command | None = None
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Make a copy of ``to_version`` (text, inputs and files as stored) the service's next version, with
+    ``note``: a canary judged bad. Only while ``from_version`` is still the current version."""
+
+    service: str
+    from_version: int
+    to_version: int
+    note: str
+
+
+@dataclass(frozen=True)
 class PassPlan:
     replica_updates: tuple[ReplicaRecord, ...] = ()
     removals: tuple[ReplicaKey, ...] = ()
@@ -152,6 +179,8 @@ class PassPlan:
     # Operator requests to terminate a replica that this plan carries out (or that no live replica is left
     # for): the executor forgets them once the rest of the plan is stored.
     requests_done: tuple[ReplicaKey, ...] = ()
+    canary_updates: tuple[CanaryUpdate, ...] = ()
+    rollbacks: tuple[Rollback, ...] = ()
 
     @property
     def is_empty(self) -> bool:

@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.autoscalers.target import compute_target_replicas
+from skyserve_lite.controller.canary_steps import CanaryPass, plan_canary_drain, plan_canary_pass
 from skyserve_lite.controller.pass_types import (
     EMPTY_PLAN,
     Event,
@@ -40,6 +41,7 @@ from skyserve_lite.controller.service_steps import (
 )
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.controller.settled import SettledServices
+from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.state.models import (
     AutoscalerObservation,
@@ -124,6 +126,8 @@ def merge_plans(parts: Sequence[PassPlan]) -> PassPlan:
         active_version_changes=tuple(c for p in parts for c in p.active_version_changes),
         autoscaler_updates=tuple(u for p in parts for u in p.autoscaler_updates),
         requests_done=tuple(k for p in parts for k in p.requests_done),
+        canary_updates=tuple(u for p in parts for u in p.canary_updates),
+        rollbacks=tuple(r for p in parts for r in p.rollbacks),
         events=tuple(e for p in parts for e in p.events),
     )
 
@@ -162,7 +166,7 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     """
     steps, unchanged = plan_replica_steps(snapshot, index, probes, now, settings)
     known = index.known_clouds
-    if settled is not None and not snapshot.service.deleting and unchanged:
+    if settled is not None and not snapshot.service.deleting and unchanged and not is_canary_stepping(snapshot):
         census = settled.find(snapshot, known)
         if census is not None and (not snapshot.spec.service.replica_policy.is_autoscaling
                                    or _is_decision_stored(snapshot, census, now, settings)):
@@ -173,6 +177,16 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
     if settled is not None and plan is EMPTY_PLAN and census is not None:
         settled.remember(snapshot, known, census)  # EMPTY_PLAN: every step was unchanged
     return plan
+
+
+def is_canary_stepping(snapshot: ServiceSnapshot) -> bool:
+    """Whether a canary rollout of the current version is under way: its bake window ends with no row
+    changing, so such a service is never taken as settled."""
+    if snapshot.mode is not UpdateMode.CANARY:
+        return False
+    stored = snapshot.canary
+    return (stored is None or stored.state.version != snapshot.service.current_version
+            or not stored.state.is_done or stored.command is not None)
 
 
 def _is_decision_stored(snapshot: ServiceSnapshot, census: StepCensus, now: float,
@@ -211,7 +225,8 @@ def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], kno
     service, name = snapshot.service, snapshot.service.name
     active_changes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     autoscaler_updates: tuple[tuple[str, AutoscalerState, AutoscalerObservation], ...] = ()
-    target = 0
+    target = version_target = 0
+    canary: CanaryPass | None = None
     census: StepCensus | None = None  # None: the service is going down
     if service.deleting:
         steps = [plan_shut_down(step, now, settings) for step in steps]
@@ -224,17 +239,23 @@ def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], kno
         target = compute_target_replicas(snapshot.spec.service.replica_policy, decision.state)
         if (decision.state, observed) != (snapshot.autoscaler, snapshot.observed):
             autoscaler_updates = ((service.name, decision.state, observed),)
-        read, steps = steps, plan_scale_down(snapshot, steps, census, now, target)
+        # A canary scales its version to the step's replicas, not to the target (``controller.canary_steps``).
+        canary = plan_canary_pass(snapshot, steps, now, target) if snapshot.mode is UpdateMode.CANARY else None
+        version_target = target if canary is None else canary.version_target
+        if canary is not None:
+            read, steps = steps, plan_canary_drain(steps, canary, now)
+            census = census.recount(read, steps)
+        read, steps = steps, plan_scale_down(snapshot, steps, census, now, version_target)
         census = census.recount(read, steps)
-        read, (steps, active) = steps, plan_rollout(snapshot, steps, census, now, target)
+        read, (steps, active) = steps, plan_rollout(snapshot, steps, census, now, version_target, canary)
         census = census.recount(read, steps)
         read, steps = steps, plan_prune_terminal(steps, census, settings.keep_terminal_replicas)
         census = census.recount(read, steps)
         if active != service.active_versions:
             active_changes = ((service.name, active),)
 
-    launches = [] if census is None else plan_launches(snapshot, census, settings, target, now)
-    events: list[Event] = []
+    launches = [] if census is None else plan_launches(snapshot, census, settings, version_target, now)
+    events: list[Event] = [] if canary is None or canary.event is None else [canary.event]
     updates: list[ReplicaRecord] = []
     terminations: list[Termination] = []
     removals: list[ReplicaKey] = []
@@ -276,8 +297,11 @@ def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], kno
         if status is not service.status:
             events.append(Event(service.name, None, "service", f"{status.value}" + (f": {reason}" if reason else ""),
                                 warning=status is ServiceStatus.FAILED))
+    canary_updates = () if canary is None or canary.update is None else (canary.update,)
+    rollbacks = () if canary is None or canary.rollback is None else (canary.rollback,)
     if not (updates or removals or terminations or launches or start_lbs or stop_lbs or policy_changes
-            or status_changes or deletions or events or active_changes or autoscaler_updates or requests_done):
+            or status_changes or deletions or events or active_changes or autoscaler_updates or requests_done
+            or canary_updates or rollbacks):
         return EMPTY_PLAN, census  # nothing decided (most services of a steady pass): one shared plan
     return PassPlan(
         replica_updates=tuple(updates), removals=tuple(removals), terminations=tuple(terminations),
@@ -285,7 +309,7 @@ def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], kno
         start_lbs=start_lbs, stop_lbs=stop_lbs, lb_policy_changes=policy_changes,
         status_changes=status_changes, deletions=deletions, events=tuple(events),
         active_version_changes=active_changes, autoscaler_updates=autoscaler_updates,
-        requests_done=requests_done,
+        requests_done=requests_done, canary_updates=canary_updates, rollbacks=rollbacks,
     ), census
 
 

@@ -14,6 +14,7 @@ from skyserve_lite.autoscalers.base import Decision, Metrics
 from skyserve_lite.autoscalers.dispatch import make_autoscaler
 from skyserve_lite.autoscalers.fallback import MarketTargets, plan_market_targets
 from skyserve_lite.autoscalers.target import carry_over
+from skyserve_lite.controller.canary_steps import CanaryPass, plan_canary_rollout
 from skyserve_lite.controller.pass_types import LaunchBatch, ServiceLoad, ServiceSnapshot
 from skyserve_lite.controller.replica_rules import ReplicaStep, is_maybe_unlisted
 from skyserve_lite.controller.settings import ControllerSettings
@@ -196,9 +197,15 @@ def plan_autoscale(snapshot: ServiceSnapshot, census: StepCensus, now: float,
     return decision, observed
 
 
-def plan_rollout(snapshot: ServiceSnapshot, steps: list[ReplicaStep], census: StepCensus, now: float, target: int
-                 ) -> tuple[list[ReplicaStep], tuple[int, ...]]:
-    """One step of the current version's rollout: which outdated replicas go, which versions serve."""
+def plan_rollout(snapshot: ServiceSnapshot, steps: list[ReplicaStep], census: StepCensus, now: float, target: int,
+                 canary: CanaryPass | None = None) -> tuple[list[ReplicaStep], tuple[int, ...]]:
+    """One step of the current version's rollout: which outdated replicas go, which versions serve. A canary
+    still stepping (or rolled back) decides this itself (``controller.canary_steps``); once promoted, the
+    rolling strategy drains the old replicas."""
+    if canary is not None:
+        decided = plan_canary_rollout(snapshot, steps, canary)
+        if decided is not None:
+            return decided
     version = snapshot.service.current_version
     policy = snapshot.spec.service.replica_policy
     rollout = plan_rollout_step(snapshot.mode, version, census.live_current, census.outdated,

@@ -14,7 +14,14 @@ from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.controller.pass_types import ServiceLoad, ServiceSnapshot
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.plan.rollout import UpdateMode
-from skyserve_lite.state.models import AutoscalerObservation, LbReport, ReplicaRecord, ServiceRecord, VersionRecord
+from skyserve_lite.state.models import (
+    AutoscalerObservation,
+    LbReport,
+    ReplicaRecord,
+    ServiceRecord,
+    StoredCanary,
+    VersionRecord,
+)
 from skyserve_lite.state.store import Store
 
 # A load balancer report older than this belongs to a load balancer that is gone: its in-flight counts
@@ -94,17 +101,28 @@ def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[Repli
     stored = reads.autoscalers.get(service.name)
     load = compute_load(reads, service.name, now, settings)
     terminate = reads.terminate_requested.get(service.name, frozenset())
-    if (last is not None and last.service is service and _is_same_rows(last.replicas, replicas)
+    # A canary's stored step and its window's counts move without a replica row moving: read afresh.
+    if (last is not None and last.mode is not UpdateMode.CANARY and last.service is service
+            and _is_same_rows(last.replicas, replicas)
             and last.lb_alive == lb_alive and (last.autoscaler, last.observed) == (stored or (None, None))
             and (last.load is load or last.load == load) and last.terminate_requested == terminate):
         return last
     records = {v: versions.get(store, service, v) for v in {service.current_version, *(r.version for r in replicas)}}
     mode = UpdateMode.of_version(records[service.current_version].mode)
+    canary, counts = read_canary(store, service) if mode is UpdateMode.CANARY else (None, {})
     return ServiceSnapshot(
         service, {v: record.spec for v, record in records.items()}, tuple(replicas), lb_alive, mode,
         autoscaler=stored[0] if stored else None, observed=stored[1] if stored else None, load=load,
         reuse_identical_files=records[service.current_version].reuse_identical_files,
-        terminate_requested=terminate)
+        terminate_requested=terminate, canary=canary, canary_counts=counts)
+
+
+def read_canary(store: Store, service: ServiceRecord) -> tuple[StoredCanary | None, dict[int, dict[str, int]]]:
+    """The service's stored canary rollout, and the per-version counts since its bake window started (none
+    before it started, or for a row of an earlier version's rollout)."""
+    stored = store.list_canaries(service.name).get(service.name)
+    start = None if stored is None or stored.state.version != service.current_version else stored.state.window_start
+    return stored, ({} if start is None else store.count_versions_since(service.name, int(start)))
 
 
 def _is_same_rows(last: Sequence[ReplicaRecord], replicas: Sequence[ReplicaRecord]) -> bool:

@@ -350,3 +350,29 @@ def _decided(action: CanaryAction, state: CanaryState, target: int, message: str
     if state.phase is CanaryPhase.ROLLED_BACK:
         return CanaryDecision(action, state, 0, 0, message)
     return CanaryDecision(action, state, target, 100, message)
+
+
+@dataclass(frozen=True)
+class CanaryStepPreview:
+    """One step of a canary as `serve update --dry-run` shows it: the share, the new version's replicas for
+    it, and its bake window (a good window each time; the last step is followed by 100%)."""
+
+    percent: int
+    new_replicas: int
+    bake_seconds: float
+
+    def describe(self) -> str:
+        noun = "replica" if self.new_replicas == 1 else "replicas"
+        return f"{self.percent}% on {self.new_replicas} new {noun}, bake {format_seconds(self.bake_seconds)}"
+
+
+def plan_canary_preview(target: int, settings: CanarySettings) -> tuple[CanaryStepPreview, ...]:
+    """The steps of a canary to ``target`` replicas: target 4, steps 10, 50 -> 10% on 1, 50% on 2."""
+    return tuple(CanaryStepPreview(p, compute_step_replicas(target, p), settings.bake_seconds) for p in settings.steps)
+
+
+def find_canary_settings(spec: object) -> CanarySettings:
+    """The canary settings a task's `service.canary` section holds, else the defaults."""
+    service = getattr(spec, "service", None)
+    configured = getattr(service, "canary", None)
+    return configured if isinstance(configured, CanarySettings) else CanarySettings()

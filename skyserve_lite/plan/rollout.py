@@ -17,6 +17,7 @@ from skyserve_lite.state.models import ReplicaRecord
 class UpdateMode(str, Enum):
     ROLLING = "rolling"
     BLUE_GREEN = "blue_green"
+    CANARY = "canary"  # a share of the traffic in steps, judged, then promoted or rolled back (``plan.canary``)
 
     @classmethod
     def of_version(cls, stored_mode: str) -> UpdateMode:
@@ -32,7 +33,8 @@ class RolloutStep:
 
 def plan_rollout_step(mode: UpdateMode, version: int, current: Sequence[ReplicaRecord],
                       outdated: Sequence[ReplicaRecord], target: int, min_replicas: int) -> RolloutStep:
-    """Dispatch to the strategy of ``mode``. ``version`` is the current version."""
+    """Dispatch to the strategy of ``mode``. ``version`` is the current version. A canary's steps are state
+    (``controller.canary_steps``); once promoted it drains the old replicas as a rolling update does."""
     from skyserve_lite.plan import blue_green, rolling
 
     if mode is UpdateMode.BLUE_GREEN:

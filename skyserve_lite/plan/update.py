@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from skyserve_lite.plan.canary import CanaryStepPreview
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.spec.config import FieldChange
 
@@ -76,6 +77,7 @@ class UpdatePlan:
     # False when the rollout did not settle within the forecast's pass limit (a planner bug to report).
     converged: bool = True
     notes: tuple[str, ...] = ()  # what the plan warns of (a `$NAME` nothing fills in)
+    canary: tuple[CanaryStepPreview, ...] = ()  # mode canary: its steps, before the promotion
 
     @property
     def launch(self) -> int:
@@ -113,4 +115,6 @@ class UpdatePlan:
                       for s in self.steps],
             "launch": self.launch, "terminate": list(self.terminate), "summary": self.summary(),
             "converged": self.converged, "notes": list(self.notes),
+            "canary": [{"percent": c.percent, "new_replicas": c.new_replicas, "bake_seconds": c.bake_seconds}
+                       for c in self.canary],
         }

@@ -1060,6 +1060,27 @@ class Store:
                 db.execute("UPDATE canary_rollouts SET command = NULL WHERE service = ? AND command = ?",
                            (service, done_command.value))
 
+    def add_rollback_version(self, name: str, from_version: int, to_version: int, note: str, now: float
+                             ) -> int | None:
+        """Make a copy of version ``to_version`` (its text, inputs and files as stored) the next version of
+        ``name``, rolled out as a rolling update, with ``note``: the controller's rollback of a canary judged
+        bad. Only while ``from_version`` is current (else None, nothing stored: someone updated meanwhile, or
+        this already ran); the new version's number otherwise. Its replicas of ``to_version`` are then reused
+        (same config) and the canary's drained as outdated ones."""
+        with self._write([name]) as tx:
+            db = tx.db
+            row = db.execute("SELECT current_version, deleting FROM services WHERE name = ?", (name,)).fetchone()
+            if not tx.holds(name) or row is None or int(row[0]) != from_version or row[1]:
+                return None
+            version = from_version + 1
+            db.execute(
+                "INSERT INTO versions (service, version, text, source, spec_json, mode, created_at, note, files_digest,"
+                " files_expired, reuse_identical_files, inputs_json) SELECT service, ?, text, source, spec_json,"
+                " 'rolling', ?, ?, files_digest, files_expired, reuse_identical_files, inputs_json FROM versions"
+                " WHERE service = ? AND version = ?", (version, now, note, name, to_version))
+            db.execute("UPDATE services SET current_version = ? WHERE name = ?", (version, name))
+        return version
+
     def request_canary_command(self, service: str, command: Command) -> None:
         """A person's `serve rollout NAME COMMAND`, for the controller's next pass (a later one replaces it).
         Raises ``NotFoundError`` when the service has no canary rollout."""

@@ -133,6 +133,9 @@ def generate_fleets(count: int, seed: int = 7) -> list[Fleet]:
     """Mixed versions, spot and on-demand, fallback, scale up and down, rolling and blue-green."""
     rng = random.Random(seed)
     fleets = []
+    # A canary's passes wait on bake windows and counts (tests/controller/test_canary_reconcile.py): its
+    # forecast is a rolling one's plus its steps, which the controller reaches only as time passes.
+    forecast_modes = [mode for mode in UpdateMode if mode is not UpdateMode.CANARY]
     for number in range(count):
         versions = {v: _task(rng) for v in range(1, rng.randint(1, 3) + 1)}
         rows = []
@@ -141,5 +144,5 @@ def generate_fleets(count: int, seed: int = 7) -> list[Fleet]:
             spot = "use_spot: true" in versions[version] and rng.random() < 0.6
             rows.append(Row(replica_id, version, rng.choice(_STATUSES), spot))
         new = _task(rng) if rng.random() < 0.6 else versions[max(versions)].replace("MODEL: a", "MODEL: b")
-        fleets.append(Fleet(f"fleet-{number}", versions, tuple(rows), new, rng.choice(list(UpdateMode))))
+        fleets.append(Fleet(f"fleet-{number}", versions, tuple(rows), new, rng.choice(forecast_modes)))
     return fleets

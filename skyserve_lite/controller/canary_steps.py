@@ -1,0 +1,139 @@
+"""The canary strategy of a controller pass: one step of ``plan.canary`` per pass, from the stored state.
+
+``plan_canary_pass`` reads the stored rollout (or starts one), counts what the step needs from the census
+and the load balancers' per-version counts, and decides (``plan.canary.plan_canary_step``). What follows
+from the decision for this pass:
+
+- stepping: the current version is scaled to the step's replicas (not to the target), nothing of the old
+  version is terminated, and the new version is among the active versions only once its share is above 0;
+- promoted (or nothing to judge): the rolling strategy takes over, old replicas go as new ones are READY;
+- rolled back: the new version's replicas drain now (traffic is back on the old ones in this very pass) and
+  the version the old replicas run becomes the next version (``Rollback``), so its replicas are reused and
+  kept by the ordinary machinery from then on.
+
+Pure: values in, a value out; the executor stores the state and the rollback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from skyserve_lite.controller.pass_types import CanaryUpdate, Event, Rollback, ServiceSnapshot
+from skyserve_lite.controller.replica_rules import ReplicaStep
+from skyserve_lite.plan.canary import (
+    CanaryAction,
+    CanaryDecision,
+    CanaryInputs,
+    CanaryPhase,
+    CanarySettings,
+    CanaryState,
+    VersionCounts,
+    plan_canary_step,
+)
+from skyserve_lite.state.models import ReplicaStatus, replace_replica
+
+# A replica that could not be provisioned (no capacity, a quota) says nothing of the version it runs.
+_NOT_THE_VERSIONS_FAULT = frozenset({ReplicaStatus.FAILED_PROVISION})
+
+
+@dataclass(frozen=True)
+class CanaryPass:
+    decision: CanaryDecision
+    version_target: int  # replicas of the current version this pass scales and launches to
+    update: CanaryUpdate | None  # the state to store (None: as stored)
+    rollback: Rollback | None
+    event: Event | None
+
+
+def find_settings(snapshot: ServiceSnapshot) -> CanarySettings:
+    """The settings of a rollout not stored yet: the task's `service.canary` section, else the defaults."""
+    configured = getattr(snapshot.spec.service, "canary", None)
+    return configured if isinstance(configured, CanarySettings) else CanarySettings()
+
+
+def compute_counts(counts: Mapping[int, Mapping[str, int]], version: int) -> tuple[VersionCounts, VersionCounts]:
+    """(the new version's, every other version's summed) counts of the window."""
+    old: dict[str, int] = {}
+    for other, by_class in counts.items():
+        if other != version:
+            for status_class, n in by_class.items():
+                old[status_class] = old.get(status_class, 0) + n
+    return VersionCounts.of_classes(dict(counts.get(version, {}))), VersionCounts.of_classes(old)
+
+
+def plan_canary_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float, target: int) -> CanaryPass:
+    """The canary decision of this pass for the current version of ``snapshot`` (in mode canary), over the
+    replica ``steps`` after reuse (reused replicas count as the current version's)."""
+    service = snapshot.service
+    version = service.current_version
+    stored = snapshot.canary
+    if stored is not None and stored.state.version == version:
+        state, command = stored.state, stored.command
+    else:  # not stored (yet), or a row of an earlier version's rollout
+        state, command = CanaryState(version=version, settings=find_settings(snapshot)), None
+    live = [s.record for s in steps if s.record.status.is_live and not s.remove]
+    current = [r for r in live if r.version == version]
+    outdated = [r for r in live if r.version != version]
+    # Every replica of the version was launched by this rollout: one that failed before it was ever READY
+    # is a readiness failure of the version.
+    failures = sum(1 for s in steps if s.record.version == version and s.record.status.is_app_failure
+                   and s.record.status not in _NOT_THE_VERSIONS_FAULT and s.record.first_ready_at is None)
+    new_counts, old_counts = compute_counts(snapshot.canary_counts, version)
+    fresh = state.step == 0 and state.window_start is None and state.phase is CanaryPhase.STEPPING
+    inputs = CanaryInputs(target=target, new_ready=sum(1 for r in current if r.status is ReplicaStatus.READY),
+                          readiness_failures=failures, new_counts=new_counts, old_counts=old_counts,
+                          config_changed=not (fresh and not outdated), command=command)
+    decision = plan_canary_step(state, inputs, now)
+    update = None
+    if stored is None or stored.state != decision.state or stored.percent != decision.percent or command:
+        update = CanaryUpdate(service.name, decision.state, decision.percent, command)
+    rollback = None
+    if decision.state.phase is CanaryPhase.ROLLED_BACK:
+        stable = max((r.version for r in outdated), default=version - 1)
+        if stable >= 1:
+            rollback = Rollback(service.name, version, stable, decision.state.verdict or f"version {version} "
+                                                                                          "rolled back")
+    event = None
+    if decision.message:
+        event = Event(service.name, None, "canary", decision.message,
+                      warning=decision.action in (CanaryAction.ROLL_BACK, CanaryAction.PAUSED))
+    version_target = target if decision.state.phase is not CanaryPhase.STEPPING else decision.new_replicas
+    if decision.state.phase is CanaryPhase.ROLLED_BACK:
+        version_target = 0
+    return CanaryPass(decision, version_target, update, rollback, event)
+
+
+def plan_canary_drain(steps: list[ReplicaStep], canary: CanaryPass, now: float) -> list[ReplicaStep]:
+    """A rolled-back canary's replicas taken out of traffic now, with the verdict as the reason; the very
+    ``steps`` otherwise."""
+    state = canary.decision.state
+    if state.phase is not CanaryPhase.ROLLED_BACK:
+        return steps
+    version, reason = state.version, state.verdict or f"version {state.version} rolled back"
+    if not any(s.record.version == version and s.record.status.is_live and not s.remove for s in steps):
+        return steps
+    return [_drain(s, now, reason) if s.record.version == version and s.record.status.is_live and not s.remove
+            else s for s in steps]
+
+
+def plan_canary_rollout(snapshot: ServiceSnapshot, steps: list[ReplicaStep], canary: CanaryPass
+                        ) -> tuple[list[ReplicaStep], tuple[int, ...]] | None:
+    """The rollout step of a canary still stepping or rolled back: (steps, active versions); None once it is
+    promoted (or had nothing to judge), when the rolling strategy takes over."""
+    phase = canary.decision.state.phase
+    if phase in (CanaryPhase.PROMOTED, CanaryPhase.NOTHING_TO_JUDGE):
+        return None
+    version = snapshot.service.current_version
+    old_ready = sorted({s.record.version for s in steps if s.record.version != version and not s.remove
+                        and s.record.status is ReplicaStatus.READY})
+    if phase is CanaryPhase.ROLLED_BACK:  # its replicas drained already (``plan_canary_drain``)
+        return steps, tuple(old_ready) or (version,)
+    if not old_ready:  # nothing old serves: the new version serves what it can
+        return steps, (version,)
+    return steps, tuple(old_ready) + ((version,) if canary.decision.percent > 0 else ())
+
+
+def _drain(step: ReplicaStep, now: float, reason: str) -> ReplicaStep:
+    down = replace_replica(step.record, status=ReplicaStatus.SHUTTING_DOWN, status_since=now, status_reason=reason)
+    return ReplicaStep(down, event=f"draining: {reason}")

@@ -1,0 +1,149 @@
+"""Canary updates carried out by reconcile passes against the fake provider: the step's replicas only, the
+split in the load balancer's view, rolled back on the new version's errors with no old replica lost,
+promoted through every step, and continued from the stored step by another controller."""
+
+from __future__ import annotations
+
+from skyserve_lite.controller.reconcile import Reconciler
+from skyserve_lite.plan.canary import CanaryPhase, CanarySettings, CanaryState, Command
+from skyserve_lite.state.models import ReplicaStatus
+
+from .conftest import TASK, Harness
+
+SETTINGS = CanarySettings(steps=(10, 50), bake_seconds=30, max_error_rate=0.02, min_requests=20, max_extensions=1)
+NEW_TASK = TASK.format(replicas=4).replace("http.server $PORT", "http.server $PORT --bind 127.0.0.1")
+
+
+def start(h: Harness, replicas: int = 4) -> set[int]:
+    h.create(replicas=replicas)
+    h.tick()
+    h.tick()
+    assert all(r.status is ReplicaStatus.READY for r in h.replicas())
+    return {r.replica_id for r in h.replicas()}
+
+
+def update_canary(h: Harness) -> int:
+    version = h.update(NEW_TASK, mode="canary")
+    h.store.put_canary("svc", CanaryState(version=version, settings=SETTINGS), 0, fenced=False)
+    return version
+
+
+def new_rows(h: Harness, version: int) -> list[int]:
+    return [r.replica_id for r in h.replicas() if r.version == version and r.status.is_live]
+
+
+def bake_step(h: Harness, version: int) -> float:
+    """Passes until the step's replicas are READY and its window started; its start."""
+    for _ in range(5):
+        h.tick()
+        stored = h.store.list_canaries("svc")["svc"].state
+        if stored.window_start is not None:
+            return stored.window_start
+    raise AssertionError(f"the window never started: {h.store.list_canaries('svc')}")
+
+
+def count(h: Harness, start: float, version: int, ok: int, errors: int) -> None:
+    second = int(start) + 1
+    h.store.record_version_counts("svc", {(version, second, "2xx"): ok, (version, second, "5xx"): errors})
+
+
+def test_the_first_step_launches_its_share_and_splits_the_traffic(harness: Harness) -> None:
+    start(harness)
+    version = update_canary(harness)
+    harness.tick()
+    assert len(new_rows(harness, version)) == 1  # ceil(4 x 10%)
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and version not in view.versions  # not READY yet: the old version serves all
+    bake_step(harness, version)
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and view.split == ((version, 10),) and view.versions.count(version) == 1
+    assert len(view.versions) == 5
+
+
+def test_errors_at_the_first_step_roll_back_with_no_old_replica_lost(harness: Harness) -> None:
+    old = start(harness)
+    version = update_canary(harness)
+    harness.tick()
+    window = bake_step(harness, version)
+    count(harness, window, version, ok=148, errors=12)
+    count(harness, window, 1, ok=1440, errors=0)
+    harness.tick(31)
+    canary = harness.store.list_canaries("svc")["svc"].state
+    reason = "version 2 rolled back: 5xx 7.5% (12/160) over 30s at 10%, limit 2%"
+    assert (canary.phase, canary.verdict) == (CanaryPhase.ROLLED_BACK, reason)
+    service = harness.service()
+    assert service.current_version == 3  # version 1's config again
+    assert harness.store.get_version("svc", 3).note == reason
+    assert any(e.message == reason for e in harness.store.list_events("svc"))
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and view.split == () and set(view.versions) == {1}
+    for _ in range(4):
+        harness.tick(5)
+    rows = {r.replica_id: (r.version, r.status) for r in harness.replicas()}
+    assert {i: rows[i] for i in old} == {i: (3, ReplicaStatus.READY) for i in old}  # reused, none lost
+    assert set(rows) == old  # the canary's replica drained and gone
+    assert len(harness.provider.calls_to("terminate")) == 1
+
+
+def test_a_good_version_is_promoted_through_every_step(harness: Harness) -> None:
+    old = start(harness)
+    version = update_canary(harness)
+    harness.tick()
+    window = bake_step(harness, version)
+    count(harness, window, version, ok=160, errors=0)
+    harness.tick(31)
+    assert harness.store.list_canaries("svc")["svc"].state.step == 1
+    harness.tick()
+    assert len(new_rows(harness, version)) == 2  # ceil(4 x 50%)
+    assert all(r.status is ReplicaStatus.READY for r in harness.replicas() if r.replica_id in old)
+    window = bake_step(harness, version)
+    assert harness.store.list_canaries("svc")["svc"].percent == 50
+    count(harness, window, version, ok=400, errors=1)
+    harness.tick(31)
+    stored = harness.store.list_canaries("svc")["svc"]
+    assert (stored.state.phase, stored.percent) == (CanaryPhase.PROMOTED, 100)
+    for _ in range(6):
+        harness.tick(5)
+    rows = harness.replicas()
+    assert {r.version for r in rows} == {version} and len(rows) == 4
+    assert all(r.status is ReplicaStatus.READY for r in rows)
+
+
+def test_nothing_of_the_old_version_is_terminated_before_the_last_step(harness: Harness) -> None:
+    start(harness)
+    version = update_canary(harness)
+    for _ in range(10):
+        harness.tick(10)  # no counts: the window is extended once, then paused
+    assert harness.provider.calls_to("terminate") == []
+    stored = harness.store.list_canaries("svc")["svc"].state
+    assert stored.paused and stored.phase is CanaryPhase.STEPPING
+    harness.store.request_canary_command("svc", Command.PROMOTE)
+    harness.tick()
+    assert harness.store.list_canaries("svc")["svc"].state.phase is CanaryPhase.PROMOTED
+    assert harness.store.list_canaries("svc")["svc"].command is None
+    assert len(new_rows(harness, version)) >= 1
+
+
+def test_another_controller_continues_from_the_stored_step(harness: Harness) -> None:
+    start(harness)
+    version = update_canary(harness)
+    harness.tick()
+    window = bake_step(harness, version)
+    count(harness, window, version, ok=160, errors=0)
+    # The controller is gone; another one (nothing in memory) takes over from the store.
+    h = harness
+    h.reconciler = Reconciler(h.store, {"local": h.provider}, h.prober, h.lbs, h.clock, h.settings)
+    h.tick(10)
+    assert h.store.list_canaries("svc")["svc"].state.window_start == window  # the same window, not a new one
+    h.tick(21)
+    assert h.store.list_canaries("svc")["svc"].state.step == 1
+
+
+def test_an_update_that_reuses_every_replica_has_nothing_to_judge(harness: Harness) -> None:
+    start(harness)
+    harness.update(TASK.format(replicas=4) + "# only a comment\n", mode="canary")
+    harness.tick()
+    stored = harness.store.list_canaries("svc")["svc"]
+    assert stored.state.phase is CanaryPhase.NOTHING_TO_JUDGE
+    assert any("nothing to judge" in e.message for e in harness.store.list_events("svc"))
+    assert harness.provider.calls_to("launch")[1:] == []
