@@ -48,8 +48,7 @@ class CanaryPass:
 
 def find_settings(snapshot: ServiceSnapshot) -> CanarySettings:
     """The settings of a rollout not stored yet: the task's `service.canary` section, else the defaults."""
-    configured = getattr(snapshot.spec.service, "canary", None)
-    return configured if isinstance(configured, CanarySettings) else CanarySettings()
+    return snapshot.spec.service.canary or CanarySettings()
 
 
 def compute_counts(counts: Mapping[int, Mapping[str, int]], version: int) -> tuple[VersionCounts, VersionCounts]:

@@ -24,7 +24,7 @@ from skyserve_lite.controller.pass_types import Observation, PassPlan, ServiceSn
 from skyserve_lite.controller.plan import InstanceIndex, find_probe_targets, plan_service_pass
 from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.plan.canary import find_canary_settings, plan_canary_preview
+from skyserve_lite.plan.canary import CanarySettings, plan_canary_preview
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import LaunchDecision, PlanStep, ReplicaAction, ReplicaDecision, UpdatePlan
 from skyserve_lite.providers.base import Instance, InstanceState
@@ -69,7 +69,8 @@ def forecast_update(snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSp
         launches=tuple(LaunchDecision(rid, is_spot, kept=rid not in world.gone)
                        for rid, is_spot in world.launched.items()),
         steps=tuple(steps), converged=converged,
-        canary=plan_canary_preview(target, find_canary_settings(new_spec)) if mode is UpdateMode.CANARY else (),
+        canary=(plan_canary_preview(target, new_spec.service.canary or CanarySettings())
+                if mode is UpdateMode.CANARY else ()),
     )
 
 

@@ -370,9 +370,3 @@ def plan_canary_preview(target: int, settings: CanarySettings) -> tuple[CanarySt
     """The steps of a canary to ``target`` replicas: target 4, steps 10, 50 -> 10% on 1, 50% on 2."""
     return tuple(CanaryStepPreview(p, compute_step_replicas(target, p), settings.bake_seconds) for p in settings.steps)
 
-
-def find_canary_settings(spec: object) -> CanarySettings:
-    """The canary settings a task's `service.canary` section holds, else the defaults."""
-    service = getattr(spec, "service", None)
-    configured = getattr(service, "canary", None)
-    return configured if isinstance(configured, CanarySettings) else CanarySettings()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from skyserve_lite.files.manifest import TaskFiles
+from skyserve_lite.plan.canary import CanarySettings
 from skyserve_lite.spec.placement import Resolution
 
 Pairs = tuple[tuple[str, str], ...]
@@ -233,6 +234,8 @@ class ServiceSpec:
     auth: ServiceAuth | None = None
     # In the order written; prefixes are distinct.
     rate_limits: tuple[RateLimit, ...] = ()
+    # `service.canary`: the defaults of `serve update --mode canary` (its flags override them); None: none.
+    canary: CanarySettings | None = None
 
     @property
     def lb_policy(self) -> str:

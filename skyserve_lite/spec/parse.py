@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from skyserve_lite.errors import SpecError
+from skyserve_lite.plan.canary import CanarySettings, find_settings_problem
 from skyserve_lite.spec.model import (
     DEFAULT_DOWNSCALE_DELAY_SECONDS,
     DEFAULT_INITIAL_DELAY_SECONDS,
@@ -77,7 +78,8 @@ _CANDIDATE_KEYS = (
 )
 _RESOURCE_KEYS = (*_CANDIDATE_KEYS, "use_spot", "ports", "labels", "run_as_root", "any_of", "ordered")
 _SERVICE_KEYS = ("readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls", "auth",
-                 "rate_limits")
+                 "rate_limits", "canary")
+_CANARY_KEYS = ("steps", "bake_seconds", "max_error_rate", "min_requests", "max_extensions")
 _TLS_KEYS = ("keyfile", "certfile")
 _AUTH_KEYS = ("type", "api_keys")
 # dstack's names; `key` also takes the short strings `ip` and `header NAME`.
@@ -629,7 +631,35 @@ class _Parser:
             tls=self.optional(doc, "tls", path, self.tls, None),
             auth=self.optional(doc, "auth", path, self.auth, None),
             rate_limits=self.optional(doc, "rate_limits", path, self.rate_limits, ()),
+            canary=self.optional(doc, "canary", path, self.canary, None),
         )
+
+    def canary(self, value: object, path: str) -> CanarySettings:
+        """``{steps: [10, 50], bake_seconds, max_error_rate, min_requests, max_extensions}``, each optional."""
+        doc = self.mapping(value, path, _CANARY_KEYS)
+        defaults = CanarySettings()
+        steps = defaults.steps
+        if doc.get("steps") is not None:
+            raw = doc["steps"]
+            if not isinstance(raw, list):
+                raise self.fail(_join(path, "steps"), f"must be a list of percentages ([10, 50]), got {_kind(raw)}")
+            steps = tuple(self.integer(item, f"{_join(path, 'steps')}[{i}]", 1) for i, item in enumerate(raw))
+        settings = CanarySettings(
+            steps=steps,
+            bake_seconds=self.optional(doc, "bake_seconds", path, lambda v, p: self.number(v, p, positive=True),
+                                       defaults.bake_seconds),
+            max_error_rate=self.optional(doc, "max_error_rate", path, lambda v, p: self.number(v, p, positive=False),
+                                         defaults.max_error_rate),
+            min_requests=self.optional(doc, "min_requests", path, lambda v, p: self.integer(v, p, 1),
+                                       defaults.min_requests),
+            max_extensions=self.optional(doc, "max_extensions", path, lambda v, p: self.integer(v, p, 0),
+                                         defaults.max_extensions),
+        )
+        problem = find_settings_problem(settings)
+        if problem is not None:
+            field_name, text = problem
+            raise self.fail(_join(path, "bake_seconds" if field_name == "bake" else field_name), text)
+        return settings
 
     def auth(self, value: object, path: str) -> ServiceAuth | None:
         """``{api_keys: [NAME, ...]}`` (``type: bearer``, the only type, may be written); dstack's ``auth:
