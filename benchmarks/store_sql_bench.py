@@ -69,15 +69,15 @@ def hand_written(store: Store, records: list[ReplicaRecord]) -> dict[str, Callab
 
     def point_reads() -> None:
         for _ in range(POINT_READS):
-            db.execute("SELECT value FROM meta WHERE key = 'replicas_generation'").fetchone()
+            db.execute("SELECT value FROM meta WHERE key = 'services_generation'").fetchone()
 
     def read_all() -> None:
         fetched = db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id").fetchall()
         assert len({row: None for row in fetched}) == len(records)
 
     def upsert_all() -> None:
-        with store._write() as tx:
-            tx.executemany(store_module._PUT_REPLICA, rows)
+        with store._write(store_module.UNFENCED) as tx:
+            tx.db.executemany(store_module._PUT_REPLICA, rows)
 
     return {"point reads": point_reads, "read every replica": read_all, "upsert every replica": upsert_all}
 
@@ -99,7 +99,7 @@ def core(url: str, engine_name: str, records: list[ReplicaRecord]) -> tuple[dict
     upsert = insert.on_conflict_do_update(
         index_elements=[replicas.c.service, replicas.c.replica_id],
         set_={name: insert.excluded[name] for name in columns if name not in ("service", "replica_id")})
-    point = sa.select(meta.c.value).where(meta.c.key == "replicas_generation")
+    point = sa.select(meta.c.value).where(meta.c.key == "services_generation")
     every = sa.select(*[replicas.c[name] for name in columns]).order_by(replicas.c.service, replicas.c.replica_id)
     connection = engine.connect()
 

@@ -40,7 +40,7 @@ from skyserve_lite.controller.service_steps import (
     plan_shut_down,
 )
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.controller.settled import SettledServices
+from skyserve_lite.controller.settled import ServiceMemos
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.providers.base import Instance, InstanceState
 from skyserve_lite.state.models import (
@@ -156,13 +156,14 @@ def plan_orphans(table: ReplicaTable, observation: Observation, unknown_services
 
 def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
                       probes: Mapping[ReplicaKey, ProbeResult], now: float,
-                      settings: ControllerSettings, settled: SettledServices | None = None) -> PassPlan:
+                      settings: ControllerSettings, settled: ServiceMemos | None = None) -> PassPlan:
     """Everything one pass does for one service: each replica's next step, reuse, the autoscaler, scaling
     per market, one rollout step, launches, the load balancer and the service status.
 
-    ``settled`` (the controller's, kept across passes) remembers services whose pass decided nothing: when
-    this pass reads the very same rows for one and leaves every replica and the autoscaler as they were, it
-    decides nothing again, and the steps after the replicas' own are not taken (``controller.settled``).
+    ``settled`` (the controller's memos, kept across passes) remembers services whose pass decided nothing:
+    when nothing this pass reads of one changed in the database (its change counter stands) and it leaves
+    every replica and the autoscaler as they were, it decides nothing again, and the steps after the
+    replicas' own are not taken (``controller.settled``).
     """
     steps, unchanged = plan_replica_steps(snapshot, index, probes, now, settings)
     known = index.known_clouds

@@ -24,11 +24,12 @@ from skyserve_lite.controller.plan import (
 from skyserve_lite.controller.probe import Prober
 from skyserve_lite.controller.replica_table import ReplicaTable, ReplicaTables
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.controller.settled import SettledServices
+from skyserve_lite.controller.settled import ServiceMemos
 from skyserve_lite.controller.snapshots import ServiceReads, VersionCache, read_snapshot
 from skyserve_lite.errors import ProviderError
 from skyserve_lite.files.blobs import BlobStore
 from skyserve_lite.providers.base import Instance, Provider
+from skyserve_lite.state.models import ServiceRecord
 from skyserve_lite.state.secrets import SecretStore
 from skyserve_lite.state.store import Store
 
@@ -62,14 +63,15 @@ class Reconciler:
         self._executor = Executor(store, self._providers, lb_runner, clock, blobs=blobs, secrets=secrets)
         self._versions = VersionCache()
         self._tables = ReplicaTables()
-        self._settled = SettledServices()
-        self._snapshots: dict[str, ServiceSnapshot] = {}  # the last pass's, handed back while nothing changed
+        # What the passes keep of each service, good while its change counter in the database stands.
+        self._memos = ServiceMemos()
 
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
         fence = self._leases.reconcile_leases() if self._leases is not None else None
-        table = self._tables.table(self._store.all_replicas())
-        snapshots, unreadable, others = self._read(table, fence)
+        services = self._store.list_services()
+        table = self._read_replicas(services)
+        snapshots, unreadable, others = self._read(services, table, fence)
         observation, index = self._observe(snapshots, table)
         if fence is not None:
             others |= self._find_owned_elsewhere(observation, snapshots, others)
@@ -93,7 +95,17 @@ class Reconciler:
         if self._leases is not None:
             self._leases.release_all()
 
-    def _read(self, table: ReplicaTable, fence: Fence | None) -> tuple[list[ServiceSnapshot], set[str], set[str]]:
+    def _read_replicas(self, services: Sequence[ServiceRecord]) -> ReplicaTable:
+        """Every service's replicas: the memo's, read again only for services whose change counter moved
+        (read before the rows: a write committed in between moves it again, and the next pass reads again)."""
+        generations = self._store.list_service_generations()
+        names = [service.name for service in services]
+        stale = self._memos.stale(generations, names)
+        self._memos.refresh(generations, names, self._store.list_replicas_of(stale) if stale else {})
+        return self._tables.table(self._memos.all_replicas())
+
+    def _read(self, services: Sequence[ServiceRecord], table: ReplicaTable, fence: Fence | None
+              ) -> tuple[list[ServiceSnapshot], set[str], set[str]]:
         """The snapshot of every service this pass holds, the names of those that could not be read this
         pass, and of those another controller holds (or none does yet)."""
         snapshots, unreadable, others = [], set(), set()
@@ -103,20 +115,26 @@ class Reconciler:
         except Exception:  # one service's undecodable row must not stop the others: read each alone
             log.exception("cannot read every service's state at once; reading each service alone this pass")
             reads = None
-        last = self._snapshots
-        for service in self._store.list_services():
+        for service in services:
             if fence is not None and service.name not in fence.tokens:
                 others.add(service.name)
                 continue
             try:
-                snapshots.append(read_snapshot(self._store, service, table.by_service.get(service.name, ()), now,
-                                               self._settings, self._lb_runner.is_alive, self._versions, reads,
-                                               last.get(service.name)))
+                snapshots.append(self._snapshot(service, table, now, reads))
             except Exception:  # one service's unreadable state must not stop the others' passes
                 log.exception("cannot read service %s; leaving it alone this pass", service.name)
                 unreadable.add(service.name)
-        self._snapshots = {snapshot.service.name: snapshot for snapshot in snapshots}
         return snapshots, unreadable, others
+
+    def _snapshot(self, service: ServiceRecord, table: ReplicaTable, now: float,
+                  reads: ServiceReads | None) -> ServiceSnapshot:
+        """The service's snapshot: the memo's while its counter stands and what every pass reads anyway is
+        as it was, else one read afresh (and kept)."""
+        snapshot = read_snapshot(self._store, service, table.by_service.get(service.name, ()), now, self._settings,
+                                 self._lb_runner.is_alive, self._versions, reads,
+                                 self._memos.last_snapshot(service.name))
+        self._memos.keep_snapshot(snapshot)
+        return snapshot
 
     def _find_owned_elsewhere(self, observation: Observation, snapshots: Sequence[ServiceSnapshot],
                               others: set[str]) -> set[str]:
@@ -137,11 +155,11 @@ class Reconciler:
         instances are not orphans) while the others are planned."""
         now = self._clock.now()
         parts = []
-        self._settled.next_pass()
+        self._memos.next_pass()
         for snapshot in snapshots:
             try:
                 parts.append(plan_service_pass(snapshot, index, observation.probes, now, self._settings,
-                                               self._settled))
+                                               self._memos))
             except Exception:  # a planning bug for one service must not stop the others' passes
                 log.exception("planning service %s failed; leaving it alone this pass", snapshot.service.name)
                 unreadable.add(snapshot.service.name)

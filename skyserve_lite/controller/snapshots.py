@@ -87,10 +87,11 @@ def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[Repli
     """``service`` with the versions it and its replicas run, its autoscaler state and its load (from
     ``reads``, or read for this service alone when None).
 
-    ``last``: the snapshot the previous pass read of this service. When this read finds the very same rows
-    (the store hands back the same decoded values while a row is unchanged) and equal values besides, it is
-    returned itself: a settled service costs a pass a few comparisons, not a snapshot built again, and what
-    a pass keeps by a snapshot's identity (``controller.settled``) holds.
+    ``last``: the snapshot the previous pass read of this service, given only while nothing it was read from
+    changed in the database (the service's change counter stands: ``controller.settled``). When what is
+    read every pass anyway (the load balancer's liveness, the load, the autoscaler's row, the termination
+    requests) equals what it holds, it is returned itself: a settled service costs a pass a few comparisons,
+    not a snapshot built again.
 
     Raises what the store raises (a version row that is missing or cannot be parsed): the caller decides
     whether that stops one service or everything.
@@ -102,9 +103,8 @@ def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[Repli
     load = compute_load(reads, service.name, now, settings)
     terminate = reads.terminate_requested.get(service.name, frozenset())
     # A canary's stored step and its window's counts move without a replica row moving: read afresh.
-    if (last is not None and last.mode is not UpdateMode.CANARY and last.service is service
-            and _is_same_rows(last.replicas, replicas)
-            and last.lb_alive == lb_alive and (last.autoscaler, last.observed) == (stored or (None, None))
+    if (last is not None and last.mode is not UpdateMode.CANARY and last.lb_alive == lb_alive
+            and (last.autoscaler, last.observed) == (stored or (None, None))
             and (last.load is load or last.load == load) and last.terminate_requested == terminate):
         return last
     records = {v: versions.get(store, service, v) for v in {service.current_version, *(r.version for r in replicas)}}
@@ -123,11 +123,6 @@ def read_canary(store: Store, service: ServiceRecord) -> tuple[StoredCanary | No
     stored = store.list_canaries(service.name).get(service.name)
     start = None if stored is None or stored.state.version != service.current_version else stored.state.window_start
     return stored, ({} if start is None else store.count_versions_since(service.name, int(start)))
-
-
-def _is_same_rows(last: Sequence[ReplicaRecord], replicas: Sequence[ReplicaRecord]) -> bool:
-    """Whether ``replicas`` are the very rows of ``last``, in order (by identity: no field is compared)."""
-    return last is replicas or (len(last) == len(replicas) and all(a is b for a, b in zip(last, replicas, strict=True)))
 
 
 def compute_load(reads: ServiceReads, service: str, now: float, settings: ControllerSettings) -> ServiceLoad:

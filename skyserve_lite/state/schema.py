@@ -23,7 +23,20 @@ class CountingTriggers:
     tables: tuple[str, ...]
 
 
-Step = str | CountingTriggers
+@dataclass(frozen=True)
+class ServiceCountingTriggers:
+    """A counter per service, whichever process writes: triggers ``<table>_changed_inserted``, ``_updated``
+    and ``_deleted`` on the table of services and on each (table, column) of ``tables``, adding one to the
+    row of ``counter_table`` (``service``, ``generation``) of the service the written row is (its ``name``)
+    or names (in ``column``), so that a reader keeping what it derived from one service's rows knows when
+    to derive it again. A service's insert creates its counter row; a row of ``tables`` only moves it (each
+    names an existing service: a foreign key)."""
+
+    counter_table: str
+    tables: tuple[tuple[str, str], ...]
+
+
+Step = str | CountingTriggers | ServiceCountingTriggers
 
 MIGRATIONS: tuple[tuple[Step, ...], ...] = (
     # 1: services, versions, replicas, events, request counts, and controller metadata.
@@ -275,4 +288,21 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
         PRIMARY KEY (service, host)
     );
     """,),
+    # Change detection in the database for every table whose rows a controller pass keeps across passes: a
+    #    counter per service, moved by triggers at every write to a row the pass reads of that service (its
+    #    row, replicas, versions, autoscaler state, termination requests), whichever controller or process
+    #    writes it, which the pass keys what it keeps of the service by. It replaces ``replicas_generation``
+    #    (migration 12), which writers moved by hand and nothing reads any more. No foreign key: a service
+    #    deleted and created again under its name counts on from where it was, so nothing kept from before
+    #    can match again.
+    ("""
+    CREATE TABLE service_changes (
+        service {TEXT} PRIMARY KEY,
+        generation {INTEGER} NOT NULL
+    );
+    INSERT INTO service_changes (service, generation) SELECT name, 1 FROM services;
+    DELETE FROM meta WHERE key = 'replicas_generation';
+    """, ServiceCountingTriggers("service_changes", (("replicas", "service"), ("versions", "service"),
+                                                     ("autoscaler_state", "service"),
+                                                     ("replica_terminations", "service")))),
 )

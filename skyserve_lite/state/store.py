@@ -181,16 +181,10 @@ class Store:
         # Opened without write access (``state.access``): writes are refused before they begin.
         self.read_only = read_only is not None
         self._read_only_refusal = read_only or ""
-        # Every replica as last read, with the ``replicas_generation`` it was read at (``list_replicas``).
-        self._all_replicas: tuple[object, tuple[ReplicaRecord, ...]] | None = None
-        # The raw rows of that read and their records: when some rows changed, the others are handed back as
-        # the very same values (what was derived from them, a snapshot or a settled service, holds), and a
-        # pass after one replica changed decodes one row, not 10,000. A row kept is the one its record was
-        # decoded from, which shares its values with the record: the row read again is let go. Looked up by
-        # row only when read again (a store read once, as `serve status`'s, hashes no row).
-        self._replica_rows: tuple[list[tuple[Any, ...]], tuple[ReplicaRecord, ...]] | None = None
         # The services and autoscaler states of the last full read, by their raw rows: a row read again
-        # unchanged is not decoded again (a pass reads every service's, 1,000 of each at fleet scale).
+        # unchanged is not decoded again (a pass reads every service's, 1,000 of each at fleet scale, when
+        # one of them changed). The controller's pass keeps what it derives by the database's counter of
+        # each service (``controller.settled``), never by these values' identity.
         self._services_by_row: dict[tuple[Any, ...], ServiceRecord] = {}
         self._autoscalers_by_row: dict[tuple[Any, ...], tuple[AutoscalerState, AutoscalerObservation]] = {}
         # The ``services_generation`` each was read at (None: never read, or a store without the counter).
@@ -385,7 +379,6 @@ class Store:
 
     def _forget_reads(self) -> None:
         """Read everything afresh next time (what was kept may be rows of a transaction rolled back)."""
-        self._all_replicas = None
         self._services_read_at = self._autoscalers_read_at = None
 
     @contextmanager
@@ -463,7 +456,7 @@ class Store:
         port, or a function choosing it from the ports other services have, called inside the write
         transaction that stores it (so two creations at once cannot choose the same port); what it raises
         propagates and nothing is stored."""
-        with self._write(UNFENCED) as tx:  # the CLI's, or the load balancers'
+        with self._write(UNFENCED) as tx:  # the CLI's
             db = tx.db
             if key is not None and _find_submission(db, key) == (name, 1):
                 return self.get_service(name)
@@ -556,7 +549,7 @@ class Store:
     # --- snapshots -------------------------------------------------------------------------------
     def find_needed_blobs(self) -> set[str]:
         """Every blob digest a stored, unexpired snapshot needs; forgets snapshot rows no version uses."""
-        with self._write(UNFENCED) as tx:  # no service's rows, or the load balancers'
+        with self._write(UNFENCED) as tx:
             db = tx.db
             db.execute("DELETE FROM snapshots WHERE digest NOT IN"
                        " (SELECT files_digest FROM versions WHERE files_digest IS NOT NULL AND files_expired = 0)")
@@ -569,7 +562,7 @@ class Store:
         return {digest for (text,) in rows for _, digest in BoundInputs.from_json(text).secrets}
 
     def set_gc_pending(self, pending: bool) -> None:
-        with self._write(UNFENCED) as tx:
+        with self._write(UNFENCED) as tx:  # no service's rows, or the load balancers'
             db = tx.db
             if pending:
                 db.execute(_SET_GC_PENDING)
@@ -713,7 +706,6 @@ class Store:
             db.execute("DELETE FROM submissions WHERE service = ?", (name,))
             db.execute("DELETE FROM replica_terminations WHERE service = ?", (name,))
             db.execute("DELETE FROM services WHERE name = ?", (name,))  # and its replicas, by cascade
-            _bump_replicas_generation(db)
 
     # --- replicas --------------------------------------------------------------------------------
     def list_replicas(self, service: str | None = None) -> list[ReplicaRecord]:
@@ -726,26 +718,38 @@ class Store:
         return [_replica(row) for row in rows.fetchall()]
 
     def all_replicas(self) -> tuple[ReplicaRecord, ...]:
-        """Every replica, ordered by service and replica id. Read from the database only when a replica row
-        changed since this store last read them all (the ``replicas_generation`` counter, read first: rows
-        committed after it are re-read next time); otherwise the very same tuple as last time, so that what
-        a caller derived from it (``controller.replica_table``) can be kept too."""
-        generation = self._db.execute("SELECT value FROM meta WHERE key = 'replicas_generation'").fetchone()
-        if generation is not None and self._all_replicas is not None and self._all_replicas[0] == generation[0]:
-            return self._all_replicas[1]
+        """Every replica, ordered by service and replica id (one read; a controller pass reads only the
+        services whose change counter moved: ``list_replicas_of``)."""
         columns = ", ".join(_REPLICA_COLUMNS)
         rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id").fetchall()
-        if self._replica_rows is None:
-            records = tuple([_replica(row) for row in rows])
+        return tuple([_replica(row) for row in rows])
+
+    def list_service_generations(self) -> dict[str, int]:
+        """Every service's change counter, by name: moved by triggers at every write to a row a controller
+        pass reads of the service (its row, replicas, versions, autoscaler state, termination requests),
+        whoever writes it (``schema``). A name may outlive its service (it counts on if one is created under
+        it again); a service never written since the counters began has none."""
+        rows = self._db.execute("SELECT service, generation FROM service_changes").fetchall()
+        return {str(service): int(generation) for service, generation in rows}
+
+    def list_replicas_of(self, services: Collection[str]) -> dict[str, tuple[ReplicaRecord, ...]]:
+        """The replicas of each of ``services`` by replica id (an empty tuple for one without any), read by
+        name when they are few, else with one read of every row."""
+        if not services:
+            return {}
+        columns = ", ".join(_REPLICA_COLUMNS)
+        if len(services) <= _FENCE_BY_NAME:
+            rows = self._db.execute(f"SELECT {columns} FROM replicas WHERE service IN"
+                                    f" ({', '.join('?' * len(services))}) ORDER BY service, replica_id",
+                                    tuple(services)).fetchall()
         else:
-            last_rows, last_records = self._replica_rows
-            known = dict(zip(last_rows, zip(last_rows, last_records, strict=True), strict=True))  # rows are unique
-            kept = [known.get(row) or (row, _replica(row)) for row in rows]
-            rows = [entry[0] for entry in kept]
-            records = tuple(entry[1] for entry in kept)
-        self._replica_rows = (rows, records)
-        self._all_replicas = (generation[0], records) if generation is not None else None
-        return records
+            rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id").fetchall()
+        found: dict[str, list[ReplicaRecord]] = {name: [] for name in services}
+        for row in rows:
+            listed = found.get(row[0])
+            if listed is not None:
+                listed.append(_replica(row))
+        return {name: tuple(records) for name, records in found.items()}
 
     def add_replicas(self, service: str, count: int, template: ReplicaRecord) -> list[ReplicaRecord]:
         """Record the intent to launch ``count`` replicas like ``template``, with fresh ids.
@@ -804,7 +808,6 @@ class Store:
             db = tx.db
             keys = tx.keep(keys, _first)
             db.executemany("DELETE FROM replicas WHERE service = ? AND replica_id = ?", keys)
-            _bump_replicas_generation(db)
 
     # --- leases (several controllers on one database: controller.leases) ----------------------------
     def list_leases(self) -> list[Lease]:
@@ -916,7 +919,7 @@ class Store:
         """Add per-second request counts, and drop counts older than ``keep_seconds`` before the newest."""
         if not counts:
             return
-        with self._write(UNFENCED) as tx:  # the CLI's, or the load balancers'
+        with self._write(UNFENCED) as tx:  # no service's rows, or the load balancers'
             db = tx.db
             db.executemany(
                 "INSERT INTO request_counts (service, second, count) VALUES (?, ?, ?)"
@@ -1163,16 +1166,58 @@ _VERSION_SELECT = (
 
 # A fenced write naming at most this many services reads only their lease rows (one placeholder each);
 # more, and it reads every row of the loop (one statement, no list of placeholders to build or to bound).
+# A launch pass at 1,000 services starts 1,000 load balancers, one write each, and reading all 1,000 of the
+# loop's tokens for each was ~0.9 s of it.
 _FENCE_BY_NAME = 50
 
 
-def _canary(row: tuple[Any, ...]) -> StoredCanary:
-    version, settings, phase, step, window_start, extensions, paused, verdict, percent, command = row
-    state = CanaryState(version=int(version), settings=CanarySettings.from_json(json.loads(settings)),
-                        phase=CanaryPhase(phase), step=int(step),
-                        window_start=None if window_start is None else float(window_start),
-                        extensions=int(extensions), paused=bool(paused), verdict=verdict)
-    return StoredCanary(state, int(percent), None if command is None else Command(command))
+class Unfenced(enum.Enum):
+    """What ``Store._write`` is told by a write that no fence applies to (``UNFENCED``)."""
+
+    UNFENCED = "unfenced"
+
+
+UNFENCED = Unfenced.UNFENCED
+_Row = TypeVar("_Row")
+
+
+@dataclass(frozen=True, slots=True)
+class _Transaction:
+    """A write transaction (``Store._write``): its connection, and the services whose rows it may write."""
+
+    db: StoreConnection
+    held: frozenset[str] | None  # None: every service's (nothing is fenced)
+
+    def holds(self, service: str) -> bool:
+        return self.held is None or service in self.held
+
+    def keep(self, rows: Iterable[_Row], service: Callable[[_Row], str]) -> list[_Row]:
+        """Of ``rows``, those of services this transaction holds (``service`` names each row's)."""
+        held = self.held
+        return list(rows) if held is None else [row for row in rows if service(row) in held]
+
+
+# Which service a row written by a fenced write is of.
+_first = operator.itemgetter(0)  # (service, ...)
+_second = operator.itemgetter(1)  # events: (time, service, ...)
+_service_of = operator.attrgetter("service")  # replica records, samples
+
+
+def _find_held(db: StoreConnection, fence: Fence, services: frozenset[str], now: float | None = None
+               ) -> frozenset[str]:
+    """Of ``services``, those ``fence.owner`` still holds with the token the fence names: the one token check
+    of the store, made by every fenced write (under the write lock) and by ``find_lost_leases`` (with
+    ``now``: an expired lease is lost too, taken over or not)."""
+    if len(services) <= _FENCE_BY_NAME:
+        rows = db.execute(f"SELECT service, token, expires_at FROM service_leases WHERE owner = ? AND service IN "
+                          f"({', '.join('?' * len(services))})", (fence.owner, *services)).fetchall()
+    else:
+        rows = db.execute("SELECT service, token, expires_at FROM service_leases WHERE owner = ?",
+                          (fence.owner,)).fetchall()
+    tokens = fence.tokens
+    return frozenset(str(service) for service, token, expires in rows
+                     if str(service) in services and tokens.get(str(service)) == token
+                     and (now is None or float(expires) > now))
 
 
 @dataclass(frozen=True)
@@ -1213,6 +1258,15 @@ def sum_lb_reports(reports: Sequence[LbReport]) -> LbReport:
 def _lb_report(reported_at: Any, waiting: Any, in_flight_json: Any) -> LbReport:
     return LbReport(reported_at=float(reported_at), waiting=int(waiting),
                     in_flight=tuple(sorted(json.loads(in_flight_json).items())))
+
+
+def _canary(row: tuple[Any, ...]) -> StoredCanary:
+    version, settings, phase, step, window_start, extensions, paused, verdict, percent, command = row
+    state = CanaryState(version=int(version), settings=CanarySettings.from_json(json.loads(settings)),
+                        phase=CanaryPhase(phase), step=int(step),
+                        window_start=None if window_start is None else float(window_start),
+                        extensions=int(extensions), paused=bool(paused), verdict=verdict)
+    return StoredCanary(state, int(percent), None if command is None else Command(command))
 
 
 def _find_submission(db: StoreConnection, key: str) -> tuple[str, int] | None:
@@ -1269,64 +1323,7 @@ def _replica_values(record: ReplicaRecord) -> tuple[Any, ...]:
 
 
 def _put_replicas(db: StoreConnection, records: Sequence[ReplicaRecord]) -> None:
-    """Write whole rows in one statement, and count the change (``list_replicas``)."""
-    if not records:
-        return
-    db.executemany(_PUT_REPLICA, map(_replica_values, records))
-    _bump_replicas_generation(db)
-
-
-def _bump_replicas_generation(db: StoreConnection) -> None:
-    db.execute("UPDATE meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE key = 'replicas_generation'")
-
-# A launch pass at 1,000 services starts 1,000 load balancers, one write each, and reading all 1,000 of the
-# loop's tokens for each was ~0.9 s of it.
-class Unfenced(enum.Enum):
-    """What ``Store._write`` is told by a write that no fence applies to (``UNFENCED``)."""
-
-    UNFENCED = "unfenced"
-
-
-UNFENCED = Unfenced.UNFENCED
-_Row = TypeVar("_Row")
-
-
-@dataclass(frozen=True, slots=True)
-class _Transaction:
-    """A write transaction (``Store._write``): its connection, and the services whose rows it may write."""
-
-    db: StoreConnection
-    held: frozenset[str] | None  # None: every service's (nothing is fenced)
-
-    def holds(self, service: str) -> bool:
-        return self.held is None or service in self.held
-
-    def keep(self, rows: Iterable[_Row], service: Callable[[_Row], str]) -> list[_Row]:
-        """Of ``rows``, those of services this transaction holds (``service`` names each row's)."""
-        held = self.held
-        return list(rows) if held is None else [row for row in rows if service(row) in held]
-
-
-# Which service a row written by a fenced write is of.
-_first = operator.itemgetter(0)  # (service, ...)
-_second = operator.itemgetter(1)  # events: (time, service, ...)
-_service_of = operator.attrgetter("service")  # replica records, samples
-
-
-def _find_held(db: StoreConnection, fence: Fence, services: frozenset[str], now: float | None = None
-               ) -> frozenset[str]:
-    """Of ``services``, those ``fence.owner`` still holds with the token the fence names: the one token check
-    of the store, made by every fenced write (under the write lock) and by ``find_lost_leases`` (with
-    ``now``: an expired lease is lost too, taken over or not)."""
-    if len(services) <= _FENCE_BY_NAME:
-        rows = db.execute(f"SELECT service, token, expires_at FROM service_leases WHERE owner = ? AND service IN "
-                          f"({', '.join('?' * len(services))})", (fence.owner, *services)).fetchall()
-    else:
-        rows = db.execute("SELECT service, token, expires_at FROM service_leases WHERE owner = ?",
-                          (fence.owner,)).fetchall()
-    tokens = fence.tokens
-    return frozenset(str(service) for service, token, expires in rows
-                     if str(service) in services and tokens.get(str(service)) == token
-                     and (now is None or float(expires) > now))
-
+    """Write whole rows in one statement (the counters move by their triggers)."""
+    if records:
+        db.executemany(_PUT_REPLICA, map(_replica_values, records))
 

@@ -16,7 +16,7 @@ from skyserve_lite.controller.probe import FakeProber
 from skyserve_lite.controller.reconcile import Reconciler
 from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.controller.settled import SettledServices
+from skyserve_lite.controller.settled import ServiceMemos
 from skyserve_lite.providers.fake import FakeProvider
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
@@ -86,7 +86,7 @@ def settled_services_plan_what_a_whole_pass_plans(monkeypatch: pytest.MonkeyPatc
     whole = plan_module.plan_service_pass
 
     def checked(snapshot: ServiceSnapshot, index: InstanceIndex, probes: Mapping[ReplicaKey, ProbeResult],
-                now: float, settings: ControllerSettings, settled: SettledServices | None = None) -> PassPlan:
+                now: float, settings: ControllerSettings, settled: ServiceMemos | None = None) -> PassPlan:
         made = whole(snapshot, index, probes, now, settings, settled)
         if settled is not None:
             assert made == whole(snapshot, index, probes, now, settings), snapshot.service.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from pathlib import Path
 
 from skyserve_lite.controller.replica_table import ReplicaTable, ReplicaTables
@@ -55,21 +56,23 @@ def test_the_same_rows_give_the_same_table_and_new_rows_a_new_one() -> None:
     assert tables.table(copied).by_service["api"] is not first.by_service["api"]
 
 
-def test_a_steady_store_hands_back_the_very_same_rows(tmp_path: Path) -> None:
+def test_a_pass_reads_again_only_the_replicas_of_services_whose_counter_moved(tmp_path: Path) -> None:
     harness = Harness(tmp_path / "home")
     harness.create("svc", replicas=3)
-    harness.tick()
-    harness.tick()
-    rows = harness.store.all_replicas()
-    harness.tick(1)  # a steady pass writes no replica row
-    assert harness.store.all_replicas() is rows
-    harness.store.put_replicas([rows[0]])  # any replica write is a new generation: read again
-    again = harness.store.all_replicas()
-    assert again is not rows and again == rows
-    assert all(a is b for a, b in zip(again, rows, strict=True))  # each row unchanged: the very same value
-    changed = replace_replica(rows[1], status_reason="changed elsewhere")
-    harness.store.put_replicas([changed])
-    third = harness.store.all_replicas()
-    assert third[1] == changed and third[1] is not rows[1]
-    assert third[0] is rows[0] and third[2] is rows[2]  # only the changed row is decoded again
+    harness.create("other", replicas=2)
+    for _ in range(4):
+        harness.tick()
+    asked: list[list[str]] = []
+    read = harness.store.list_replicas_of
+
+    def recording(services: Collection[str]) -> dict[str, tuple[ReplicaRecord, ...]]:
+        asked.append(sorted(services))
+        return read(services)
+
+    harness.store.list_replicas_of = recording  # type: ignore[method-assign]
+    harness.tick(1)  # a steady pass writes no row: nothing is read again
+    rows = harness.replicas("svc")
+    harness.store.put_replicas([replace_replica(rows[1], status_reason="changed elsewhere")])
+    harness.tick(1)
+    assert asked == [["svc"]]
     harness.store.close()

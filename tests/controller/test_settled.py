@@ -13,7 +13,7 @@ from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.controller import reconcile as reconcile_module
 from skyserve_lite.controller.pass_types import ServiceSnapshot
 from skyserve_lite.controller.replica_rules import ProbeResult
-from skyserve_lite.controller.settled import SettledServices
+from skyserve_lite.controller.settled import ServiceMemos
 from skyserve_lite.controller.snapshots import REPORT_STALE_SECONDS
 from skyserve_lite.providers.base import InstanceState
 from skyserve_lite.state.models import AutoscalerObservation, LbReport, ReplicaStatus, ServiceStatus
@@ -25,13 +25,13 @@ from .conftest import TASK, Harness
 def carried(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The names of the services found settled (not planned whole), pass after pass."""
     names: list[str] = []
-    carry = SettledServices.carry
+    carry = ServiceMemos.carry
 
-    def recording(self: SettledServices, snapshot: ServiceSnapshot) -> None:
+    def recording(self: ServiceMemos, snapshot: ServiceSnapshot) -> None:
         names.append(snapshot.service.name)
         carry(self, snapshot)
 
-    monkeypatch.setattr(SettledServices, "carry", recording)
+    monkeypatch.setattr(ServiceMemos, "carry", recording)
     yield names
 
 

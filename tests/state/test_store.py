@@ -92,13 +92,20 @@ TRIGGERS = {
 }
 
 
-def test_the_services_counter_has_its_triggers(tmp_path: Path, store_engine: str) -> None:
-    """A migration that rebuilt ``services`` or ``autoscaler_state`` would drop their triggers, and the
-    counter would never move again: the controller would read those rows once and never again."""
+EVENTS = ("inserted", "updated", "deleted")
+
+
+def test_the_counters_have_their_triggers(tmp_path: Path, store_engine: str) -> None:
+    """A migration that rebuilt a counted table would drop its triggers, and its counter would never move
+    again: the controller would read those rows once and never again."""
     store = Store.open(tmp_path)
     triggers = {row[0]: row[1] for row in store._db.execute(TRIGGERS[store_engine])}
-    assert triggers == {f"{table}_{event}": table for table in ("services", "autoscaler_state")
-                        for event in ("inserted", "updated", "deleted")}
+    counted = {f"{table}_{event}": table for table in ("services", "autoscaler_state") for event in EVENTS}
+    per_service = {f"{table}_changed_{event}": table for table in ("services", "replicas", "versions",
+                                                                    "autoscaler_state", "replica_terminations")
+                   for event in EVENTS}
+    assert {name: table for name, table in triggers.items() if name in counted or "_changed_" in name} == {
+        **counted, **per_service}
     store.close()
 
 
