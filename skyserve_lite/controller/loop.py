@@ -19,6 +19,7 @@ from skyserve_lite.controller.host import load_host_settings
 from skyserve_lite.controller.lb_runner import HostLoadBalancers, ProcessLoadBalancerRunner
 from skyserve_lite.controller.leases import LeaseHolder, LeaseSettings, new_loop_id
 from skyserve_lite.controller.memory import PassCollector
+from skyserve_lite.controller.metrics import start_metrics
 from skyserve_lite.controller.pidfile import (
     PID_FILE,
     ControllerProcess,
@@ -132,6 +133,7 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
         host_lbs = HostLoadBalancers(store, ProcessLoadBalancerRunner(home, load_host_settings(home).lb_host))
         listener = RpcListener(home)  # calls from `controller rpc` (a remote client's) are served here
         listener.start()
+        metrics = start_metrics(home)  # SKY_LITE_METRICS_ADDR; None when off or its port is taken (logged)
         log.info("controller %s running for %s, every %.1fs", store.controller_id, home,
                  settings.interval_seconds)
         collector = PassCollector(time.monotonic)
@@ -153,9 +155,13 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
                 except Exception:  # the top-level loop: log with context, keep going
                     log.exception("reconcile pass failed; retrying in %.1fs", settings.interval_seconds)
                 collector.after_pass()
+                if metrics is not None:
+                    metrics.observe_pass(time.monotonic() - started)
                 stop.wait(max(0.0, settings.interval_seconds - (time.monotonic() - started)))
         finally:
             listener.close()
+            if metrics is not None:
+                metrics.close()
             try:
                 reconciler.release_leases()
             except Exception:  # the top-level loop: stopping goes on; the leases then lapse after their TTL

@@ -19,6 +19,12 @@ are read from the secret store of the home at start (when they cannot be, the pr
 key, never a value: the controller starts it again, and an endpoint must not open without its keys) and
 again whenever the current version changes; a later failure keeps the keys it has.
 
+It answers ``GET /.sky-lite/identity`` itself, before the guard (``lb.identity``: the service, the state's
+controller id, its pid), and once it listens records the address it bound with its pid in the store
+(``Store.record_lb_endpoint``; the row goes when it stops). Its counts for Prometheus (``lb.metrics``) are
+written about once a second to ``$SKY_LITE_HOME/metrics/lb/<service>.json``, which the controller's metrics
+endpoint reads at each scrape.
+
 Exit status: 0 on a normal stop, 1 when the port cannot be bound, the store cannot be opened, or the
 current version's key and certificate or API keys cannot be loaded, 2 for an invalid setting.
 """
@@ -48,6 +54,7 @@ from skyserve_lite.files.manifest import Manifest
 from skyserve_lite.lb.auth_keys import StoreGuardSource
 from skyserve_lite.lb.guard import Guard
 from skyserve_lite.lb.listener import raise_open_file_limit
+from skyserve_lite.lb.metrics import LbMetrics, metrics_path
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
 from skyserve_lite.lb.server import serve
@@ -172,6 +179,7 @@ async def _run(
             print(f"sky-lite load balancer for service {service}: cannot read its API keys: {exc}", file=sys.stderr)
             return 1
         versions = VersionCounter(SystemClock())  # for the canary judge (``lb.version_counts``)
+        metrics = LbMetrics(service)  # for the controller host's Prometheus endpoint (``lb.metrics``)
         lb = LoadBalancer(
             service,
             StoreTargetSource(store, service),
@@ -183,7 +191,7 @@ async def _run(
             eject_seconds=settings.eject_seconds,
             guard=guard,
             guard_source=guard_source,
-            outcomes=(versions,),
+            outcomes=(versions, metrics),
             identity={"service": service, "controller_id": await asyncio.to_thread(lambda: store.controller_id),
                       "pid": os.getpid()},
         )
@@ -197,6 +205,8 @@ async def _run(
         reloading = asyncio.create_task(tls.run(), name=f"lb-tls-{service}")
         write_counts = functools.partial(store.record_version_counts, service)
         counting = asyncio.create_task(versions.flush_every(write_counts), name=f"lb-version-counts-{service}")
+        publishing = asyncio.create_task(metrics.publish_every(lb, metrics_path(home, service), time.time),
+                                         name=f"lb-metrics-{service}")
         try:
             await serve(lb, host, port, stop, limits, ssl_context=lambda: tls.context,
                         on_listening=functools.partial(_record_endpoint, store, service))
@@ -209,6 +219,10 @@ async def _run(
         finally:
             reloading.cancel()
             counting.cancel()
+            publishing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await publishing
+            metrics_path(home, service).unlink(missing_ok=True)  # its counts end with the process
             with contextlib.suppress(asyncio.CancelledError):
                 await reloading
             with contextlib.suppress(asyncio.CancelledError):

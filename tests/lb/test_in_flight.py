@@ -3,7 +3,8 @@
 1,000 requests through an in-process load balancer to three misbehaving replicas on 127.0.0.1
 (``misbehaving.py``), mixing answers, client aborts (while the replica works, and in the middle of a
 streamed body), upstream timeouts, upstream resets, and a replica taken out of READY and put back while
-requests to it run. Afterwards every count in the load report the load balancer writes is 0.
+requests to it run. Afterwards every count in the load report the load balancer writes is 0, and so is
+every in-flight gauge of its metrics as Prometheus parses them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.controller.metrics import compute_lb_families, render_text
+from skyserve_lite.lb.metrics import LbMetrics
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
 from skyserve_lite.lb.server import HttpServer
@@ -110,9 +114,10 @@ def test_after_1000_requests_mixing_failures_every_in_flight_count_is_zero() -> 
             ]
             source = ChurningSource(tuple(replica.url for replica in replicas))
             sink = ReportSink()
+            metrics = LbMetrics("svc")
             lb = LoadBalancer(
                 "svc", source, sink, FakeClock(0.0), refresh_seconds=0.05, hold_seconds=5,
-                upstream=lambda: PooledUpstream(response_timeout=UPSTREAM_TIMEOUT),
+                upstream=lambda: PooledUpstream(response_timeout=UPSTREAM_TIMEOUT), outcomes=(metrics,),
             )
             server = HttpServer(lb)
             await lb.start()
@@ -145,6 +150,20 @@ def test_after_1000_requests_mixing_failures_every_in_flight_count_is_zero() -> 
                     await asyncio.sleep(0.05)
                 assert dict(last.in_flight) == {replica.url: 0 for replica in replicas}
                 assert lb.in_flight() == last.in_flight
+                # And as Prometheus reads it: every in-flight gauge at 0, nothing held.
+                text = render_text(compute_lb_families([metrics.take_snapshot(lb, 1, 0.0)]))
+                gauges = {sample.labels["replica"]: sample.value for family in text_string_to_metric_families(text)
+                          if family.name == "skylite_lb_in_flight_requests" for sample in family.samples}
+                assert gauges == {replica.url: 0 for replica in replicas}, text
+                assert "skylite_lb_waiting_requests{service=\"svc\"} 0.0" in text
+                failed: collections.Counter[str] = collections.Counter()
+                for family in text_string_to_metric_families(text):
+                    if family.name == "skylite_lb_attempt_failures":
+                        for sample in family.samples:
+                            failed[sample.labels["reason"]] += int(sample.value)
+                # 100 hung requests time out (and a few slow ones, 0.3 s at a 0.3 s timeout); of the 200 clients
+                # that give up while their replica works, most leave before its answer.
+                assert failed["timeout"] >= 100 and failed["aborted"] >= 100, failed
             finally:
                 lb.stop_holding()
                 await server.close()

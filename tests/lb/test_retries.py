@@ -1,6 +1,7 @@
 """A replica killed in the middle of requests: what can be sent again is retried on the other replica and
 counted, the dead replica is ejected after failing in a row, and once it runs again a trial request brings
-it back into the rotation. With one replica, nothing is ever ejected.
+it back into the rotation; the retries and the ejection show in the load balancer's metrics too. With one
+replica, nothing is ever ejected.
 
 The two replicas are processes of their own (``python -m tests.lb.misbehaving PORT``) so that one can be
 killed with SIGKILL while it holds requests; the load balancer runs in the test's process, round robin.
@@ -23,8 +24,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.controller.metrics import compute_lb_families, render_text
+from skyserve_lite.lb.metrics import LbMetrics
+from skyserve_lite.lb.outcomes import OutcomeSink
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
 from skyserve_lite.lb.server import HttpServer
 
@@ -67,9 +72,10 @@ class _Static:
 
 
 @contextlib.asynccontextmanager
-async def _lb(urls: tuple[str, ...]) -> AsyncIterator[tuple[str, LoadBalancer]]:
+async def _lb(urls: tuple[str, ...], outcomes: tuple[OutcomeSink, ...] = ()
+              ) -> AsyncIterator[tuple[str, LoadBalancer]]:
     lb = LoadBalancer("svc", _Static(urls), None, FakeClock(0.0), refresh_seconds=0.05, hold_seconds=0,
-                      eject_after_failures=EJECT_AFTER, eject_seconds=EJECT_SECONDS)
+                      eject_after_failures=EJECT_AFTER, eject_seconds=EJECT_SECONDS, outcomes=outcomes)
     server = HttpServer(lb)
     await lb.start()
     try:
@@ -99,8 +105,10 @@ def test_a_replica_killed_mid_request_gets_its_requests_retried_elsewhere_then_e
         port_a, port_b = _free_port(), _free_port()
         name_a, name_b = f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"
         url_a = f"http://{name_a}"
+        metrics = LbMetrics("svc")
         with _replica_process(port_a) as process_a, _replica_process(port_b):
-            async with _lb((url_a, f"http://{name_b}")) as (lb_url, lb), aiohttp.ClientSession() as session:
+            async with _lb((url_a, f"http://{name_b}"), (metrics,)) as (lb_url, lb), \
+                    aiohttp.ClientSession() as session:
                 # 12 GETs and 4 POSTs that take the replicas 0.3 s, half of them on A, which dies meanwhile.
                 requests = [("GET", f"{lb_url}/slow")] * 12 + [("POST", f"{lb_url}/slow")] * 4
                 asked = [asyncio.ensure_future(_ask(session, method, url)) for method, url in requests]
@@ -125,6 +133,15 @@ def test_a_replica_killed_mid_request_gets_its_requests_retried_elsewhere_then_e
                 # requests all go to B at once, with no retry.
                 assert lb.ejected == {url_a}
                 assert lb.ejections == 1
+                # The same, as Prometheus reads the load balancer's metrics.
+                families = {family.name: family for family in text_string_to_metric_families(
+                    render_text(compute_lb_families([metrics.take_snapshot(lb, 1, 0.0)])))}
+                assert families["skylite_lb_retries"].samples[0].value == lb.retries
+                assert families["skylite_lb_ejections"].samples[0].value == 1
+                assert families["skylite_lb_ejected_replicas"].samples[0].value == 1
+                failed_on_a = sum(sample.value for sample in families["skylite_lb_attempt_failures"].samples
+                                  if sample.labels["replica"] == url_a)
+                assert failed_on_a >= lb.retries, "every retry began with a failed attempt on A"
                 retries_before = lb.retries
                 for _ in range(10):
                     assert await _ask(session, "GET", f"{lb_url}/ok") == (200, f"ok from {name_b}")

@@ -1,0 +1,215 @@
+"""What a load balancer counts for Prometheus, and how it hands it to the controller host's exporter.
+
+``LbMetrics`` is an ``OutcomeSink`` (``lb.outcomes``): per outcome it adds one to a plain dict and, for an
+attempt that got a response, one to a latency bucket; no lock, no string built, no prometheus-client object
+touched on the request path. ``take_snapshot`` copies the totals with what the load balancer knows at that
+moment (requests in flight per replica, requests held, retries, ejections) into an ``LbSnapshot``;
+``publish_every`` writes it about once a second, when it changed, to ``metrics_path(home, service)``
+(``$SKY_LITE_HOME/metrics/lb/<service>.json``, replaced atomically). The controller's exporter
+(``controller.metrics``) reads those files when Prometheus scrapes, so the load balancers open no port of
+their own and several of them on one host need no shared memory: see docs/architecture.md, "Metrics".
+
+Totals count from the load balancer's start; a restarted one starts again from 0, which Prometheus' rate()
+reads as a counter reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol
+
+from skyserve_lite.codec import decode, encode
+from skyserve_lite.lb.outcomes import Outcome
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "PUBLISH_SECONDS",
+    "LatencyRow",
+    "LbMetrics",
+    "LbSnapshot",
+    "LoadSource",
+    "metrics_dir",
+    "metrics_path",
+    "read_snapshot",
+    "read_snapshots",
+    "write_snapshot",
+]
+
+log = logging.getLogger(__name__)
+
+# Upper bounds of the latency buckets, in seconds (+Inf is implied): from a cached answer (5 ms) to a long
+# generation (60 s). 14 buckets x the replicas of a service is a few hundred series at most.
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# How often the snapshot is written when it changed: Prometheus scrapes every 15 s or so, and one small file
+# written a second per busy service is nothing next to its requests (an idle service writes nothing).
+PUBLISH_SECONDS: Final = 1.0
+
+# (version or None, replica url or None, status class "2xx" ... "5xx")
+RequestKey = tuple[int | None, str | None, str]
+# (version or None, replica url or None, Failure value)
+FailureKey = tuple[int | None, str | None, str]
+_CLASSES: Final = ("0xx", "1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    """One latency histogram: counts per bucket of ``LATENCY_BUCKETS`` (not cumulative), then the +Inf
+    bucket, and the sum of the seconds."""
+
+    version: int | None
+    replica: str
+    buckets: tuple[int, ...]
+    total_seconds: float
+
+
+@dataclass(frozen=True)
+class LbSnapshot:
+    """A load balancer's totals at ``written_at`` (epoch seconds), from the process ``pid``."""
+
+    service: str
+    pid: int
+    written_at: float
+    requests: tuple[tuple[int | None, str | None, str, int], ...]  # version, replica, class, count
+    failures: tuple[tuple[int | None, str | None, str, int], ...]  # version, replica, Failure, count
+    latency: tuple[LatencyRow, ...]
+    in_flight: tuple[tuple[str, int], ...]
+    waiting: int
+    retries: int
+    ejections: int
+    ejected: int
+
+
+class LoadSource(Protocol):
+    """What ``take_snapshot`` reads of the load balancer (``LoadBalancer`` is one)."""
+
+    retries: int
+    ejections: int
+
+    @property
+    def waiting(self) -> int: ...
+
+    @property
+    def ejected(self) -> frozenset[str]: ...
+
+    def in_flight(self) -> tuple[tuple[str, int], ...]: ...
+
+
+class LbMetrics:
+    """Totals of the outcomes of one load balancer. ``record`` runs on its event loop, per outcome."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self._requests: dict[RequestKey, int] = {}
+        self._failures: dict[FailureKey, int] = {}
+        # (version, replica url) -> bucket counts, +Inf last; and the sum of the seconds
+        self._latency: dict[tuple[int | None, str], list[int]] = {}
+        self._latency_sum: dict[tuple[int | None, str], float] = {}
+
+    def record(self, outcome: Outcome) -> None:
+        status = outcome.status
+        if status is None:
+            key = (outcome.version, outcome.replica, outcome.failure.value if outcome.failure else "unknown")
+            failures = self._failures
+            failures[key] = failures.get(key, 0) + 1
+            return
+        request = (outcome.version, outcome.replica, _CLASSES[status // 100] if status < 600 else "5xx")
+        requests = self._requests
+        requests[request] = requests.get(request, 0) + 1
+        replica = outcome.replica
+        if replica is None:  # the load balancer's own answers: no replica's latency
+            return
+        where = (outcome.version, replica)
+        buckets = self._latency.get(where)
+        if buckets is None:
+            buckets = self._latency[where] = [0] * (len(LATENCY_BUCKETS) + 1)
+            self._latency_sum[where] = 0.0
+        seconds = outcome.seconds
+        buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self._latency_sum[where] += seconds
+
+    def take_snapshot(self, lb: LoadSource, pid: int, now: float) -> LbSnapshot:
+        """The totals so far with ``lb``'s load now, as a value (the counters keep counting)."""
+        return LbSnapshot(
+            service=self.service, pid=pid, written_at=now,
+            requests=tuple((v, r, c, n) for (v, r, c), n in sorted(self._requests.items(), key=_order)),
+            failures=tuple((v, r, f, n) for (v, r, f), n in sorted(self._failures.items(), key=_order)),
+            latency=tuple(LatencyRow(v, r, tuple(b), self._latency_sum[(v, r)])
+                          for (v, r), b in sorted(self._latency.items(), key=_order)),
+            in_flight=lb.in_flight(), waiting=lb.waiting, retries=lb.retries, ejections=lb.ejections,
+            ejected=len(lb.ejected),
+        )
+
+    async def publish_every(self, lb: LoadSource, path: Path, clock: _Now, pid: int | None = None,
+                            seconds: float = PUBLISH_SECONDS) -> None:
+        """Write the snapshot to ``path`` every ``seconds`` when it changed (a worker thread writes), until
+        cancelled. A write that fails is logged once per problem and tried again on the next round."""
+        pid = os.getpid() if pid is None else pid
+        last: LbSnapshot | None = None
+        problem: str | None = None
+        while True:
+            snapshot = self.take_snapshot(lb, pid, clock())
+            if last is None or _counts_of(snapshot) != _counts_of(last):
+                try:
+                    await asyncio.to_thread(write_snapshot, path, snapshot)
+                except OSError as exc:
+                    if str(exc) != problem:
+                        problem = str(exc)
+                        log.warning("service %s: cannot write its metrics to %s: %s", self.service, path, exc)
+                else:
+                    last, problem = snapshot, None
+            await asyncio.sleep(seconds)
+
+
+class _Now(Protocol):
+    def __call__(self) -> float: ...
+
+
+def _order(item: tuple[tuple[object, ...], object]) -> tuple[str, ...]:
+    """A stable order for keys holding None: as strings, None first."""
+    return tuple("" if part is None else str(part) for part in item[0])
+
+
+def _counts_of(snapshot: LbSnapshot) -> tuple[object, ...]:
+    """Everything but the time it was taken."""
+    return (snapshot.requests, snapshot.failures, snapshot.latency, snapshot.in_flight, snapshot.waiting,
+            snapshot.retries, snapshot.ejections, snapshot.ejected)
+
+
+def metrics_dir(home: Path) -> Path:
+    """Where the load balancers of ``home`` publish their snapshots."""
+    return home / "metrics" / "lb"
+
+
+def metrics_path(home: Path, service: str) -> Path:
+    return metrics_dir(home) / f"{service}.json"
+
+
+def write_snapshot(path: Path, snapshot: LbSnapshot) -> None:
+    """Replace ``path`` with ``snapshot`` atomically (a reader sees the old file or the new one, whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(encode(snapshot), separators=(",", ":")))
+    os.replace(temporary, path)
+
+
+def read_snapshot(path: Path) -> LbSnapshot:
+    """The snapshot at ``path``. Raises ``OSError`` when it cannot be read, ``ValueError`` when it is not one."""
+    return decode(LbSnapshot, json.loads(path.read_text()), str(path))  # type: ignore[no-any-return]
+
+
+def read_snapshots(paths: Iterable[Path]) -> list[LbSnapshot]:
+    """The snapshots at ``paths`` that can be read (a file being replaced or damaged is skipped)."""
+    snapshots = []
+    for path in paths:
+        try:
+            snapshots.append(read_snapshot(path))
+        except (OSError, ValueError):
+            continue
+    return snapshots
