@@ -10,7 +10,8 @@ moment (requests in flight per replica, requests held, retries, ejections) into 
 their own and several of them on one host need no shared memory: see docs/architecture.md, "Metrics".
 
 Totals count from the load balancer's start; a restarted one starts again from 0, which Prometheus' rate()
-reads as a counter reset.
+reads as a counter reset. A replica's series go ``FORGET_SECONDS`` after it left the targets with nothing in
+flight, so that a service whose replicas come and go keeps a bounded set of labels.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from skyserve_lite.codec import decode, encode
 from skyserve_lite.lb.outcomes import Outcome
 
 __all__ = [
+    "FORGET_SECONDS",
     "LATENCY_BUCKETS",
     "PUBLISH_SECONDS",
     "LatencyRow",
@@ -50,6 +52,11 @@ LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 # How often the snapshot is written when it changed: Prometheus scrapes every 15 s or so, and one small file
 # written a second per busy service is nothing next to its requests (an idle service writes nothing).
 PUBLISH_SECONDS: Final = 1.0
+
+# A replica's series are dropped once it has been neither a target nor busy for this long: long enough for
+# several scrapes to read its last counts (Prometheus scrapes every 15-60 s), short enough that a service
+# whose replicas churn (autoscaling, updates) keeps a bounded set of labels.
+FORGET_SECONDS: Final = 600.0
 
 # (version or None, replica url or None, status class "2xx" ... "5xx")
 RequestKey = tuple[int | None, str | None, str]
@@ -111,6 +118,7 @@ class LbMetrics:
         # (version, replica url) -> bucket counts, +Inf last; and the sum of the seconds
         self._latency: dict[tuple[int | None, str], list[int]] = {}
         self._latency_sum: dict[tuple[int | None, str], float] = {}
+        self._gone_since: dict[str, float] = {}  # replica url -> when it was first seen gone
 
     def record(self, outcome: Outcome) -> None:
         status = outcome.status
@@ -146,6 +154,22 @@ class LbMetrics:
             ejected=len(lb.ejected),
         )
 
+    def forget_gone(self, live: Iterable[str], now: float, after_seconds: float = FORGET_SECONDS) -> None:
+        """Drop the series of the replicas that have not been in ``live`` (the load balancer's targets and
+        busy urls) for ``after_seconds``; a replica back in ``live`` meanwhile keeps them."""
+        live = set(live)
+        seen = {r for _, r, _ in self._requests if r is not None} | {r for _, r, _ in self._failures if r is not None}
+        seen |= {r for _, r in self._latency}
+        gone_since = {url: self._gone_since.get(url, now) for url in seen if url not in live}
+        forget = {url for url, since in gone_since.items() if now - since >= after_seconds}
+        self._gone_since = {url: since for url, since in gone_since.items() if url not in forget}
+        if not forget:
+            return
+        self._requests = {key: n for key, n in self._requests.items() if key[1] not in forget}
+        self._failures = {key: n for key, n in self._failures.items() if key[1] not in forget}
+        self._latency = {key: b for key, b in self._latency.items() if key[1] not in forget}
+        self._latency_sum = {key: t for key, t in self._latency_sum.items() if key[1] not in forget}
+
     async def publish_every(self, lb: LoadSource, path: Path, clock: _Now, pid: int | None = None,
                             seconds: float = PUBLISH_SECONDS) -> None:
         """Write the snapshot to ``path`` every ``seconds`` when it changed (a worker thread writes), until
@@ -154,7 +178,9 @@ class LbMetrics:
         last: LbSnapshot | None = None
         problem: str | None = None
         while True:
-            snapshot = self.take_snapshot(lb, pid, clock())
+            now = clock()
+            self.forget_gone((url for url, _ in lb.in_flight()), now)
+            snapshot = self.take_snapshot(lb, pid, now)
             if last is None or _counts_of(snapshot) != _counts_of(last):
                 try:
                     await asyncio.to_thread(write_snapshot, path, snapshot)

@@ -226,3 +226,20 @@ def test_the_controller_endpoint_serves_live_load_balancers_replicas_targets_and
     assert sample(samples, "skylite_autoscaler_target_replicas", service="svc") == 2
     assert sample(samples, "skylite_controller_pass_duration_seconds_count") == 2
     assert sample(samples, "skylite_controller_pass_duration_seconds_bucket", le="0.05") == 1
+
+
+def test_a_replica_gone_for_the_forget_time_loses_its_series_and_one_back_in_time_keeps_them() -> None:
+    metrics = LbMetrics("svc")
+    for replica in ("http://a", "http://b", "http://c"):
+        metrics.record(Outcome(1, replica, 200, 0.01, 1))
+        metrics.record(Outcome(1, replica, None, 0.01, 1, Failure.CONNECT))
+    metrics.record(Outcome(None, None, 503, 0.0, 0))
+    metrics.forget_gone(["http://a"], now=100.0, after_seconds=60.0)  # b and c leave the targets at 100
+    metrics.forget_gone(["http://a", "http://b"], now=130.0, after_seconds=60.0)  # b is back
+    metrics.forget_gone(["http://a"], now=160.0, after_seconds=60.0)  # c: 60 s gone; b: gone again at 160
+    snapshot = metrics.take_snapshot(_Idle(), 1, 160.0)
+    assert {replica for _, replica, _, _ in snapshot.requests} == {"http://a", "http://b", None}
+    assert {replica for _, replica, _, _ in snapshot.failures} == {"http://a", "http://b"}
+    assert {row.replica for row in snapshot.latency} == {"http://a", "http://b"}
+    metrics.forget_gone(["http://a"], now=220.0, after_seconds=60.0)
+    assert {replica for _, replica, _, _ in metrics.take_snapshot(_Idle(), 1, 220.0).requests} == {"http://a", None}

@@ -1,0 +1,64 @@
+"""The controller host's Prometheus endpoint with real processes: requests through a service's load
+balancer process show up, counted per replica, in the controller's metrics, with the replicas by status
+and the controller's passes; nothing of it is on the service's endpoint."""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import SkyLite, answering_run, http_get, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+TASK = "service:\n  readiness_probe: /\n  replicas: 1\n" + answering_run('"hello"')
+REQUESTS = 20
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_requests_through_the_endpoint_are_counted_in_the_controller_metrics(sky: SkyLite, tmp_path: Path) -> None:
+    port = _free_port()
+    sky.env["SKY_LITE_METRICS_ADDR"] = f"127.0.0.1:{port}"
+    (tmp_path / "hello.yaml").write_text(TASK)
+    result = sky.run("serve", "up", str(tmp_path / "hello.yaml"), "--name", "hello")
+    match = re.search(r"READY at (http://127\.0\.0\.1:\d+)", result.stdout)
+    assert match, result.stdout
+    endpoint = match.group(1)
+    for _ in range(REQUESTS):
+        assert http_get(f"{endpoint}/") == (200, "hello")
+    [replica] = sky.status("hello")["services"][0]["replicas"]
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    requests = ("skylite_lb_requests_total", frozenset({
+        "service": "hello", "version": "1", "replica": replica["url"], "code": "2xx"}.items()))
+
+    # The load balancer publishes about once a second: wait for all of them, then check the rest.
+    samples = wait_until(lambda: (s := _scrape(metrics)).get(requests) == REQUESTS and s, timeout=30,
+                         message=f"{REQUESTS} requests counted for the replica")
+    labels = frozenset({"service": "hello", "version": "1", "status": "READY"}.items())
+    assert samples[("skylite_replicas", labels)] == 1
+    assert samples[("skylite_lb_up", frozenset({"service": "hello"}.items()))] == 1
+    assert samples[("skylite_lb_in_flight_requests",
+                    frozenset({"service": "hello", "replica": replica["url"]}.items()))] == 0
+    assert samples[("skylite_controller_pass_duration_seconds_count", frozenset())] >= 1
+    # Not on the public endpoint: that path is the replica's like any other.
+    assert http_get(f"{endpoint}/metrics") == (200, "hello")
