@@ -474,6 +474,9 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
 
                 for line in history_lines(views):
                     click.echo(line)
+        for view in views:  # its endpoint answers as something else (``api.check_endpoints``)
+            if view.endpoint_problem is not None and output != "json":
+                click.echo(f"Warning: {view.service.name}: {view.endpoint_problem}.", err=True)
         if views and not state.running:
             click.echo("Warning: no controller is running, so nothing above is being kept up to date or acted "
                        "on. Start it with `sky-lite controller start`.", err=True)

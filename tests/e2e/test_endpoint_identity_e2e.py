@@ -61,9 +61,15 @@ def test_a_pinned_port_both_homes_chose_is_ready_only_for_the_home_whose_load_ba
     match = READY.search(result.stdout)
     assert match is not None and match.group(1) == f"http://127.0.0.1:{port}", result.stdout
     assert http_get(f"{match.group(1)}/") == (200, str(winner.home))
-    [loser] = [r for r in results if r.returncode != 0]
+    [(loser_home, loser)] = [(sky, r) for sky, r in zip(two, results, strict=True) if r.returncode != 0]
     assert "is the endpoint of service 'svc' of controller" in loser.stderr, loser.stderr
     assert "READY at" not in loser.stdout
+    # Its status says the same: the endpoint it shows is not its own.
+    [view] = loser_home.status("svc")["services"]
+    assert view["status"] == "READY" and view["endpoint"] == f"http://127.0.0.1:{port}"
+    assert "is the endpoint of service 'svc' of controller" in view["endpoint_problem"]
+    table = loser_home.run("serve", "status")
+    assert f"Warning: svc: http://127.0.0.1:{port} is the endpoint of service 'svc'" in table.stderr, table.stderr
 
 
 def test_two_homes_racing_serve_up_each_report_their_own_load_balancer(two: list[SkyLite], tmp_path: Path) -> None:
