@@ -100,7 +100,7 @@ class SnapshotStager:
             if entry.kind is not EntryKind.FILE or entry.digest is None or entry.digest in bucket.blobs:
                 continue
             with self._reading(placement.field, entry.path or placement.path, entry.digest), \
-                    open(self._blobs.path_of(entry.digest), "rb") as body:
+                    self._blobs.open(entry.digest) as body:
                 self._store.put(bucket.name, bucket.region, BLOB_PREFIX + entry.digest, body, entry.size,
                                 "application/octet-stream")
             bucket.blobs.add(entry.digest)

@@ -2,7 +2,7 @@
 (SQLite's ``PRAGMA user_version``, PostgreSQL's ``schema_version`` row) from N-1 to N.
 
 A migration is a tuple of steps: SQL both engines run, with its column types written as placeholders
-(``{TEXT}``, ``{INTEGER}``, ``{REAL}``, ``{SERIAL_KEY}``: ``state.dialect`` renders them, e.g. ``REAL`` for
+(``{TEXT}``, ``{INTEGER}``, ``{REAL}``, ``{BLOB}``, ``{SERIAL_KEY}``: ``state.dialect`` renders them, e.g. ``REAL`` for
 SQLite and ``DOUBLE PRECISION`` for PostgreSQL, whose ``REAL`` is a 4-byte float), and ``CountingTriggers``,
 which each engine writes in its own trigger language. Upserts are ``INSERT ... ON CONFLICT``, which both know.
 
@@ -305,4 +305,22 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
     """, ServiceCountingTriggers("service_changes", (("replicas", "service"), ("versions", "service"),
                                                      ("autoscaler_state", "service"),
                                                      ("replica_terminations", "service")))),
+    # Blobs in the database, for a store on PostgreSQL (``state.blob_table``): every controller host reads
+    #    the files of every version, whichever host's CLI submitted it. Chunks of 1 MiB by (digest, index),
+    #    and a row per complete blob, written last. Created on SQLite too (one schema), where nothing uses it:
+    #    the home's blob folder is the one every process of that one host reads.
+    ("""
+    CREATE TABLE blob_chunks (
+        digest {TEXT} NOT NULL,
+        chunk {INTEGER} NOT NULL,
+        data {BLOB} NOT NULL,
+        PRIMARY KEY (digest, chunk)
+    );
+    CREATE TABLE blobs (
+        digest {TEXT} PRIMARY KEY,
+        size {INTEGER} NOT NULL,
+        chunks {INTEGER} NOT NULL,
+        stored_at {REAL} NOT NULL
+    );
+    """,),
 )
