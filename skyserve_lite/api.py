@@ -37,6 +37,17 @@ from skyserve_lite.errors import (
     UsageError,
     WaitTimeoutError,
 )
+from skyserve_lite.plan.canary import (
+    CanaryPhase,
+    CanarySettings,
+    CanaryState,
+    Command,
+    VersionCounts,
+    compute_counts,
+    format_percent,
+    format_seconds,
+    plan_canary_preview,
+)
 from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing, merge_envs
 from skyserve_lite.spec.model import Cloud, Secret, ServiceSpec, SubmittedTask, TaskInputs, TaskSpec
 from skyserve_lite.spec.parse import is_valid_service_name, parse_task, to_service_name
@@ -91,6 +102,8 @@ class ServiceView:
     # Only in `serve status`: why the endpoint does not answer as this service, for a service whose
     # replicas say it should (None: it does, or it is not expected to).
     endpoint_problem: str | None = None
+    # The canary rollout of the current version (or the one just rolled back); None: none.
+    canary: CanaryView | None = None
 
     def autoscaler_json(self) -> dict[str, Any] | None:
         if self.autoscaler is None:
@@ -135,7 +148,67 @@ class ServiceView:
                 for e in self.events
             ],
             "history": None if self.history is None else self.history.to_json(),
+            "canary": None if self.canary is None else self.canary.to_json(),
         }
+
+
+@dataclass(frozen=True)
+class CanaryView:
+    """A canary rollout as `serve status` shows it: the stored state, the new version's share now, a command
+    not yet acted on, and what the load balancers counted of each side since the step's window started."""
+
+    state: CanaryState
+    percent: int
+    new: VersionCounts
+    old: VersionCounts
+    command: Command | None = None
+
+    def describe(self) -> str:
+        """``version 4: step 1 of 2, 10% (window from 14:02:10, bake 2m); 5xx new 1.2% (2/160), old 0.4%
+        (6/1440), limit 2%``, or the verdict once it is over."""
+        state = self.state
+        if state.is_done:
+            return state.verdict or f"version {state.version}: {state.phase.value}"
+        settings = state.settings
+        where = f"version {state.version}: step {state.step + 1} of {len(settings.steps)}, {self.percent}%"
+        if state.window_start is None:
+            where += f" (launching for {settings.steps[state.step]}%)"
+        else:
+            where += (f" (window from {format_timestamp(state.window_start)}, bake "
+                      f"{format_seconds(settings.bake_seconds * (1 + state.extensions))})")
+        if state.paused:
+            where += ", PAUSED"
+        if self.command is not None:
+            where += f", {self.command.value} asked"
+        rates = (f"5xx new {format_percent(self.new.error_rate)} ({self.new.errors}/{self.new.requests}), old "
+                 f"{format_percent(self.old.error_rate)} ({self.old.errors}/{self.old.requests}), limit "
+                 f"{format_percent(settings.max_error_rate)}")
+        return f"{where}; {rates}"
+
+    def to_json(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "version": state.version, "phase": state.phase.value, "step": state.step, "percent": self.percent,
+            "window_start": None if state.window_start is None else format_timestamp(state.window_start),
+            "extensions": state.extensions, "paused": state.paused, "verdict": state.verdict,
+            "command": None if self.command is None else self.command.value, "settings": state.settings.to_json(),
+            "new": {"requests": self.new.requests, "errors": self.new.errors, "error_rate": self.new.error_rate},
+            "old": {"requests": self.old.requests, "errors": self.old.errors, "error_rate": self.old.error_rate},
+        }
+
+
+def read_canary_view(store: Store, service: ServiceRecord) -> CanaryView | None:
+    """The canary rollout of ``service``'s current version, or of the version its rollback replaced."""
+    stored = store.list_canaries(service.name).get(service.name)
+    if stored is None:
+        return None
+    state = stored.state
+    current = service.current_version
+    if state.version != current and not (state.phase is CanaryPhase.ROLLED_BACK and state.version == current - 1):
+        return None
+    counts = {} if state.window_start is None else store.count_versions_since(service.name, int(state.window_start))
+    new, old = compute_counts(counts, state.version)
+    return CanaryView(state, stored.percent, new, old, stored.command)
 
 
 @dataclass(frozen=True)
@@ -231,18 +304,26 @@ class Controller(Protocol):
         ...
 
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
-                    reuse_identical_files: bool = False) -> UpdatePlan:
+                    reuse_identical_files: bool = False, canary: CanarySettings | None = None) -> UpdatePlan:
         """What making ``task`` the next version would do, replica by replica: the controller's own passes
         run forward over the service's current state (``controller.forecast``), with the task's files
-        hashed (not stored) so the plan can compare them. Changes nothing."""
+        hashed (not stored) so the plan can compare them. Changes nothing. ``canary``: the settings of a
+        canary update (None: the task's `service.canary`, else the defaults)."""
         ...
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None,
-                      reuse_identical_files: bool = False) -> VersionRecord:
-        """Capture the task's files and store it as the next version; the controller rolls it out. Raises
+                      reuse_identical_files: bool = False, canary: CanarySettings | None = None) -> VersionRecord:
+        """Capture the task's files and store it as the next version; the controller rolls it out (a canary
+        update with ``canary``, or the task's `service.canary`, or the defaults). Raises
         ``StateConflictError`` when ``expect_version`` is not the current version, ``SpecError`` when its
         files cannot be captured (nothing stored either way)."""
+        ...
+
+    def request_rollout(self, name: str, command: Command) -> None:
+        """A person's decision on service NAME's canary rollout (`serve rollout NAME promote|abort|pause|
+        resume`), for the controller's next pass. Raises ``NotFoundError`` when it has no canary rollout,
+        ``StateConflictError`` when that rollout is over already."""
         ...
 
     def controller_status(self) -> ControllerStatus:
@@ -425,6 +506,7 @@ class LocalController:
                 target_replicas=target,
                 controller_id=controller_id,
                 lb_endpoints=tuple(store.list_lb_endpoints(service.name)),
+                canary=read_canary_view(store, service),
             ))
         return views
 
@@ -503,7 +585,7 @@ class LocalController:
         return dataclasses.replace(plan, notes=tuple(notes))
 
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
-                    reuse_identical_files: bool = False) -> UpdatePlan:
+                    reuse_identical_files: bool = False, canary: CanarySettings | None = None) -> UpdatePlan:
         from skyserve_lite.controller.forecast import forecast_update
         from skyserve_lite.controller.snapshots import VersionCache, read_snapshot
 
@@ -523,6 +605,8 @@ class LocalController:
             store.close()
         plan = forecast_update(snapshot, service.current_version + 1, task.spec, mode, now, settings,
                                reuse_identical_files=reuse_identical_files)
+        if canary is not None and mode.value == "canary":
+            plan = dataclasses.replace(plan, canary=plan_canary_preview(plan.target_replicas, canary))
         return dataclasses.replace(plan, notes=tuple(notes))
 
     def get_rollout_state(self, name: str) -> RolloutState:
@@ -537,7 +621,8 @@ class LocalController:
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None,
-                      reuse_identical_files: bool = False, key: str | None = None) -> VersionRecord:
+                      reuse_identical_files: bool = False, key: str | None = None,
+                      canary: CanarySettings | None = None) -> VersionRecord:
         """See ``Controller``; ``key`` is a submission's idempotency key (a retry returns the version the
         first attempt stored, and stores nothing). It is stored with the version it was applied on top of
         (``submission_key``): the same key answers with the version it stored only while that version is
@@ -555,6 +640,11 @@ class LocalController:
                                         reuse_identical_files=reuse_identical_files,
                                         keep_snapshot_versions=settings.keep_snapshot_versions, key=key,
                                         inputs=inputs)
+            if mode.value == "canary":
+                # Its settings start with it: the flags, else the task's `service.canary`, else the defaults.
+                # A pass between the two writes starts it from the task's; this write then starts it over.
+                settings_used = canary or task.spec.service.canary or CanarySettings()
+                store.put_canary(name, CanaryState(version.version, settings_used), 0, fenced=False)
             store.add_events([(self._clock.now(), name, None, "service",
                                f"version {version.version} submitted ({mode.value}"
                                + (f", {note}" if note else "") + f") from {task.source}"
@@ -562,6 +652,23 @@ class LocalController:
         if self._start_daemon:
             ensure_controller(self.home)
         return version
+
+    def request_rollout(self, name: str, command: Command) -> None:
+        store = self._open()
+        try:
+            service = store.get_service(name)
+            stored = store.list_canaries(name).get(name)
+            if stored is None or stored.state.version != service.current_version:
+                raise NotFoundError(f"service {name!r} has no canary rollout of its current version "
+                                    f"{service.current_version}; see `sky-lite serve status {name}`")
+            if stored.state.is_done:
+                raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} is "
+                                         f"over ({stored.state.phase.value}); nothing to {command.value}")
+            store.request_canary_command(name, command)
+        finally:
+            store.close()
+        if self._start_daemon:
+            ensure_controller(self.home)
 
     def request_down(self, names: Sequence[str]) -> None:
         store = self._open()

@@ -12,7 +12,7 @@ DEFAULT_EVENTS = 10
 
 # The values of ``plan.rollout.UpdateMode`` (`serve update --mode`), the default first; a test holds the two
 # equal.
-UPDATE_MODES = ("rolling", "blue_green")
+UPDATE_MODES = ("rolling", "blue_green", "canary")
 
 # How often a load balancer reads which replicas to send requests to (``lb.proxy.LoadBalancer``). A rollout
 # wait that sees old replicas drained waits this long (and a little) more before it says the version is

@@ -20,6 +20,7 @@ from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.errors import WaitTimeoutError
 from skyserve_lite.lb.identity import EndpointIdentity, find_identity_problem, read_endpoint_identity
+from skyserve_lite.plan.canary import CanaryPhase
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 
 
@@ -153,6 +154,12 @@ def find_rollout_progress(view: ServiceView, version: int) -> RolloutProgress:
                                new=_count([r for r in mine if not r.status.is_terminal]), old=_count(others),
                                outcome=outcome, detail=detail)
 
+    canary = view.canary
+    if canary is not None and canary.state.version == version:
+        if canary.state.phase is CanaryPhase.ROLLED_BACK:  # its rollback is the next version: not superseded
+            return progress(RolloutOutcome.FAILED, canary.state.verdict or f"version {version} rolled back")
+        if not canary.state.is_done and service.current_version == version:
+            return progress(RolloutOutcome.IN_PROGRESS, f"the canary: {canary.describe()}")
     if service.current_version != version:
         return progress(RolloutOutcome.SUPERSEDED,
                         f"version {service.current_version} was submitted meanwhile; `sky-lite serve wait {name}` "

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from skyserve_lite import api, waits
+    from skyserve_lite.plan.canary import CanarySettings
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.spec.model import SubmittedTask
     from skyserve_lite.state.models import ReplicaRecord
@@ -216,7 +217,16 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @click.argument("task_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--mode", type=click.Choice(UPDATE_MODES), default=UPDATE_MODES[0],
               show_default=True, help="rolling: replace as new replicas become READY; blue_green: switch all "
-              "traffic once the new version has min_replicas READY.")
+              "traffic once the new version has min_replicas READY; canary: a share of the traffic in steps, "
+              "judged on its errors, then promoted or rolled back.")
+@click.option("--steps", default=None, metavar="PCT,PCT",
+              help="canary: the new version's share of the requests at each step (default: the task's "
+              "service.canary, else 10,50).")
+@click.option("--bake", default=None, metavar="DURATION",
+              help="canary: how long each step runs before it is judged (2m, 90s; default 2m).")
+@click.option("--max-error-rate", default=None, metavar="RATE",
+              help="canary: 5xx and failed attempts over the new version's requests above which it is rolled "
+              "back (0.02 or 2%; default 0.02).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--expect-version", type=int, default=None,
               help="Refuse unless the service is at this version (guards against concurrent updates).")
@@ -225,19 +235,42 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @_output_option
 @_rollout_wait_options
 @_inputs_options
-def serve_update(name: str, task_file: Path, mode: str, dry_run: bool, expect_version: int | None,
+def serve_update(name: str, task_file: Path, mode: str, steps: str | None, bake: str | None,
+                 max_error_rate: str | None, dry_run: bool, expect_version: int | None,
                  reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float, infra: str | None,
                  envs: tuple[str, ...], env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
     """Update service NAME to TASK_FILE, reusing replicas whose config is unchanged.
 
     Values of envs and secrets the file declares without a value are kept from the current version unless
     given again."""
+    from skyserve_lite.cli.canary_options import compute_canary_settings
     from skyserve_lite.plan.rollout import UpdateMode
 
     with _errors():
+        update_mode = UpdateMode(mode)
+        given = [flag for flag, value in (("--steps", steps), ("--bake", bake), ("--max-error-rate", max_error_rate))
+                 if value is not None]
+        if given and update_mode is not UpdateMode.CANARY:
+            raise UsageError(f"{given[0]} goes with --mode canary")
         task = _with_inputs(_load_task(task_file), infra, envs, env_files, secrets)
-        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output,
-                reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None)
+        canary = (compute_canary_settings(task.spec.service.canary, steps, bake, max_error_rate)
+                  if update_mode is UpdateMode.CANARY else None)
+        _update(name, task, update_mode, dry_run, expect_version, yes, output,
+                reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None, canary=canary)
+
+
+@serve.command("rollout")
+@click.argument("name", shell_complete=complete_service_names)
+@click.argument("action", type=click.Choice(["promote", "abort", "pause", "resume"]))
+def serve_rollout(name: str, action: str) -> None:
+    """Decide on service NAME's canary rollout: promote it to 100% now, abort it (roll back now), pause it
+    where it is, or resume it (with a fresh bake window)."""
+    from skyserve_lite.plan.canary import Command
+
+    with _errors():
+        _controller().request_rollout(name, Command(action))
+        click.echo(f"Asked the controller to {action} the canary rollout of {name}; `sky-lite serve wait {name}` "
+                   "follows it.")
 
 
 @serve.command("rollback")
@@ -314,7 +347,7 @@ _REPLAN_ATTEMPTS = 3
 
 def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, expect_version: int | None,
             yes: bool, output: str, *, rollback_to: int | None = None, reuse_identical_files: bool = False,
-            wait_timeout: float | None = None) -> None:
+            wait_timeout: float | None = None, canary: CanarySettings | None = None) -> None:
     """Plan, show, confirm and submit; then, with ``wait_timeout``, follow the rollout of the stored version.
     ``rollback_to``: the earlier version whose task this is (`serve rollback`)."""
     from skyserve_lite import api
@@ -324,7 +357,7 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
     api.check_submission(task)  # before the plan and the question, so a "yes" is never answered with an error
     controller = _controller()
     for attempt in range(_REPLAN_ATTEMPTS):
-        plan = controller.plan_update(name, task, mode, reuse_identical_files=reuse_identical_files)
+        plan = controller.plan_update(name, task, mode, reuse_identical_files=reuse_identical_files, canary=canary)
         if expect_version is not None and plan.from_version != expect_version:
             raise StateConflictError(f"service {name!r} is at version {plan.from_version}, not "
                                      f"{expect_version}; nothing was changed")
@@ -340,7 +373,7 @@ def _update(name: str, task: SubmittedTask, mode: UpdateMode, dry_run: bool, exp
         try:
             # The plan shown is the plan of updating from_version: store it only on top of that version.
             version = controller.submit_update(name, task, mode, expect_version=plan.from_version, note=note,
-                                               reuse_identical_files=reuse_identical_files)
+                                               reuse_identical_files=reuse_identical_files, canary=canary)
         except StateConflictError:
             if expect_version is not None or attempt == _REPLAN_ATTEMPTS - 1:
                 raise

@@ -92,9 +92,12 @@ def services_table(views: Sequence[ServiceView], unverified_for: float | None = 
         status = styled_status(view.service.status.value)
         if unverified_for is not None:
             status.append(f" (unverified for {unverified_for:.0f}s)", style="red")
+        reason = view.service.status_reason or ""
+        if view.canary is not None:  # the split, the step and the measured rates (``api.CanaryView``)
+            reason = "\n".join(filter(None, (reason, f"canary {view.canary.describe()}")))
         table.add_row(view.service.name, status, str(view.service.current_version), view.service.endpoint,
                       view.policy, view.load_balancing_policy, f"{ready}/{live} ready", describe_autoscaler(view),
-                      view.service.status_reason or "")
+                      reason)
     return _titled("Services", table)
 
 
@@ -201,6 +204,10 @@ def plan_renderable(plan: UpdatePlan, rollback_to: int | None = None) -> Group:
     if not plan.replicas and not plan.launches:
         table.add_row("-", "-", "-", "no live replica")
     parts: list[FitTable | Trimmed] = [_paragraph(title, "bold"), table]
+    if plan.canary:
+        lines = [f" {number}. {step.describe()}, then judged" for number, step in enumerate(plan.canary, start=1)]
+        lines.append(f" {len(plan.canary) + 1}. 100% (promoted): the old replicas drain as below")
+        parts.append(_paragraph("Canary steps (each rolls back at once when judged bad):\n" + "\n".join(lines)))
     if plan.steps:
         lines = [f" {number}. {step.describe()}" for number, step in enumerate(plan.steps, start=1)]
         parts.append(_paragraph("Steps (each once the replicas launched before it are READY):\n" + "\n".join(lines)))

@@ -16,7 +16,6 @@ Pure: values in, a value out; the executor stores the state and the rollback.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from skyserve_lite.controller.pass_types import CanaryUpdate, Event, Rollback, ServiceSnapshot
@@ -28,7 +27,7 @@ from skyserve_lite.plan.canary import (
     CanaryPhase,
     CanarySettings,
     CanaryState,
-    VersionCounts,
+    compute_counts,
     plan_canary_step,
 )
 from skyserve_lite.state.models import ReplicaStatus, replace_replica
@@ -49,16 +48,6 @@ class CanaryPass:
 def find_settings(snapshot: ServiceSnapshot) -> CanarySettings:
     """The settings of a rollout not stored yet: the task's `service.canary` section, else the defaults."""
     return snapshot.spec.service.canary or CanarySettings()
-
-
-def compute_counts(counts: Mapping[int, Mapping[str, int]], version: int) -> tuple[VersionCounts, VersionCounts]:
-    """(the new version's, every other version's summed) counts of the window."""
-    old: dict[str, int] = {}
-    for other, by_class in counts.items():
-        if other != version:
-            for status_class, n in by_class.items():
-                old[status_class] = old.get(status_class, 0) + n
-    return VersionCounts.of_classes(dict(counts.get(version, {}))), VersionCounts.of_classes(old)
 
 
 def plan_canary_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float, target: int) -> CanaryPass:

@@ -107,6 +107,16 @@ class VersionCounts:
         return cls(requests=sum(by_class.values()), errors_5xx=by_class.get("5xx", 0), failed=by_class.get("failed", 0))
 
 
+def compute_counts(counts: Mapping[int, Mapping[str, int]], version: int) -> tuple[VersionCounts, VersionCounts]:
+    """(the new version's, every other version's summed) counts of the window."""
+    old: dict[str, int] = {}
+    for other, by_class in counts.items():
+        if other != version:
+            for status_class, n in by_class.items():
+                old[status_class] = old.get(status_class, 0) + n
+    return VersionCounts.of_classes(dict(counts.get(version, {}))), VersionCounts.of_classes(old)
+
+
 class VerdictKind(str, Enum):
     PASS = "pass"  # the step is good: go on
     FAIL = "fail"  # roll back

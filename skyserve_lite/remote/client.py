@@ -35,6 +35,7 @@ from skyserve_lite.controller.fleet import ControllerView
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, HostKeyError, MissingBlobsError, SpecError
 from skyserve_lite.files.capture import capture_task_files, find_local_paths, find_task_dir, needs_capture
+from skyserve_lite.plan.canary import CanarySettings, Command
 from skyserve_lite.plan.placement import LaunchPlan
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import UpdatePlan
@@ -107,22 +108,27 @@ class RemoteController:
         return cast(LaunchPlan, decode(LaunchPlan, self._call("plan_create", {"name": name, "task": encode(wire)})))
 
     def plan_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
-                    reuse_identical_files: bool = False) -> UpdatePlan:
+                    reuse_identical_files: bool = False, canary: CanarySettings | None = None) -> UpdatePlan:
         wire = self._prepare(task, name)  # hashed here; the host compares manifests, it needs no bytes for a plan
         return cast(UpdatePlan, decode(UpdatePlan, self._call("plan_update", {
-            "name": name, "task": encode(wire), "mode": mode.value, "reuse_identical_files": reuse_identical_files})))
+            "name": name, "task": encode(wire), "mode": mode.value, "reuse_identical_files": reuse_identical_files,
+            **_canary_param(canary)})))
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None,
-                      reuse_identical_files: bool = False) -> VersionRecord:
+                      reuse_identical_files: bool = False, canary: CanarySettings | None = None) -> VersionRecord:
         wire = self._prepare(task, name)
         # Not expect_version: a rerun plans again, from the version the lost first run may have stored.
         key = self._submission_key("submit_update", name, wire, {
-            "mode": mode.value, "note": note, "reuse_identical_files": reuse_identical_files})
+            "mode": mode.value, "note": note, "reuse_identical_files": reuse_identical_files,
+            **_canary_param(canary)})
         outcome = {"name": name, "method": "submit_update", "base": expect_version}
         return cast(VersionRecord, self._submit(wire, lambda w: decode(VersionRecord, self._call("submit_update", {
             "name": name, "task": encode(w), "mode": mode.value, "expect_version": expect_version, "note": note,
-            "reuse_identical_files": reuse_identical_files}, key=key, outcome=outcome))))
+            "reuse_identical_files": reuse_identical_files, **_canary_param(canary)}, key=key, outcome=outcome))))
+
+    def request_rollout(self, name: str, command: Command) -> None:
+        self._call("request_rollout", {"name": name, "command": command.value})
 
     def controller_status(self) -> ControllerStatus:
         return cast(ControllerStatus, decode(ControllerStatus, self._call("controller_status", {})))
@@ -370,3 +376,8 @@ def _fate(known: SubmissionOutcome | None) -> str:
 def _last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
+
+
+def _canary_param(canary: CanarySettings | None) -> dict[str, Any]:
+    """A canary update's settings as a request parameter; none without them (what an older host knows)."""
+    return {} if canary is None else {"canary": encode(canary)}

@@ -25,6 +25,7 @@ from skyserve_lite.codec import decode, encode
 from skyserve_lite.controller.fleet import list_controller_views
 from skyserve_lite.errors import ControllerVersionError, NotFoundError, SkyLiteError, UsageError
 from skyserve_lite.files.blobs import blob_store_of
+from skyserve_lite.plan.canary import CanarySettings, Command
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.remote import protocol
 from skyserve_lite.remote.wire import BlobHeader, HostInfo, SubmissionOutcome, WireTask
@@ -92,11 +93,15 @@ class RpcServer:
                 _get(p, "name", str), _get(p, "task", WireTask).to_task())),
             "plan_update": lambda p, k: self._answer(c.plan_update(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task(), _get(p, "mode", UpdateMode),
-                reuse_identical_files=_get(p, "reuse_identical_files", bool))),
+                reuse_identical_files=_get(p, "reuse_identical_files", bool),
+                canary=_get_or(p, "canary", CanarySettings | None, None))),
             "submit_update": lambda p, k: self._answer_submission(p, k, "submit_update", lambda: c.submit_update(
                 _get(p, "name", str), _get(p, "task", WireTask).to_task(), _get(p, "mode", UpdateMode),
                 expect_version=_get(p, "expect_version", int | None), note=_get(p, "note", str | None),
-                reuse_identical_files=_get(p, "reuse_identical_files", bool), key=_key(k))),
+                reuse_identical_files=_get(p, "reuse_identical_files", bool), key=_key(k),
+                canary=_get_or(p, "canary", CanarySettings | None, None))),
+            "request_rollout": lambda p, k: self._answer_after(lambda: c.request_rollout(
+                _get(p, "name", str), _get(p, "command", Command))),
             "submission_outcome": lambda p, k: self._answer(self._submission_outcome(
                 _get(p, "name", str), _required_key(k), _get(p, "method", str), _get(p, "base", int | None))),
             "controller_status": lambda p, k: self._answer(c.controller_status()),

@@ -10,6 +10,7 @@ import pytest
 
 from skyserve_lite.api import LocalController
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.plan.canary import CanarySettings
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import load_task_file
@@ -117,7 +118,7 @@ def test_declining_the_confirmation_stores_nothing(cli: Cli, home: Path, tmp_pat
                      id="invalid-yaml"),
         pytest.param(["nope"], V1, 1, "no service named 'nope'", id="unknown-service"),
         pytest.param(["svc", "--expect-version", "5"], V1, 1, "is at version 1, not 5", id="expect-version"),
-        pytest.param(["svc", "--mode", "canary"], V1, 2, "Invalid value for '--mode'", id="unknown-mode"),
+        pytest.param(["svc", "--mode", "recreate"], V1, 2, "Invalid value for '--mode'", id="unknown-mode"),
     ],
 )
 def test_refused_updates_store_nothing(cli: Cli, home: Path, tmp_path: Path, args: list[str], text: str, code: int,
@@ -225,12 +226,13 @@ class RacingController(LocalController):
 
     def submit_update(self, name: str, task: SubmittedTask, mode: UpdateMode, *,
                       expect_version: int | None = None, note: str | None = None,
-                      reuse_identical_files: bool = False, key: str | None = None) -> VersionRecord:
+                      reuse_identical_files: bool = False, key: str | None = None,
+                      canary: CanarySettings | None = None) -> VersionRecord:
         if self.racer is not None:
             racer, self.racer = self.racer, None
             LocalController(self.home, FakeClock(), start_daemon=False).submit_update(name, racer, mode)
         return super().submit_update(name, task, mode, expect_version=expect_version, note=note,
-                                     reuse_identical_files=reuse_identical_files, key=key)
+                                     reuse_identical_files=reuse_identical_files, key=key, canary=canary)
 
 
 def test_an_update_that_loses_a_race_plans_again_and_names_the_version_it_stores(home: Path, tmp_path: Path) -> None:
