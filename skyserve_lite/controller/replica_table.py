@@ -3,8 +3,9 @@
 A pass asks several questions of every replica before it plans any service: which service each belongs
 to, which regions of which clouds to list, which instances some row claims (the rest are orphans), and
 which instances to look up by id when a listing leaves them out. The answers depend only on the rows, and
-the store hands back the very same rows while none changed (``Store.all_replicas``), so ``ReplicaTables``
-keeps the answers of the last read: a steady pass over 10,000 replicas asks each question of no replica.
+the reconciler's memos hand back the very same rows while no service's change counter moved
+(``controller.settled``), so ``ReplicaTables`` keeps the answers of the last read: a steady pass over 10,000
+replicas asks each question of no replica.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ class ReplicaTable:
     @classmethod
     def of(cls, replicas: tuple[ReplicaRecord, ...], last: ReplicaTable | None = None) -> ReplicaTable:
         """The table of ``replicas``. With ``last`` (the table of the previous read), a service whose rows
-        are the very rows it had there keeps its very tuple: the store hands back unchanged rows as the same
-        values, so a pass after one replica changed finds every other service's rows as they were."""
+        are the very rows it had there keeps its very tuple: the memos hand back an unchanged service's rows as
+        the same values, so a pass after one replica changed finds every other service's rows as they were."""
         by_service: dict[str, list[ReplicaRecord]] = {}
         regions: dict[str, set[str | None]] = {}
         claimed: dict[str, set[str]] = {}
