@@ -1,6 +1,7 @@
 """Failover with real processes: three controllers on one PostgreSQL database, three services of the local
 provider, one controller killed with SIGKILL per trial at a random point (between a launch's intent and its
-outcome, mid rolling update, mid scale-down). Prints each trial (takeover and convergence times after the
+outcome, mid rolling update, mid scale-down: each as often as the others, in a random order, at a random
+moment within it, the service's owner killed). Prints each trial (takeover and convergence times after the
 kill; duplicate, leaked and left-over replicas), a summary, and the machine.
 
     python benchmarks/failover_bench.py --trials 20 [--seed 26] [--lease-ttl 4]
@@ -37,7 +38,7 @@ def main() -> int:
     if args.lease_ttl <= 1.0:
         parser.error("--lease-ttl must be more than the 1 s renewal")
     sys.path.insert(0, str(REPO))
-    from tests.e2e.failover_harness import FleetSettings, TrialResult, running_fleet, summarize
+    from tests.e2e.failover_harness import POINTS, FleetSettings, TrialResult, running_fleet, summarize
     from tests.postgres import find_postgres_bin, start_postgres
 
     bin_dir = find_postgres_bin()
@@ -52,8 +53,11 @@ def main() -> int:
         settings = FleetSettings(lease_ttl_seconds=args.lease_ttl)
         with tempfile.TemporaryDirectory(prefix="failover-bench-") as root, \
                 running_fleet(Path(root), url, settings, log=print) as fleet:
-            for trial in range(1, args.trials + 1):
-                result = fleet.run_trial(trial, rng)
+            # Every point as often as the others (20 trials: 7, 7, 6), in a random order.
+            points = [POINTS[n % len(POINTS)] for n in range(args.trials)]
+            rng.shuffle(points)
+            for trial, point in enumerate(points, start=1):
+                result = fleet.run_trial(trial, rng, point)
                 results.append(result)
                 print(result.describe(), flush=True)
     finally:

@@ -110,6 +110,7 @@ class TrialResult:
     at_kill: str  # the service's live replicas as the victim left them: "ID:vVERSION:STATUS, ..."
     takeover_seconds: float | None  # kill -> every service of the victim's claimed by another loop
     converge_seconds: float | None  # kill -> every service at its target and no replica process unclaimed
+    failed: tuple[str, ...]  # the service's replicas that ended FAILED*, with their reasons (what was replaced)
     duplicates: tuple[str, ...]  # "service/replica id" launched twice or live twice at once
     leaked: tuple[str, ...]  # replica processes the store did not claim when the trial ended
     unconverged: tuple[str, ...]  # services not at their target by the deadline, with what they had
@@ -127,7 +128,7 @@ class TrialResult:
         text = (f"trial {self.trial}: {self.point} of {self.service}, controller {self.victim} killed {window} "
                 f"[{self.at_kill}]; takeover {takeover}, converged {converge}; duplicates {len(self.duplicates)}, "
                 f"leaked {len(self.leaked)}")
-        for label, items in (("duplicates", self.duplicates), ("leaked", self.leaked),
+        for label, items in (("failed", self.failed), ("duplicates", self.duplicates), ("leaked", self.leaked),
                              ("unconverged", self.unconverged), ("left after down", self.left_after_down)):
             if items:
                 text += f"\n  {label}: " + "; ".join(items)
@@ -181,20 +182,39 @@ class Fleet:
         self.api = LocalController(self.client_home, start_daemon=False, stop_when_idle=False)
         for n in range(len(ADDRESSES)):
             self.start_controller(n)
+        for n in range(len(ADDRESSES)):
+            self.wait_controller(n)
 
     def start_controller(self, n: int) -> None:
+        """Start controller ``n`` (``wait_controller`` waits for its first pass)."""
         env = {key: value for key, value in os.environ.items() if not key.startswith("SKY_LITE_")}
         env.update(SKY_LITE_HOME=str(self.homes[n]), PYTHONUNBUFFERED="1",
                    SKY_LITE_LEASE_TTL_SECONDS=f"{self.settings.lease_ttl_seconds:g}",
                    SKY_LITE_LEASE_RENEW_SECONDS=f"{self.settings.lease_renew_seconds:g}",
                    SKY_LITE_CONTROLLER_INTERVAL_SECONDS=f"{self.settings.interval_seconds:g}",
-                   SKY_LITE_DRAIN_SECONDS=f"{self.settings.drain_seconds:g}")
+                   SKY_LITE_DRAIN_SECONDS=f"{self.settings.drain_seconds:g}",
+                   # Its metrics endpoint on its own address, as its load balancers: 127.0.0.1:30000 is one port.
+                   SKY_LITE_METRICS_ADDR=f"{ADDRESSES[n]}:30000")
         logs = self.homes[n] / "logs"
         logs.mkdir(exist_ok=True, mode=0o700)
         with open(logs / "controller.log", "ab") as output:
             self.controllers[n] = subprocess.Popen(
                 [sys.executable, "-m", "skyserve_lite", "controller", "run"], env=env, cwd=self.homes[n],
                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_controller(self, n: int) -> None:
+        """Until controller ``n`` has written its row in ``controllers`` (its first lease step: from then it
+        takes its share of the services). Raises ``AssertionError`` with its log's end if it exits first."""
+        process = self.controllers[n]
+        assert process is not None
+
+        def registered() -> bool:
+            if process.poll() is not None:
+                log = (self.homes[n] / "logs" / "controller.log").read_text(errors="replace")
+                raise AssertionError(f"controller {n} exited with {process.returncode}:\n{log[-3000:]}")
+            return any(loop.rsplit("-", 2)[-2] == str(process.pid) for loop in self.store.list_controllers())
+
+        _wait(registered, 60.0, f"controller {n} (pid {process.pid}) to start")
 
     def kill(self, n: int) -> None:
         """SIGKILL controller ``n`` alone (what a crash does: its replicas and load balancers live on)."""
@@ -382,10 +402,13 @@ class Fleet:
             unconverged = tuple(self.find_unconverged(targets))
             leaked = tuple(self.find_unclaimed())
         duplicates = tuple(sorted(set(watch.duplicates) | set(self.launched_twice())))
+        replaced = tuple(f"{r.replica_id}:v{r.version}:{r.status.value} ({r.status_reason})"
+                         for r in self.store.list_replicas(service) if r.status.is_terminal)
         left = tuple(self.take_down())
         self.start_controller(victim)
-        return TrialResult(trial, point, service, victim, in_window, at_kill, takeover, converged, duplicates,
-                           leaked, unconverged, left)
+        self.wait_controller(victim)
+        return TrialResult(trial, point, service, victim, in_window, at_kill, takeover, converged, replaced,
+                           duplicates, leaked, unconverged, left)
 
     def _kill_owner(self, service: str, rng: random.Random) -> tuple[int, str | None, list[str]]:
         """Kill the controller that owns ``service`` now (a random one if none does): its index, its loop id
