@@ -1,10 +1,10 @@
 """``PooledUpstream``: keep-alive HTTP/1.1 connections on asyncio protocols (contract in ``upstream``).
 
 Per request it does only what a proxy needs: take an idle connection (or connect), write the request head
-and a buffered body with one ``transport.write``, and let aiohttp's response parser (its C extension when
-built) frame the answer: Content-Length, chunked, a body that ends with the connection, and no body for
-HEAD, 1xx, 204 and 304. The parser feeds the body into an aiohttp ``StreamReader``, which pauses reading
-from the replica while the load balancer has not taken what it holds (back-pressure from a slow client).
+and a buffered body with one ``transport.write``, and let llhttp (``lb.http1.ResponseParser``) frame the
+answer: Content-Length, chunked, a body that ends with the connection, and no body for HEAD, 1xx, 204 and
+304. The parser feeds the body into an aiohttp ``StreamReader``, which pauses reading from the replica
+while the load balancer has not taken what it holds (back-pressure from a slow client).
 
 Requests waiting for a response head are checked against the response timeout by one sweep (every
 ``TIMEOUT_SWEEP_SECONDS``, while any waits), not by a timer per request. A 101 answer to a request sent
@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Final
+from typing import Final, cast
 
 import aiohttp
-from aiohttp.base_protocol import BaseProtocol
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
 from multidict import CIMultiDict, istr
 from yarl import URL
 
+from skyserve_lite.lb.http1 import ResponseHead, ResponseParser, new_stream
 from skyserve_lite.lb.settings import DEFAULT_UPSTREAM_TIMEOUT_SECONDS
 from skyserve_lite.lb.upstream import (
     CONNECT_TIMEOUT_SECONDS,
@@ -56,25 +54,27 @@ _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _PAUSE_ERRORS: Final = (AttributeError, NotImplementedError, RuntimeError)
 
 
-class _Connection(BaseProtocol):
+class _Connection(asyncio.Protocol):
     """One keep-alive connection to a replica, carrying one request at a time.
 
-    ``begin`` arms a fresh response parser and returns the future of the response head. The parser feeds
-    the body into the ``StreamReader`` it creates, which pauses reading from the socket when its buffer is
-    full. A connection that receives bytes nobody asked for, or an invalid response, is closed. After a
-    101 to a request that asked for it, every byte goes to ``tunnel`` instead.
+    ``begin`` arms the response parser and returns the future of the response head. The parser feeds the
+    body into a ``StreamReader``, which pauses reading from the socket when its buffer is full. A
+    connection that receives bytes nobody asked for, or an invalid response, is closed. After a 101 to a
+    request that asked for it, every byte goes to ``tunnel`` instead.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self.head_deadline = 0.0
         self.tunnel: aiohttp.StreamReader | None = None
-        self._head: asyncio.Future[tuple[RawResponseMessage, aiohttp.StreamReader]] | None = None
+        self._parser = ResponseParser(self, loop, READ_LIMIT)
+        self._head: asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader]] | None = None
         self._payload: aiohttp.StreamReader | None = None
-        self._upgrade = False
         self._got_bytes = False
         self._lost = False
+        self._reading_paused = False
         self._write_paused = False
         self._drain_future: asyncio.Future[None] | None = None
 
@@ -83,20 +83,20 @@ class _Connection(BaseProtocol):
         transport = self.transport
         return transport is not None and not self._lost and not transport.is_closing()
 
+    @property
+    def connected(self) -> bool:  # asked by the body's StreamReader before it waits
+        return self.transport is not None and not self._lost
+
+    @property
+    def reusable(self) -> bool:
+        """The response was whole, the replica keeps the connection and sent nothing more."""
+        return self._parser.reusable
+
     def begin(
         self, response_with_body: bool, upgrade: bool = False
-    ) -> asyncio.Future[tuple[RawResponseMessage, aiohttp.StreamReader]]:
-        self._parser = HttpResponseParser(
-            self,
-            self._loop,
-            READ_LIMIT,
-            payload_exception=UpstreamError,
-            response_with_body=response_with_body,
-            read_until_eof=True,
-            auto_decompress=False,
-        )
+    ) -> asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader]]:
+        self._parser.begin(response_with_body, upgrade)
         self._payload = None
-        self._upgrade = upgrade
         self._got_bytes = False
         head = self._loop.create_future()
         self._head = head
@@ -104,7 +104,7 @@ class _Connection(BaseProtocol):
 
     def finish(self) -> None:
         """The response is over (released); bytes from now on are out of step."""
-        self._parser = None
+        self._parser.finish()
         self._head = None
         self._payload = None
 
@@ -138,6 +138,10 @@ class _Connection(BaseProtocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------------
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not derive from asyncio.Transport; both have what is used here.
+        self.transport = cast(asyncio.Transport, transport)
+
     def pause_writing(self) -> None:
         self._write_paused = True
 
@@ -168,35 +172,28 @@ class _Connection(BaseProtocol):
                 transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        parser = self._parser
-        if parser is None:
-            tunnel = self.tunnel
-            if tunnel is not None:
-                tunnel.feed_data(data)
-            elif data:
-                self.abort()
+        tunnel = self.tunnel
+        if tunnel is not None:
+            tunnel.feed_data(data)
             return
         if data:
             self._got_bytes = True
-        try:
-            messages, upgraded, tail = parser.feed_data(data)
-        except HttpProcessingError as exc:
-            self._fail(UpstreamError(f"invalid response from the replica: {describe(exc)}"))
+        parser = self._parser
+        feed = parser.feed(data)
+        if feed.error is not None:
+            self._fail(UpstreamError(feed.error))
             return
-        for message, payload in messages:
-            code = message.code
-            if 100 <= code < 200 and code != 101:
-                continue  # informational; the final response follows on the same connection
-            head = self._head
-            if (code == 101 and not (self._upgrade and upgraded)) or head is None or head.done():
-                # A 101 the request did not ask for (or to a protocol the parser cannot switch to).
-                self._fail(UpstreamError(f"unexpected response from the replica: {code} {message.reason}"))
-                return
-            self._payload = payload
-            head.set_result((message, payload))
-            if code == 101:
-                self._start_tunnel(tail)
-                return
+        if parser.stray and not parser.active:
+            self.abort()  # bytes nobody asked for
+            return
+        found = feed.response
+        head = self._head
+        if found is None or head is None or head.done():
+            return
+        self._payload = found[1]
+        head.set_result(found)
+        if feed.tunnel is not None:
+            self._start_tunnel(feed.tunnel)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
@@ -206,30 +203,23 @@ class _Connection(BaseProtocol):
         if self.tunnel is not None:
             self.tunnel.feed_eof()
             return
+        error = self._parser.feed_eof()
+        if error is None:
+            return
         head = self._head
         if head is not None and not head.done():
             reason = describe(exc) if exc is not None else "the replica closed the connection"
             error_class = UpstreamError if self._got_bytes else UpstreamResetError
             head.set_exception(error_class(f"{reason} before a complete response head"))
             return
-        payload, parser = self._payload, self._parser
-        if payload is None or parser is None or payload.is_eof():
-            return
-        try:
-            # Ends a body delimited by the connection's end; raises for a Content-Length or chunked body
-            # cut short.
-            parser.feed_eof()
-        except HttpProcessingError as error:
-            payload.set_exception(UpstreamError(f"the response body broke off: {describe(error)}"))
-            return
-        if not payload.is_eof():
-            payload.set_exception(UpstreamError("the response body broke off: connection lost"))
+        payload = self._payload
+        if payload is not None and not payload.is_eof():
+            payload.set_exception(UpstreamError(error))
 
     def _start_tunnel(self, tail: bytes) -> None:
         # The parser is done: from here on the connection carries the switched protocol's bytes.
-        self._parser = None
-        self._upgraded = True  # BaseProtocol: pausing must not touch a parser
-        tunnel = self.tunnel = aiohttp.StreamReader(self, READ_LIMIT, loop=self._loop)
+        self._parser.finish()
+        tunnel = self.tunnel = new_stream(self, self._loop, READ_LIMIT)
         if tail:
             tunnel.feed_data(tail)
 
@@ -239,7 +229,7 @@ class _Connection(BaseProtocol):
             head.set_exception(error)
         elif payload is not None and not payload.is_eof():
             payload.set_exception(error)
-        self._parser = None
+        self._parser.finish()
         self.abort()
 
     def _wake_drain(self) -> None:
@@ -274,7 +264,7 @@ class _PooledResponse:
         pool: PooledUpstream,
         replica: _Replica,
         connection: _Connection,
-        message: RawResponseMessage,
+        message: ResponseHead,
         payload: aiohttp.StreamReader,
     ) -> None:
         self._pool = pool
@@ -283,7 +273,7 @@ class _PooledResponse:
         self._message = message
         self._payload = payload
         self._released = False
-        self.status = message.code
+        self.status = message.status
         self.reason: str | None = message.reason
         self.headers = message.headers
         length = message.headers.get(_CONTENT_LENGTH)
@@ -294,7 +284,7 @@ class _PooledResponse:
             return await self._payload.read()
         except UpstreamError:
             raise
-        except (HttpProcessingError, OSError) as exc:
+        except OSError as exc:
             raise UpstreamError(describe(exc)) from exc
 
     async def read_chunk(self, size: int) -> bytes:
@@ -302,7 +292,7 @@ class _PooledResponse:
             return await self._payload.read(size)
         except UpstreamError:
             raise
-        except (HttpProcessingError, OSError) as exc:
+        except OSError as exc:
             raise UpstreamError(describe(exc)) from exc
 
     def tunnel(self) -> _Tunnel:
@@ -320,7 +310,7 @@ class _PooledResponse:
             self._connection.close()
             return
         payload = self._payload
-        reusable = payload.is_eof() and payload.exception() is None and not self._message.should_close
+        reusable = payload.is_eof() and payload.exception() is None and self._connection.reusable
         self._pool._give_back(self._replica, self._connection, reusable)
 
 
@@ -533,7 +523,7 @@ async def _send_streamed(
     while True:
         try:
             chunk = await body.readany()
-        except (OSError, HttpProcessingError, aiohttp.ClientError) as exc:
+        except (OSError, aiohttp.ClientError) as exc:
             raise UpstreamError(f"the request body from the client broke off: {describe(exc)}") from exc
         if not chunk:
             break

@@ -1,4 +1,4 @@
-"""The client-facing server: HTTP/1.1 on a plain asyncio protocol, framed by aiohttp's request parser.
+"""The client-facing server: HTTP/1.1 on a plain asyncio protocol, framed by llhttp (``lb.http1``).
 
 ``serve`` runs a ``LoadBalancer`` (``skyserve_lite.lb.proxy``) on it. The server does per request only what
 the HTTP side needs (no request or response objects) and leaves every proxy decision to the load balancer:
@@ -22,17 +22,18 @@ request stops counting as in flight).
 
 Per connection:
 
-* keep-alive, HTTP/1.0 and 1.1; pipelined requests are answered one at a time, in order. At most
-  ``MAX_PIPELINED`` parsed requests wait; beyond that reading from the client pauses.
+* keep-alive, HTTP/1.0 and 1.1; pipelined requests are answered one at a time, in order. Once
+  ``MAX_PIPELINED`` parsed requests wait, reading from the client pauses until fewer do (one socket read,
+  at most 256 KiB, may hold more: they are parsed, heads of a few hundred bytes each).
 * request bodies: up to ``BUFFER_LIMIT`` with a Content-Length they are read whole (one write to the
   replica); larger or chunked ones go to the replica as a stream, reading from the client paused whenever
   ``READ_LIMIT`` is buffered.
 * ``Expect: 100-continue`` is answered "100 Continue" once a replica was chosen, right before the body is
   read (a 503 goes out instead, and the connection closes); any other expectation gets 417 and a close.
-* a request the parser rejects gets 400 and a close, after the requests parsed before it are answered
-  (requests that came in the same socket read as the malformed bytes are lost with them: the parser
-  raises for the whole read, as on aiohttp's server). So does an HTTP/1.0 request with Transfer-Encoding,
-  which the parsers accept and RFC 9112 calls faulty framing (``_has_faulty_framing``).
+* a request the parser refuses (``lb.http1`` lists what: the request smuggling cases, faulty framing)
+  gets 400 and a close, after the requests whose heads came before the malformed bytes are answered.
+  After a request that closes the connection (``Connection: close``, HTTP/1.0 without keep-alive) the
+  client's bytes are not parsed: its answer is the last.
 * responses: the head and a buffered body go out in one ``transport.write``; a streamed body is written
   chunk by chunk, waiting while the socket's write buffer is above ``WRITE_HIGH_WATER`` (the replica's
   side then pauses too: its reader stops taking bytes). A body of unknown length goes out chunked to
@@ -52,19 +53,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import http
+import importlib.util
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, cast
 
 import aiohttp
-from aiohttp.base_protocol import BaseProtocol
-from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError
-from aiohttp.http_parser import HttpRequestParser, RawRequestMessage
-from aiohttp.streams import EmptyStreamReader
 from multidict import CIMultiDictProxy, istr
 
+from skyserve_lite.lb.http1 import RequestHead, RequestParser, compute_origin_form, new_stream
 from skyserve_lite.lb.listener import Listener
 from skyserve_lite.lb.proxy import (
     BUFFER_LIMIT,
@@ -91,6 +91,7 @@ __all__ = [
     "SWEEP_SECONDS",
     "WRITE_HIGH_WATER",
     "HttpServer",
+    "describe_loop",
     "render_local_answer",
     "render_response_head",
     "serve",
@@ -120,7 +121,6 @@ _EXPECT = istr("Expect")
 _CONTENT_LENGTH = istr("Content-Length")
 _CONNECTION = istr("Connection")
 _UPGRADE = istr("Upgrade")
-_TRANSFER_ENCODING = istr("Transfer-Encoding")
 _HOP_BY_HOP_LOWER: Final = frozenset(name.lower() for name in HOP_BY_HOP_HEADERS)
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK: Final = b"0\r\n\r\n"
@@ -186,11 +186,12 @@ def render_local_answer(answer: LocalAnswer, keep_alive: bool, head_only: bool) 
     return head if head_only else head + body
 
 
-class _ClientConnection(BaseProtocol):
+class _ClientConnection(asyncio.Protocol):
     """One client connection: parses requests as bytes arrive and answers them in order on one task.
 
-    ``BaseProtocol`` supplies the flow control the parser and its body readers expect: their
-    ``pause_reading``/``resume_reading`` pause the socket and let the parser keep an unparsed tail.
+    Reading from the socket pauses while ``MAX_PIPELINED`` requests wait or while a request body's stream
+    holds more than its limit (the stream calls ``pause_reading``/``resume_reading``, the names aiohttp's
+    streams call); writing waits in ``_drain`` while the socket's buffer is above ``WRITE_HIGH_WATER``.
 
     While no request is queued or being answered the connection is in ``server.idle`` (in the order it
     became idle) with a ``deadline``: ``idle_since`` plus the head deadline for a new connection, plus the
@@ -198,15 +199,19 @@ class _ClientConnection(BaseProtocol):
     """
 
     def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop, release: Callable[[], None]) -> None:
-        super().__init__(loop)
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
         self._server = server
         self._lb = server.lb
         self._release = release
-        # ``_parser`` is BaseProtocol's (it pauses the parser); ``_requests`` is the same object, typed.
-        self._requests = HttpRequestParser(self, loop, READ_LIMIT, max_msg_queue_size=MAX_PIPELINED)
-        self._parser = self._requests
-        self._queue: collections.deque[tuple[RawRequestMessage, aiohttp.StreamReader]] = collections.deque()
-        self._bad_request: HttpProcessingError | None = None
+        self._requests = RequestParser(self, loop, READ_LIMIT)
+        self._queue: collections.deque[tuple[RequestHead, aiohttp.StreamReader | None]] = collections.deque()
+        self._bad_request: str | None = None
+        self._queue_paused = False  # MAX_PIPELINED requests wait
+        self._body_paused = False  # a body's stream is full
+        self._reading = True
+        self._write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._body: aiohttp.StreamReader | None = None
@@ -225,8 +230,8 @@ class _ClientConnection(BaseProtocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        assert self.transport is not None
+        # uvloop's transports do not derive from asyncio.Transport; both have what is used here.
+        self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else None
@@ -244,37 +249,98 @@ class _ClientConnection(BaseProtocol):
         if tunnel is not None:
             tunnel.feed_data(data)
             return
-        if self._bad_request is not None or self._lost:
+        if self._lost:
             return
-        try:
-            messages, upgraded, tail = self._requests.feed_data(data)
-        except HttpProcessingError as exc:
-            self._bad_request = exc
-            self._pause_reading_for_buffer()
-            self._wake()
-            return
-        if upgraded:
-            self._start_tunnel_input(tail)
+        requests = self._requests
+        feed = requests.feed(data)
+        if feed.tunnel is not None:
+            self._start_tunnel_input(feed.tunnel)
+        if feed.error is not None:
+            # The requests before the malformed bytes are answered, then 400 and a close.
+            self._bad_request = feed.error
+            self._set_reading(queue_paused=True)
+        elif requests.done and feed.tunnel is None:
+            # The last request came (Connection: close, or a switch to a protocol other than WebSocket):
+            # the connection closes after its answer; bytes after it are dropped by the parser.
+            self.closing = True
+        messages = feed.requests
         if not messages:
-            if data and not self.busy and not self._queue and not self._head_started:
+            if requests.done:
+                self._wake()
+            elif data and not self.busy and not self._queue and not self._head_started:
                 self._note_head_started()
             return
         self._server.idle.pop(self, None)
-        faulty = next((index for index, (message, _) in enumerate(messages) if _has_faulty_framing(message)), None)
-        if faulty is not None:
-            # Answered as the parser's own refusals are: the requests before it, then 400 and a close.
-            messages = messages[:faulty]
-            self._bad_request = BadHttpMessage("Transfer-Encoding in an HTTP/1.0 request")
-            self._pause_reading_for_buffer()
         queue = self._queue
         queue.extend(messages)
-        if len(queue) >= MAX_PIPELINED and not self._buffer_paused:
-            self._pause_reading_for_buffer()
+        if len(queue) >= MAX_PIPELINED and not self._queue_paused:
+            self._set_reading(queue_paused=True)
         self._wake()
 
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        waiter = self._drain_waiter
+        if waiter is not None:
+            self._drain_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- what the body streams call ----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self.transport is not None and not self._lost
+
+    def pause_reading(self) -> None:
+        self._set_reading(body_paused=True)
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        if self._body_paused:
+            self._set_reading(body_paused=False)
+
+    def _set_reading(self, *, queue_paused: bool | None = None, body_paused: bool | None = None) -> None:
+        """Pause the socket while any reason to holds, resume it when none does."""
+        if queue_paused is not None:
+            self._queue_paused = queue_paused
+        if body_paused is not None:
+            self._body_paused = body_paused
+        reading = not (self._queue_paused or self._body_paused)
+        transport = self.transport
+        if reading == self._reading or transport is None:
+            return
+        self._reading = reading
+        with contextlib.suppress(RuntimeError, AttributeError, NotImplementedError):  # closing, or cannot pause
+            if reading:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
+
+    async def _drain(self) -> None:
+        """Wait while the socket's write buffer is above ``WRITE_HIGH_WATER``; raises ConnectionResetError
+        once the client is gone."""
+        if self._lost:
+            raise ConnectionResetError("the client closed the connection")
+        if not self._write_paused:
+            return
+        waiter = self._drain_waiter
+        if waiter is None:
+            waiter = self._drain_waiter = self._loop.create_future()
+        await waiter
+        if self._lost:
+            raise ConnectionResetError("the client closed the connection")
+
     def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
         self._lost = True
+        self.transport = None
+        self._write_paused = False
+        waiter = self._drain_waiter
+        if waiter is not None:
+            self._drain_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
         server = self._server
         server.connections.discard(self)
         server.idle.pop(self, None)
@@ -349,9 +415,8 @@ class _ClientConnection(BaseProtocol):
             while not self._lost:
                 if not self._queue:
                     if self._bad_request is not None:
-                        self._write(
-                            render_local_answer(LocalAnswer(400, _bad_request_text(self._bad_request)), False, False)
-                        )
+                        answer = LocalAnswer(400, f"Bad request: {self._bad_request}\n")
+                        self._write(render_local_answer(answer, False, False))
                         break
                     if self.closing:
                         break
@@ -359,9 +424,8 @@ class _ClientConnection(BaseProtocol):
                     await self._waiter
                     continue
                 message, payload = self._queue.popleft()
-                self._requests.message_consumed()
-                if self._buffer_paused and self._bad_request is None:
-                    self._resume_pipelined()
+                if self._queue_paused and self._bad_request is None and len(self._queue) < MAX_PIPELINED:
+                    self._set_reading(queue_paused=False)
                 self.busy = True
                 try:
                     keep_alive = await self._answer(message, payload)
@@ -379,20 +443,13 @@ class _ClientConnection(BaseProtocol):
         if self.transport is not None:
             self.transport.close()  # after what is buffered has been sent
 
-    def _resume_pipelined(self) -> None:
-        # Let the parser emit the requests it held back, then read again unless the queue refilled.
-        self.data_received(b"")
-        if len(self._queue) < MAX_PIPELINED and self._bad_request is None:
-            self._resume_reading_for_buffer()
-
-    async def _answer(self, message: RawRequestMessage, payload: aiohttp.StreamReader) -> bool:
+    async def _answer(self, message: RequestHead, payload: aiohttp.StreamReader | None) -> bool:
         """Answer one request; returns whether the connection stays open for the next one."""
         lb = self._lb
         method = message.method
         head_only = method == "HEAD"
-        has_body = type(payload) is not EmptyStreamReader
         upgrade = message.upgrade
-        keep_alive = not message.should_close and not upgrade and not self.closing
+        keep_alive = message.keep_alive and not upgrade and not self.closing
         expect = message.headers.get(_EXPECT)
         if expect is not None and expect.lower() != "100-continue":
             answer = LocalAnswer(417, f"Unsupported expectation: {expect!r}; only 100-continue is.\n")
@@ -400,47 +457,44 @@ class _ClientConnection(BaseProtocol):
             return False
         # The guard first, WebSocket handshakes included: a refused request holds no replica and no place in
         # the hold. Its body is not read, so unless it is all here the connection closes after the answer.
-        refusal = lb.check_request(message.path, self._peer, message.headers)
+        refusal = lb.check_request(message.target, self._peer, message.headers)
         if refusal is not None:
-            keep_alive = keep_alive and (not has_body or payload.is_eof())
+            keep_alive = keep_alive and (payload is None or payload.is_eof())
             self._write(render_local_answer(refusal, keep_alive, head_only))
             return keep_alive
         url = await lb.select_target()
         if url is None:
-            keep_alive = keep_alive and (not has_body or payload.is_eof())
+            keep_alive = keep_alive and (payload is None or payload.is_eof())
             self._write(render_local_answer(lb.no_replica_answer(), keep_alive, head_only))
             return keep_alive
         body: bytes | aiohttp.StreamReader | None = None
-        if has_body:
+        if payload is not None:
             self._body = payload
             if expect is not None and message.version >= (1, 1):
                 self._write(_CONTINUE)
-            length = message.headers.get(_CONTENT_LENGTH)
-            if not message.chunked and length is not None and int(length) <= BUFFER_LIMIT:
+            length = message.content_length
+            if not message.chunked and length is not None and length <= BUFFER_LIMIT:
                 try:
                     body = await payload.read()
-                except (OSError, HttpProcessingError):
+                except OSError:
                     return False  # the client went away, or sent a broken body: nobody to answer
             else:
                 body = payload
         headers = compute_upstream_headers(message.headers, self._peer, self._scheme, lb.strips_authorization)
         # A WebSocket handshake the parser switched on (no body: the switch waits for none) goes to the
         # replica with the two headers that ask for it; any other Upgrade is dropped as hop-by-hop.
-        upgrade = upgrade and self._tunnel_in is not None and not has_body
+        upgrade = message.websocket and self._tunnel_in is not None
         if upgrade:
             headers[_CONNECTION] = "Upgrade"
             headers[_UPGRADE] = message.headers.get(_UPGRADE, "")
-        path = message.path
-        if not path.startswith("/"):  # absolute-form target ("GET http://host/x HTTP/1.1")
-            path = message.url.raw_path_qs
-        result = await lb.forward(url, method, path, headers, body, upgrade)
-        keep_alive = keep_alive and (not has_body or payload.is_eof()) and not self._lost
+        result = await lb.forward(url, method, compute_origin_form(message.target), headers, body, upgrade)
+        keep_alive = keep_alive and (payload is None or payload.is_eof()) and not self._lost
         if isinstance(result, LocalAnswer):
             self._write(render_local_answer(result, keep_alive, head_only))
             return keep_alive
         return await self._relay(message, result, keep_alive, upgrade)
 
-    async def _relay(self, message: RawRequestMessage, forwarded: Forwarded, keep_alive: bool, upgrade: bool) -> bool:
+    async def _relay(self, message: RequestHead, forwarded: Forwarded, keep_alive: bool, upgrade: bool) -> bool:
         """Send the replica's response to the client; always releases it. Returns whether to keep alive."""
         try:
             response = forwarded.response
@@ -473,7 +527,7 @@ class _ClientConnection(BaseProtocol):
         finally:
             forwarded.release()
 
-    async def _stream(self, message: RawRequestMessage, forwarded: Forwarded, keep_alive: bool) -> bool:
+    async def _stream(self, message: RequestHead, forwarded: Forwarded, keep_alive: bool) -> bool:
         response = forwarded.response
         chunked = response.content_length is None and message.version >= (1, 1)
         if response.content_length is None and not chunked:
@@ -494,9 +548,9 @@ class _ClientConnection(BaseProtocol):
             if self.transport is None:
                 return False  # the client went away
             self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-            if self._paused:
+            if self._write_paused:
                 try:
-                    await self._drain_helper()
+                    await self._drain()
                 except ConnectionError:
                     return False
         if chunked:
@@ -508,8 +562,7 @@ class _ClientConnection(BaseProtocol):
     def _start_tunnel_input(self, tail: bytes) -> None:
         # The parser has switched: what the client sends from here on belongs to the tunnel, read by
         # ``_tunnel`` (or by nobody, when the replica refuses the upgrade and the connection closes).
-        self._upgraded = True  # BaseProtocol: flow control must not touch the parser any more
-        reader = aiohttp.StreamReader(self, READ_LIMIT, loop=self._loop)
+        reader = new_stream(self, self._loop, READ_LIMIT)
         if tail:
             reader.feed_data(tail)
         self._tunnel_in = reader
@@ -522,7 +575,7 @@ class _ClientConnection(BaseProtocol):
         self._write(render_response_head(101, reason, headers, f"Connection: Upgrade\r\nUpgrade: {upgrade}\r\n"))
         pipes = (
             self._loop.create_task(_pipe(client_in, upstream.write, upstream.drain)),
-            self._loop.create_task(_pipe(upstream.reader, self._write, self._drain_helper)),
+            self._loop.create_task(_pipe(upstream.reader, self._write, self._drain)),
         )
         try:
             await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
@@ -547,24 +600,11 @@ async def _pipe(
         return
 
 
-def _connection_line(message: RawRequestMessage, keep_alive: bool) -> str:
+def _connection_line(message: RequestHead, keep_alive: bool) -> str:
     if not keep_alive:
         return "Connection: close\r\n"
     # HTTP/1.1 keeps alive unless told; an HTTP/1.0 client that asked for keep-alive must hear it granted.
     return "" if message.version >= (1, 1) else "Connection: keep-alive\r\n"
-
-
-def _has_faulty_framing(message: RawRequestMessage) -> bool:
-    """What both of aiohttp's parsers accept and RFC 9112 (6.1) says is faulty framing: Transfer-Encoding in an
-    HTTP/1.0 request. A 1.0 hop in front of the load balancer reads that body by its Content-Length or up to
-    the connection's end, not by chunks, so the two would disagree on where the next request starts. (What
-    the parsers refuse themselves, Content-Length with Transfer-Encoding, two Content-Lengths, obs-fold, a
-    bare LF in the head: tests/lb/test_request_framing.py.)"""
-    return message.version < (1, 1) and _TRANSFER_ENCODING in message.headers
-
-
-def _bad_request_text(exc: HttpProcessingError) -> str:
-    return f"Bad request: {exc.message}\n"
 
 
 class HttpServer:
@@ -694,7 +734,7 @@ async def serve(
         limits = server.limits
         log.info(
             "load balancer for service %s listening on %s%s (at most %d client connections, %d per client "
-            "address; head deadline %g s, keep-alive %g s)",
+            "address; head deadline %g s, keep-alive %g s; event loop: %s)",
             lb.service,
             bound,
             " over HTTPS" if ssl_context() is not None else "",
@@ -702,6 +742,7 @@ async def serve(
             limits.per_client,
             limits.head_seconds,
             limits.keepalive_seconds,
+            describe_loop(asyncio.get_running_loop()),
         )
         await _wait_until_stopped(lb, stop)
     finally:
@@ -710,6 +751,14 @@ async def serve(
         lb.stop_holding()
         await server.close()
         await lb.close()
+
+
+def describe_loop(loop: asyncio.AbstractEventLoop) -> str:
+    """Which event loop ``loop`` is, for the log: "uvloop", or asyncio's own (where uvloop is not installed,
+    as on Windows, the entry point runs on it)."""
+    if type(loop).__module__.split(".", 1)[0] == "uvloop":
+        return "uvloop"
+    return "asyncio's own" + (" (uvloop is not installed)" if importlib.util.find_spec("uvloop") is None else "")
 
 
 async def _wait_until_stopped(lb: LoadBalancer, stop: asyncio.Event) -> None:

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from skyserve_lite.lb.proxy import LocalAnswer
-from skyserve_lite.lb.server import render_local_answer, render_response_head
+from skyserve_lite.lb.server import describe_loop, render_local_answer, render_response_head
 
 from .serving import serving
 
@@ -266,3 +266,17 @@ def test_render_response_head_table(headers: dict[str, str], extra: str, expecte
 def test_render_local_answer_head_only_keeps_the_length() -> None:
     rendered = render_local_answer(LocalAnswer(503, "no\n"), keep_alive=False, head_only=True)
     assert rendered.endswith(b"Content-Length: 3\r\nConnection: close\r\n\r\n")
+
+
+def test_the_event_loop_is_named_for_the_log() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        assert describe_loop(loop).startswith("asyncio's own")
+    finally:
+        loop.close()
+    uvloop = pytest.importorskip("uvloop")
+    loop = uvloop.new_event_loop()
+    try:
+        assert describe_loop(loop) == "uvloop"
+    finally:
+        loop.close()

@@ -1,0 +1,406 @@
+"""HTTP/1.1 request framing for the client-facing server, on llhttp (``httptools``, the parser uvicorn uses).
+
+``RequestParser.feed`` takes the bytes of one socket read and returns a ``Feed``: the requests whose heads
+completed in it, each with its body stream (None when it has none), the refusal of malformed bytes if any,
+and, after a WebSocket handshake, the bytes that follow it. Bodies are fed into an ``aiohttp.StreamReader``
+(aiohttp's public stream class) as they arrive, which asks the connection to pause and resume reading from
+the socket around its buffer limit.
+
+What is refused (``Feed.error``, then the server answers 400 and closes): whatever llhttp refuses in its
+strict mode, which covers the request smuggling cases (Content-Length with Transfer-Encoding, two
+Content-Lengths, a Content-Length list, a Transfer-Encoding not ending in chunked, obs-fold, a bare LF, a
+space before the colon, a bad chunk size: tests/lb/test_request_framing.py), and Transfer-Encoding in an
+HTTP/1.0 request, which llhttp accepts and RFC 9112 (6.1) calls faulty framing: a 1.0 hop in front of the
+load balancer reads that body by its Content-Length or up to the connection's end, not by chunks, so the
+two would disagree on where the next request starts.
+
+The requests whose heads completed before the malformed bytes are kept, except the one the bytes belong to;
+one whose body was already being relayed gets ``ConnectionAbortedError`` from its stream. After a request
+that ends the connection (``Connection: close``, HTTP/1.0 without keep-alive) or asks for a protocol switch,
+nothing more is parsed: its answer is the connection's last, or the bytes after it belong to the tunnel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final, NamedTuple, Protocol
+
+import aiohttp
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy, istr
+
+__all__ = [
+    "Feed",
+    "FlowControl",
+    "RequestHead",
+    "RequestParser",
+    "ResponseFeed",
+    "ResponseHead",
+    "ResponseParser",
+    "compute_origin_form",
+    "new_stream",
+]
+
+_CONNECTION = istr("Connection")
+_UPGRADE = istr("Upgrade")
+_CONTENT_LENGTH = istr("Content-Length")
+_TRANSFER_ENCODING = istr("Transfer-Encoding")
+_VERSIONS: Final = {"1.1": (1, 1), "1.0": (1, 0)}
+
+
+class FlowControl(Protocol):
+    """What an ``aiohttp.StreamReader`` calls on the protocol it is given: reading from the socket pauses
+    while the stream holds more than twice its limit and resumes once it holds less than the limit."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self, resume_parser: bool = True) -> None: ...
+
+
+def new_stream(protocol: FlowControl, loop: asyncio.AbstractEventLoop, limit: int) -> aiohttp.StreamReader:
+    """An ``aiohttp.StreamReader`` over ``protocol``. Its annotation asks for aiohttp's ``BaseProtocol``, of
+    which it calls only what ``FlowControl`` names (tests/lb/test_aiohttp_pin.py holds it to that)."""
+    return aiohttp.StreamReader(protocol, limit, loop=loop)  # type: ignore[arg-type]
+
+
+class RequestHead(NamedTuple):
+    """A request's line and headers as they came (header values decoded with surrogateescape, so that
+    encoding them back gives the client's very bytes)."""
+
+    method: str
+    target: str  # the request target as sent: "/path?query", or the absolute form "http://host/path"
+    version: tuple[int, int]
+    headers: CIMultiDictProxy[str]
+    keep_alive: bool  # the client lets the connection stay open after the answer (RFC 9112 9.3)
+    upgrade: bool  # Connection: Upgrade with an Upgrade header
+    websocket: bool  # an upgrade to "websocket" without a body: the parser switched to a tunnel
+    chunked: bool  # the body is chunked (else it is Content-Length long)
+    content_length: int | None
+
+
+class Feed(NamedTuple):
+    """What one ``RequestParser.feed`` found; see the module docstring."""
+
+    requests: list[tuple[RequestHead, aiohttp.StreamReader | None]]
+    error: str | None = None
+    tunnel: bytes | None = None  # set after a WebSocket handshake: the bytes that came after it
+
+
+class _Stop(Exception):
+    """Raised in a callback to stop llhttp: a refusal of ours, or nothing more to parse."""
+
+
+def compute_origin_form(target: str) -> str:
+    """The path and query of a request target: itself in origin form ("/a?b"), else the absolute form's
+    path and query ("http://host/a?b" -> "/a?b"; "/" when it has no path)."""
+    if target.startswith("/"):
+        return target
+    url = httptools.parse_url(target.encode("utf-8", "surrogateescape"))
+    path = (url.path or b"/").decode("utf-8", "surrogateescape")
+    return f"{path}?{url.query.decode('utf-8', 'surrogateescape')}" if url.query is not None else path
+
+
+class RequestParser:
+    """Parses one client connection's bytes into requests (see the module docstring). ``protocol`` is what
+    the body streams pause and resume: it needs ``pause_reading``, ``resume_reading`` and ``connected``."""
+
+    def __init__(self, protocol: FlowControl, loop: asyncio.AbstractEventLoop, read_limit: int) -> None:
+        self._protocol = protocol
+        self._loop = loop
+        self._read_limit = read_limit
+        self._parser = httptools.HttpRequestParser(self)
+        self._url = b""
+        self._headers: list[tuple[str, str]] = []
+        self._found: list[tuple[RequestHead, aiohttp.StreamReader | None]] = []
+        self._head: RequestHead | None = None  # the message being parsed, once its head is whole
+        self._body: aiohttp.StreamReader | None = None
+        self._complete = True  # the last message has ended
+        self._refusal: str | None = None
+        self.done = False  # nothing more is parsed (a refusal, a last request, a protocol switch)
+
+    def feed(self, data: bytes) -> Feed:
+        """Parse ``data``; see ``Feed``. After ``done`` every call returns an empty ``Feed``."""
+        if self.done:
+            return Feed([])
+        found: list[tuple[RequestHead, aiohttp.StreamReader | None]] = []
+        self._found = found
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as switch:
+            self.done = True
+            head = self._head
+            if head is not None and head.websocket:
+                return Feed(found, tunnel=data[switch.args[0] :])
+            return Feed(found)  # another protocol (or CONNECT): refused by the keep-alive check in the server
+        except httptools.HttpParserError as exc:
+            if self._refusal is None and self.done:  # a request that ended the connection: the rest is ignored
+                return Feed(found)
+            self.done = True
+            refusal = self._refusal or str(exc) or type(exc).__name__
+            if not self._complete:
+                self._fail_message_in_progress(found, refusal)
+            return Feed(found, error=refusal)
+        return Feed(found)
+
+    def _fail_message_in_progress(
+        self, found: list[tuple[RequestHead, aiohttp.StreamReader | None]], refusal: str
+    ) -> None:
+        head, body = self._head, self._body
+        if found and found[-1][0] is head:
+            found.pop()  # its head came with the malformed bytes: it is never answered
+        elif body is not None and not body.is_eof():
+            body.set_exception(ConnectionAbortedError(f"the request body was malformed: {refusal}"))
+
+    # -- llhttp's callbacks ----------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._head = None
+        self._body = None
+        self._complete = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        version = _VERSIONS.get(parser.get_http_version(), (1, 0))
+        chunked = _TRANSFER_ENCODING in headers  # llhttp refuses a request one whose last coding is not chunked
+        if chunked and version < (1, 1):
+            self._refusal = "Transfer-Encoding in an HTTP/1.0 request"
+            raise _Stop
+        length_text = headers.get(_CONTENT_LENGTH)
+        length = int(length_text) if length_text is not None else None  # llhttp checked: digits, only one
+        has_body = chunked or bool(length)
+        upgrade = parser.should_upgrade() and _UPGRADE in headers and _is_upgrade(headers)
+        websocket = upgrade and not has_body and headers.get(_UPGRADE, "").strip().lower() == "websocket"
+        head = RequestHead(
+            parser.get_method().decode("ascii"),
+            self._url.decode("utf-8", "surrogateescape"),
+            version,
+            headers,
+            parser.should_keep_alive(),
+            upgrade,
+            websocket,
+            chunked,
+            length,
+        )
+        body = None
+        if has_body:
+            body = new_stream(self._protocol, self._loop, self._read_limit)
+        self._head, self._body = head, body
+        self._found.append((head, body))
+
+    def on_body(self, data: bytes) -> None:
+        body = self._body
+        if body is not None:
+            body.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        body = self._body
+        if body is not None:
+            body.feed_eof()
+        head = self._head
+        if head is not None and not head.keep_alive and not head.upgrade:
+            # Its answer is the connection's last: llhttp would refuse bytes after it, and they are not ours
+            # to answer anyway.
+            self.done = True
+            raise _Stop
+
+
+def _is_upgrade(headers: CIMultiDictProxy[str]) -> bool:
+    return any(
+        token.strip().lower() == "upgrade" for value in headers.getall(_CONNECTION, ()) for token in value.split(",")
+    )
+
+
+class ResponseHead(NamedTuple):
+    """A replica's status line and headers as they came (values decoded with surrogateescape)."""
+
+    status: int
+    reason: str
+    headers: CIMultiDictProxy[str]
+    keep_alive: bool  # the replica lets the connection be used again once the body is read
+
+
+class ResponseFeed(NamedTuple):
+    """What one ``ResponseParser.feed`` found: the final response's head and body stream once the head is
+    whole (informational answers are skipped), an error, and after a 101 the bytes that followed it."""
+
+    response: tuple[ResponseHead, aiohttp.StreamReader] | None = None
+    error: str | None = None
+    tunnel: bytes | None = None
+
+
+_BODYLESS_STATUSES: Final = frozenset({204, 304})
+_HEAD_END: Final = b"\r\n\r\n"
+
+
+class ResponseParser:
+    """Parses the responses of one connection to a replica, one request at a time.
+
+    ``begin`` before each request says whether its response has a body (not for HEAD) and whether a 101 may
+    switch protocols; ``feed`` takes the bytes read; ``feed_eof`` the connection's end. The body goes to an
+    ``aiohttp.StreamReader`` over ``protocol``. llhttp frames Content-Length, chunked and bodies that end
+    with the connection, and knows 1xx, 204 and 304 have none; a HEAD answer's head is fed on its own (it is
+    whole at the first empty line), since llhttp would take the body its Content-Length announces.
+    ``reusable`` says whether the connection may carry another request: the response was whole, the
+    replica keeps the connection, and no byte came that nobody asked for.
+    """
+
+    def __init__(self, protocol: FlowControl, loop: asyncio.AbstractEventLoop, read_limit: int) -> None:
+        self._protocol = protocol
+        self._loop = loop
+        self._read_limit = read_limit
+        self._parser = httptools.HttpResponseParser(self)
+        self._fresh = True  # llhttp is between messages
+        self._has_body = True
+        self._upgrade = False
+        self._reason = b""
+        self._headers: list[tuple[str, str]] = []
+        self._found: tuple[ResponseHead, aiohttp.StreamReader] | None = None
+        self._body: aiohttp.StreamReader | None = None
+        self._head_buffer = b""
+        self._body_until_eof = False
+        self.active = False  # a request is waiting for (the rest of) its response
+        self.complete = False  # the final response ended
+        self.keep_alive = False
+        self.stray = False  # bytes came that belong to no response asked for
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.stray
+
+    def begin(self, has_body: bool, upgrade: bool) -> None:
+        if not self._fresh:
+            self._parser = httptools.HttpResponseParser(self)  # llhttp still expects a HEAD answer's body
+            self._fresh = True
+        self._has_body = has_body
+        self._upgrade = upgrade
+        self._found = None
+        self._body = None
+        self._head_buffer = b""
+        self.active = True
+        self.complete = False
+        self.keep_alive = False
+
+    def finish(self) -> None:
+        """The response is done with (released); bytes from now on belong to no request."""
+        self.active = False
+
+    def feed(self, data: bytes) -> ResponseFeed:
+        if not self.active or self.complete:
+            self.stray = self.stray or bool(data)
+            return ResponseFeed()
+        if not self._has_body:
+            return self._feed_head_only(data)
+        return self._feed(data)
+
+    def _feed(self, data: bytes) -> ResponseFeed:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as switch:
+            self._fresh = False
+            found = self._found
+            if found is None or found[0].status != 101 or not self._upgrade:
+                status = f"{found[0].status} {found[0].reason}" if found is not None else "a protocol switch"
+                return ResponseFeed(error=f"unexpected response from the replica: {status}")
+            return ResponseFeed(found, tunnel=data[switch.args[0] :])
+        except httptools.HttpParserError as exc:
+            self._fresh = False
+            if self.stray:
+                return ResponseFeed(self._found)
+            found = self._found
+            if found is not None and found[0].status == 101:
+                return ResponseFeed(error=f"unexpected response from the replica: 101 {found[0].reason}")
+            return ResponseFeed(error=f"invalid response from the replica: {exc or type(exc).__name__}")
+        found = self._found
+        if found is not None and found[0].status == 101:
+            # llhttp switches only when the 101 names what it switches to (Connection and Upgrade).
+            return ResponseFeed(error=f"unexpected response from the replica: 101 {found[0].reason}")
+        return ResponseFeed(found)
+
+    def _feed_head_only(self, data: bytes) -> ResponseFeed:
+        buffer = self._head_buffer + data
+        while True:
+            end = buffer.find(_HEAD_END)
+            if end < 0:
+                self._head_buffer = buffer
+                return ResponseFeed()
+            head, buffer = buffer[: end + 4], buffer[end + 4 :]
+            self._head_buffer = b""
+            feed = self._feed(head)
+            if feed.error is not None:
+                return feed
+            if feed.response is not None:
+                self.complete = True
+                self._fresh = False
+                self.stray = self.stray or bool(buffer)
+                return feed
+
+    def feed_eof(self) -> str | None:
+        """The connection ended: end a body that ends with it; the error when the response is cut short."""
+        if not self.active or self.complete:
+            return None
+        if self._found is None:
+            return "the replica closed the connection before a complete response head"
+        body = self._body
+        if body is not None and not body.is_eof() and not self.keep_alive and self._body_until_eof:
+            self.complete = True
+            body.feed_eof()
+            return None
+        return "the response body broke off: connection lost"
+
+    # -- llhttp's callbacks ----------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._fresh = False
+        if self._found is not None:
+            self.stray = True  # a second response to one request
+            raise _Stop
+        self._reason = b""
+        self._headers = []
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            return  # informational: the final response follows on the same connection
+        headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        self.keep_alive = parser.should_keep_alive()
+        head = ResponseHead(status, self._reason.decode("utf-8", "surrogateescape"), headers, self.keep_alive)
+        body = self._body = new_stream(self._protocol, self._loop, self._read_limit)
+        has_body = self._has_body and status not in _BODYLESS_STATUSES and status != 101
+        self._body_until_eof = has_body and _CONTENT_LENGTH not in headers and _TRANSFER_ENCODING not in headers
+        if not has_body:
+            body.feed_eof()
+        self._found = (head, body)
+
+    def on_body(self, data: bytes) -> None:
+        body = self._body
+        if body is not None:
+            body.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        self._fresh = True
+        body = self._body
+        if self._found is None or body is None:
+            return  # an informational answer
+        self.complete = True
+        if not body.is_eof():
+            body.feed_eof()
