@@ -69,8 +69,11 @@ class Reconciler:
     def reconcile_once(self) -> PassPlan:
         """Run one pass and return the plan it applied. Provider errors do not escape."""
         fence = self._leases.reconcile_leases() if self._leases is not None else None
+        # The counters first, then every row: a row written after its counter was read moves the counter past
+        # the value the memo is keyed by, and the next pass reads it again.
+        generations = self._store.list_service_generations()
         services = self._store.list_services()
-        table = self._read_replicas(services)
+        table = self._read_replicas(generations, services)
         snapshots, unreadable, others = self._read(services, table, fence)
         observation, index = self._observe(snapshots, table)
         if fence is not None:
@@ -95,10 +98,8 @@ class Reconciler:
         if self._leases is not None:
             self._leases.release_all()
 
-    def _read_replicas(self, services: Sequence[ServiceRecord]) -> ReplicaTable:
-        """Every service's replicas: the memo's, read again only for services whose change counter moved
-        (read before the rows: a write committed in between moves it again, and the next pass reads again)."""
-        generations = self._store.list_service_generations()
+    def _read_replicas(self, generations: Mapping[str, int], services: Sequence[ServiceRecord]) -> ReplicaTable:
+        """Every service's replicas: the memo's, read again only for services whose change counter moved."""
         names = [service.name for service in services]
         stale = self._memos.stale(generations, names)
         self._memos.refresh(generations, names, self._store.list_replicas_of(stale) if stale else {})

@@ -3,6 +3,8 @@ when a settled mark holds, as tables."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from skyserve_lite.controller.pass_types import ServiceSnapshot
@@ -10,6 +12,9 @@ from skyserve_lite.controller.service_steps import StepCensus
 from skyserve_lite.controller.settled import ServiceMemo, ServiceMemos, find_stale
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ServiceRecord, ServiceStatus
+from skyserve_lite.state.store import Store
+
+from .conftest import Harness
 
 TEXT = "service:\n  replicas: 1\nrun: echo hi\n"
 
@@ -88,3 +93,29 @@ def test_a_memo_of_a_service_gone_is_forgotten_and_its_replicas_leave_the_table(
     assert memos.last_snapshot("a") is not None
     memos.refresh({"a": 1}, ["b"], {})
     assert memos.last_snapshot("a") is None and memos.all_replicas() == ()
+
+
+def test_a_row_written_while_a_pass_reads_is_read_again_by_the_next_pass(tmp_path: Path) -> None:
+    """Another process commits a service row just after this pass read the services: the pass read the
+    counters before the rows, so its memo is keyed by the counter before that write, and the next pass reads
+    the service again (and puts its status right) instead of keeping the row it read too early."""
+    harness = Harness(tmp_path / "home")
+    harness.create("svc", replicas=1)
+    for _ in range(4):
+        harness.tick()
+    assert harness.service().status is ServiceStatus.READY
+    read = harness.store.list_services
+    writes = [lambda: Store.open(harness.home).set_service_status("svc", ServiceStatus.REPLICA_INIT, "elsewhere")]
+
+    def read_then_someone_writes() -> list[ServiceRecord]:
+        found = read()
+        while writes:
+            writes.pop()()
+        return found
+
+    harness.store.list_services = read_then_someone_writes  # type: ignore[method-assign]
+    harness.tick()
+    assert harness.service().status is ServiceStatus.REPLICA_INIT  # written after this pass read it
+    harness.tick()
+    assert harness.service().status is ServiceStatus.READY
+    harness.store.close()
