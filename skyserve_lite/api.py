@@ -164,8 +164,8 @@ class CanaryView:
     command: Command | None = None
 
     def describe(self) -> str:
-        """``version 4: step 1 of 2, 10% (window from 14:02:10, bake 2m); 5xx new 1.2% (2/160), old 0.4%
-        (6/1440), limit 2%``, or the verdict once it is over."""
+        """``version 4: step 1 of 2, 10% (window from 2026-12-02T14:02:10Z, bake 2m); 5xx new 1.2% (2/160),
+        old 0.4% (6/1440), limit 2%``, or the verdict once it is over."""
         state = self.state
         if state.is_done:
             return state.verdict or f"version {state.version}: {state.phase.value}"
