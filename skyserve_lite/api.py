@@ -65,9 +65,9 @@ from skyserve_lite.state.models import (
 from skyserve_lite.state.store import Store
 
 if TYPE_CHECKING:
+    from skyserve_lite.endpoint_identity import EndpointIdentity
     from skyserve_lite.files.blobs import BlobStore
     from skyserve_lite.forcedown import ForceDownReport
-    from skyserve_lite.lb.identity import EndpointIdentity
     from skyserve_lite.plan.placement import LaunchPlan
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.plan.update import UpdatePlan
@@ -94,7 +94,7 @@ class ServiceView:
     # How many replicas the controller steers to for the current version (the autoscaler's target within
     # the bounds, plus num_overprovision); None before its first pass over that version.
     target_replicas: int | None = None
-    # The state's controller id, which the service's endpoint must answer with (``lb.identity``); None from
+    # The state's controller id, which the service's endpoint must answer with (``endpoint_identity``); None from
     # a host that does not say.
     controller_id: str | None = None
     # What the service's load balancers recorded once they listened (address bound, pid), one per host.
@@ -792,13 +792,16 @@ CONTROLLER_GONE_SECONDS = 3.0
 def check_endpoints(views: Sequence[ServiceView],
                     ask_identity: Callable[[str], EndpointIdentity | str] | None = None) -> list[ServiceView]:
     """``views`` with ``endpoint_problem`` set for each service whose status says its endpoint answers
-    (READY, NO_REPLICA) while the endpoint does not answer as it (``lb.identity``)."""
-    from skyserve_lite.lb.identity import find_identity_problem, read_endpoint_identity
+    (READY, NO_REPLICA) while the endpoint does not answer as it (``endpoint_identity``)."""
+    answering = (ServiceStatus.READY, ServiceStatus.NO_REPLICA)
+    if not any(view.service.status in answering for view in views):
+        return list(views)
+    from skyserve_lite.endpoint_identity import find_identity_problem, read_endpoint_identity
 
     ask = ask_identity or (lambda endpoint: read_endpoint_identity(endpoint, timeout_seconds=1.0))
     checked = []
     for view in views:
-        if view.service.status in (ServiceStatus.READY, ServiceStatus.NO_REPLICA):
+        if view.service.status in answering:
             endpoint = view.service.endpoint
             problem = find_identity_problem(ask(endpoint), view.service.name, view.controller_id, endpoint)
             view = dataclasses.replace(view, endpoint_problem=problem)

@@ -18,8 +18,8 @@ from skyserve_lite.api import ServiceView
 from skyserve_lite.clock import Clock, SystemClock
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
+from skyserve_lite.endpoint_identity import EndpointIdentity, find_identity_problem, read_endpoint_identity
 from skyserve_lite.errors import WaitTimeoutError
-from skyserve_lite.lb.identity import EndpointIdentity, find_identity_problem, read_endpoint_identity
 from skyserve_lite.plan.canary import CanaryPhase
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 
@@ -37,7 +37,7 @@ def wait_until_ready(controller: StatusReader, name: str, timeout_seconds: float
                      ask_identity: Callable[[str], EndpointIdentity | str] = read_endpoint_identity,
                      clock: Clock | None = None) -> ServiceView:
     """Poll until the service can answer: READY, or scaled to zero (NO_REPLICA: the first request starts a
-    replica), with its endpoint answering as this service's load balancer (``lb.identity``: the service's
+    replica), with its endpoint answering as this service's load balancer (``endpoint_identity``: the service's
     name and the view's ``controller_id``; a port that merely accepts connections is not enough). Raises
     ``WaitTimeoutError`` (with what is stuck and why) on timeout, and ``WaitTimeoutError`` too when the
     service became FAILED (waiting cannot help)."""

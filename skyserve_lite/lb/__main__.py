@@ -19,7 +19,7 @@ are read from the secret store of the home at start (when they cannot be, the pr
 key, never a value: the controller starts it again, and an endpoint must not open without its keys) and
 again whenever the current version changes; a later failure keeps the keys it has.
 
-It answers ``GET /.sky-lite/identity`` itself, before the guard (``lb.identity``: the service, the state's
+It answers ``GET /.sky-lite/identity`` itself, before the guard (``endpoint_identity``: the service, the state's
 controller id, its pid), and once it listens records the address it bound with its pid in the store
 (``Store.record_lb_endpoint``; the row goes when it stops). Its counts for Prometheus (``lb.metrics``) are
 written about once a second to ``$SKY_LITE_HOME/metrics/lb/<service>.json``, which the controller's metrics

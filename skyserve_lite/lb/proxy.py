@@ -66,9 +66,9 @@ from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
+from skyserve_lite.endpoint_identity import IDENTITY_HEADER, IDENTITY_PATH
 from skyserve_lite.errors import StateConflictError
 from skyserve_lite.lb.guard import Allowed, Guard, GuardConfig, compute_answer
-from skyserve_lite.lb.identity import IDENTITY_HEADER, IDENTITY_PATH
 from skyserve_lite.lb.outcomes import Failure, Outcome, OutcomeSink
 from skyserve_lite.lb.outliers import OutlierDetector
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy

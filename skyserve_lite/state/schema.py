@@ -277,7 +277,7 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
     # The address each load balancer actually bound and its pid, one row per service and host (a load
     #    balancer that moves to another port replaces its row; one that stops deletes it), written by the
     #    load balancer once it listens: what a status shows as the endpoint's process, next to the identity
-    #    its endpoint answers (``lb.identity.IDENTITY_PATH``).
+    #    its endpoint answers (``endpoint_identity.IDENTITY_PATH``).
     ("""
     CREATE TABLE lb_endpoints (
         service {TEXT} NOT NULL REFERENCES services(name) ON DELETE CASCADE,

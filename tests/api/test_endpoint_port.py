@@ -13,8 +13,8 @@ import pytest
 from skyserve_lite import procs
 from skyserve_lite.api import LocalController, ServiceView, check_endpoints
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.endpoint_identity import EndpointIdentity
 from skyserve_lite.errors import SkyLiteError
-from skyserve_lite.lb.identity import EndpointIdentity
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ServiceRecord, ServiceStatus

@@ -12,8 +12,8 @@ import pytest
 
 from skyserve_lite.api import LocalController, ServiceView
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.endpoint_identity import EndpointIdentity
 from skyserve_lite.errors import WaitTimeoutError
-from skyserve_lite.lb.identity import EndpointIdentity
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceRecord, ServiceStatus

@@ -13,14 +13,14 @@ import aiohttp
 from aiohttp import web
 
 from skyserve_lite.clock import FakeClock
-from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
-from skyserve_lite.lb.identity import (
+from skyserve_lite.endpoint_identity import (
     IDENTITY_HEADER,
     IDENTITY_PATH,
     EndpointIdentity,
     find_identity_problem,
     read_endpoint_identity,
 )
+from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
 from skyserve_lite.lb.outcomes import Failure, Outcome, RecordingSink
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
 from skyserve_lite.lb.server import HttpServer

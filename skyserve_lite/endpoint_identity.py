@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import ssl
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -23,7 +22,8 @@ from urllib.parse import urlsplit
 __all__ = ["IDENTITY_HEADER", "IDENTITY_PATH", "EndpointIdentity", "find_identity_problem", "read_endpoint_identity"]
 
 # The reserved path every load balancer answers itself. Under ``/.sky-lite/``, which no replica's path is
-# expected to use; stdlib-only here, so that the CLI's waits do not load the load balancer's libraries.
+# expected to use. Outside ``lb`` and stdlib-only, so that `serve status` and the waits load none of the load
+# balancer's modules or libraries.
 IDENTITY_PATH: Final = "/.sky-lite/identity"
 # Its answer carries the service name in this header too, for a HEAD or a quick ``curl -I``.
 IDENTITY_HEADER: Final = "X-Sky-Lite-Service"
@@ -49,6 +49,8 @@ def read_endpoint_identity(endpoint: str, timeout_seconds: float = 2.0) -> Endpo
     host, port = parts.hostname or "", parts.port
     connection: http.client.HTTPConnection
     if parts.scheme == "https":
+        import ssl  # only for an https endpoint: `serve status` of plain ones does not load it
+
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
