@@ -143,7 +143,8 @@ def format_seconds(seconds: float) -> str:
 
 
 def judge_canary(version: int, new: VersionCounts, old: VersionCounts, readiness_failures: int,
-                 settings: CanarySettings, percent: int, window_seconds: float, extensions: int) -> Verdict:
+                 settings: CanarySettings, percent: int, window_seconds: float, extensions: int,
+                 where: str | None = None) -> Verdict:
     """The verdict on one bake window of ``version`` at ``percent`` of the traffic.
 
     Fails on any readiness failure of its replicas, or when its error rate (5xx answers and failed attempts
@@ -151,9 +152,9 @@ def judge_canary(version: int, new: VersionCounts, old: VersionCounts, readiness
     above the limit and the new one is not worse than the old by more than the limit, the backend is failing
     everywhere: nothing is blamed on the new version, the window is inconclusive, as a window with fewer
     than ``min_requests`` requests is. An inconclusive window is extended ``max_extensions`` times, then the
-    rollout pauses for a person.
+    rollout pauses for a person. ``where`` names the window in the reasons instead of ``at {percent}%``.
     """
-    at = f"at {percent}%"
+    at = where or f"at {percent}%"
     if readiness_failures:
         noun = "replica" if readiness_failures == 1 else "replicas"
         return Verdict(VerdictKind.FAIL, f"version {version} rolled back: {readiness_failures} {noun} failed "
@@ -190,6 +191,7 @@ class CanaryPhase(str, Enum):
     PROMOTED = "promoted"  # 100%: the old replicas drain as in a rolling update
     ROLLED_BACK = "rolled_back"  # traffic back on the old version; the new replicas drain
     NOTHING_TO_JUDGE = "nothing_to_judge"  # every replica reused: the new version runs the old config
+    WATCHING = "watching"  # a rolling or blue-green update with --auto-rollback (``plan_watch_step``)
 
 
 @dataclass(frozen=True)
@@ -212,13 +214,13 @@ class CanaryState:
         """The new version's share of the traffic once its replicas for the step are READY."""
         if self.phase is CanaryPhase.ROLLED_BACK:
             return 0
-        if self.phase is not CanaryPhase.STEPPING:
+        if self.phase is not CanaryPhase.STEPPING:  # a watched update has no split
             return 100
         return self.settings.steps[self.step]
 
     @property
     def is_done(self) -> bool:
-        return self.phase is not CanaryPhase.STEPPING
+        return self.phase not in (CanaryPhase.STEPPING, CanaryPhase.WATCHING)
 
 
 class CanaryAction(str, Enum):
@@ -380,3 +382,57 @@ def plan_canary_preview(target: int, settings: CanarySettings) -> tuple[CanarySt
     """The steps of a canary to ``target`` replicas: target 4, steps 10, 50 -> 10% on 1, 50% on 2."""
     return tuple(CanaryStepPreview(p, compute_step_replicas(target, p), settings.bake_seconds) for p in settings.steps)
 
+
+
+# --- a rolling or blue-green update watched for an automatic rollback (`--auto-rollback`) ---------------
+
+WATCHED = "after taking traffic"
+
+
+@dataclass(frozen=True)
+class WatchInputs:
+    """What one pass knows of a watched rolling or blue-green update."""
+
+    taking_traffic: bool  # READY replicas of the new version are among the versions the load balancer serves
+    failures: int  # its replicas that failed before becoming READY
+    launch_blocked: bool  # that many that launching stopped (the failure limit)
+    new_counts: VersionCounts = VersionCounts()
+    old_counts: VersionCounts = VersionCounts()
+
+
+def plan_watch_step(state: CanaryState, inputs: WatchInputs, now: float) -> CanaryDecision:
+    """The next step of watching a rolling or blue-green update (phase ``WATCHING``): rolled back when its
+    replicas keep failing before READY (launching stopped), or when its error rate over one bake window from
+    the moment it takes traffic is judged bad (``judge_canary``, against the old version's rate too). A
+    good window ends the watch; too few requests extend it up to ``max_extensions`` times, then the watch
+    ends unjudged (the update goes on: it is not held for a person as a canary is). Traffic and replicas
+    are the mode's own: ``percent`` is 100 and ``new_replicas`` 0, unused."""
+    version, settings = state.version, state.settings
+    if state.phase is not CanaryPhase.WATCHING:
+        return CanaryDecision(CanaryAction.DONE, state, 0, 100)
+    if inputs.launch_blocked:
+        noun = "replica" if inputs.failures == 1 else "replicas"
+        reason = f"version {version} rolled back: {inputs.failures} {noun} failed before becoming ready"
+        return CanaryDecision(CanaryAction.ROLL_BACK, replace(state, phase=CanaryPhase.ROLLED_BACK, verdict=reason),
+                              0, 0, reason)
+    if state.window_start is None:
+        if not inputs.taking_traffic:
+            return CanaryDecision(CanaryAction.WAIT_READY, state, 0, 100)
+        return CanaryDecision(CanaryAction.START_BAKE, replace(state, window_start=now), 0, 100,
+                              f"version {version} takes traffic: watched for {format_seconds(settings.bake_seconds)},"
+                              f" rolled back above {format_percent(settings.max_error_rate)} errors")
+    window = settings.bake_seconds * (1 + state.extensions)
+    if now - state.window_start < window:
+        return CanaryDecision(CanaryAction.BAKE, state, 0, 100)
+    verdict = judge_canary(version, inputs.new_counts, inputs.old_counts, 0, settings, 100, window, state.extensions,
+                           where=WATCHED)
+    if verdict.kind is VerdictKind.FAIL:
+        return CanaryDecision(CanaryAction.ROLL_BACK, replace(state, phase=CanaryPhase.ROLLED_BACK,
+                                                              verdict=verdict.reason), 0, 0, verdict.reason)
+    if verdict.kind is VerdictKind.EXTEND:
+        return CanaryDecision(CanaryAction.EXTEND, replace(state, extensions=state.extensions + 1,
+                                                           verdict=verdict.reason), 0, 100, verdict.reason)
+    ended = "not judged, too few requests" if verdict.kind is VerdictKind.PAUSE else "passed"
+    reason = verdict.reason if verdict.kind is VerdictKind.PASS else f"version {version}: watch ended {ended}"
+    return CanaryDecision(CanaryAction.DONE, replace(state, phase=CanaryPhase.PROMOTED, verdict=reason), 0, 100,
+                          reason)

@@ -13,13 +13,16 @@ import pytest
 import yaml
 
 from skyserve_lite.plan.canary import (
+    CanaryDecision,
     CanaryInputs,
     CanaryPhase,
     CanarySettings,
     CanaryState,
     Command,
     VersionCounts,
+    WatchInputs,
     plan_canary_step,
+    plan_watch_step,
 )
 
 CASES = sorted((Path(__file__).parent / "canary_cases").glob("*.yaml"))
@@ -43,11 +46,16 @@ def test_canary_scenario(case_file: Path) -> None:
     phase = CanaryPhase(raw_state.pop("phase", "stepping"))
     state = CanaryState(settings=settings, phase=phase, **raw_state)
     raw = dict(case["inputs"])
-    command = raw.pop("command", None)
-    inputs = CanaryInputs(new_counts=_counts(raw.pop("new_counts", None)),
-                          old_counts=_counts(raw.pop("old_counts", None)),
-                          command=Command(command) if command else None, **raw)
-    decision = plan_canary_step(state, inputs, float(case["now"]))
+    new_counts, old_counts = _counts(raw.pop("new_counts", None)), _counts(raw.pop("old_counts", None))
+    decision: CanaryDecision
+    if case.get("watch"):  # a rolling or blue-green update with --auto-rollback
+        decision = plan_watch_step(state, WatchInputs(new_counts=new_counts, old_counts=old_counts, **raw),
+                                   float(case["now"]))
+    else:
+        command = raw.pop("command", None)
+        inputs = CanaryInputs(new_counts=new_counts, old_counts=old_counts,
+                              command=Command(command) if command else None, **raw)
+        decision = plan_canary_step(state, inputs, float(case["now"]))
     result: dict[str, Any] = {"action": decision.action.value, "new_replicas": decision.new_replicas,
                               "percent": decision.percent, "message": decision.message}
     stored = _state_json(decision.state)
