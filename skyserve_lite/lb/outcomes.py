@@ -10,6 +10,9 @@ The load balancer hands every finished attempt to a replica, and every answer it
 * an answer without a replica (401 or 429 from the guard, 503 when no replica was READY within the hold,
   502 or 504 after every attempt failed): with ``replica`` and ``version`` None and ``attempt`` 0.
 
+What the server answers about a connection rather than a request for the service (400 for bad framing, 408,
+417, the 503 at the connection limits) and the identity path are not outcomes.
+
 So a request retried once after a reset gives three outcomes: the failed attempt 1 (status None), then
 attempt 2 with the second replica's status; a request whose two attempts both failed gives two failed
 attempts and the load balancer's 502.
