@@ -4,7 +4,7 @@ outcome, mid rolling update, mid scale-down: each as often as the others, in a r
 moment within it, the service's owner killed). Prints each trial (takeover and convergence times after the
 kill; duplicate, leaked and left-over replicas), a summary, and the machine.
 
-    python benchmarks/failover_bench.py --trials 20 [--seed 26] [--lease-ttl 4]
+    python benchmarks/failover_bench.py --trials 20 [--seed 26] [--point launch] [--lease-ttl 4]
 
 Starts its own PostgreSQL server on 127.0.0.1 (tests/postgres.py; initdb and pg_ctl must be installed) and
 removes it at the end. The fleet, the points and the checks are tests/e2e/failover_harness.py's, which
@@ -31,6 +31,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=26)
+    parser.add_argument("--point", choices=("launch", "rolling", "scale-down"),
+                        help="every trial at this point (default: each point as often as the others)")
     parser.add_argument("--lease-ttl", type=float, default=4.0, help="SKY_LITE_LEASE_TTL_SECONDS (renewal: 1 s)")
     args = parser.parse_args()
     if args.trials < 1:
@@ -54,7 +56,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="failover-bench-") as root, \
                 running_fleet(Path(root), url, settings, log=print) as fleet:
             # Every point as often as the others (20 trials: 7, 7, 6), in a random order.
-            points = [POINTS[n % len(POINTS)] for n in range(args.trials)]
+            points = [args.point or POINTS[n % len(POINTS)] for n in range(args.trials)]
             rng.shuffle(points)
             for trial, point in enumerate(points, start=1):
                 result = fleet.run_trial(trial, rng, point)
