@@ -108,6 +108,7 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
                                      else "")
         hosts = config.load_records(home)
         if len(hosts) > 1:
+            _warn_if_elsewhere(home, hosts[0], info.controller_id)
             click.echo(f"A controller runs on {where} too (sky-lite {info.sky_lite}, state in {database}); host "
                        f"key {record.fingerprint} pinned. Commands try {', '.join(h.target.url for h in hosts)} in "
                        "that order.")
@@ -120,6 +121,22 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
                        "nothing runs them, so nothing restarts the controller loop if it stops or the host "
                        "reboots. Start cron there (Debian and Ubuntu: `sudo systemctl enable --now cron`).",
                        err=True)
+
+
+def _warn_if_elsewhere(home: Path, first: ControllerRecord, controller_id: str | None) -> None:
+    """Warn when the first recorded host keeps its state in another database than the host just added (its
+    store's controller id differs): the two would not share their services. Silent when it cannot tell."""
+    from skyserve_lite.errors import SkyLiteError
+    from skyserve_lite.remote.connect import open_remote
+
+    try:
+        theirs = open_remote(home, first).describe().controller_id
+    except SkyLiteError:
+        return
+    if theirs and controller_id and theirs != controller_id:
+        click.echo(f"Warning: {first.target.url} keeps its state in another database (controller id {theirs}, this "
+                   f"host's {controller_id}): the hosts do not share services. Give it the same database with "
+                   f"`sky-lite controller up --ssh {first.target.url} --db-url -`.", err=True)
 
 
 def choose_ssh_cidr(ssh_cidr: str | None, allow_cidr: str | None) -> str:
@@ -403,7 +420,7 @@ def hand_over_host(home: Path, record: ControllerRecord, records: Sequence[Contr
     (``bootstrap.hand_over``), the record forgets it, and the command waits up to ``timeout`` for live
     controllers of the other hosts to hold every service it held."""
     from skyserve_lite.errors import StateConflictError
-    from skyserve_lite.remote import bootstrap, config
+    from skyserve_lite.remote import bootstrap, config, hosting
     from skyserve_lite.remote.connect import record_shell
 
     where = record.target.url
@@ -424,6 +441,8 @@ def hand_over_host(home: Path, record: ControllerRecord, records: Sequence[Contr
     finally:
         shell.close()
     config.remove_host(home, record)
+    if record.machine is not None:  # a VM `controller up --cloud` launched: nothing of it is left behind
+        hosting.take_down_machine(home, record.machine, say=lambda line: click.echo(f"  {line}", err=True))
     deadline = time.monotonic() + timeout
     while held:
         views = remote.list_controllers()

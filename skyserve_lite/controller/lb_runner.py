@@ -68,9 +68,9 @@ class ProcessLoadBalancerRunner:
         """Start the service's load balancer on ``port``, or return the pid of the one that runs there
         already on this host (started by this home's owner pass or ``HostLoadBalancers``)."""
         path = lb_pid_path(self._home, service, port)
-        running = procs.read_pid_file(path)
-        if running is not None and running.is_alive() and self.is_alive(running.pid):
-            return running.pid
+        running = self._recorded(path)
+        if running is not None:
+            return running
         argv = [sys.executable, "-m", _LB_MODULE, "--home", str(self._home), "--service", service,
                 "--port", str(port), "--host", self._host]
         child = procs.spawn_detached(argv, cwd=self._home, env=os.environ,
@@ -81,10 +81,7 @@ class ProcessLoadBalancerRunner:
 
     def find_running(self, service: str, port: int) -> int | None:
         """The pid of the service's load balancer running on this host at ``port``; None when none does."""
-        running = procs.read_pid_file(lb_pid_path(self._home, service, port))
-        if running is not None and running.is_alive() and self.is_alive(running.pid):
-            return running.pid
-        return None
+        return self._recorded(lb_pid_path(self._home, service, port))
 
     def is_alive(self, pid: int) -> bool:
         if not procs.is_alive(pid):
@@ -100,7 +97,20 @@ class ProcessLoadBalancerRunner:
             procs.terminate_groups([pid])
 
     def is_port_free(self, port: int) -> bool:
-        return procs.is_port_free(port, self._host)
+        """Free, or held by a load balancer this home runs at that port (``start`` returns that one): the
+        owner's executor checks the port before it starts its service's load balancer, and on a host where
+        ``HostLoadBalancers`` started it already the port is the service's, not another process's."""
+        if procs.is_port_free(port, self._host):
+            return True
+        folder = self._home / "lb-pids"
+        return folder.is_dir() and any(self._recorded(path) is not None for path in folder.glob(f"*.{port}"))
+
+    def _recorded(self, path: Path) -> int | None:
+        """The pid ``path`` records when that process runs still and is this home's load balancer."""
+        running = procs.read_pid_file(path)
+        if running is not None and running.is_alive() and self.is_alive(running.pid):
+            return running.pid
+        return None
 
 
 def lb_pid_path(home: Path, service: str, port: int) -> Path:

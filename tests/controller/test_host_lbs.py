@@ -5,6 +5,7 @@ and endpoints `controller status` and `serve status` list."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -193,6 +194,22 @@ def test_a_running_load_balancer_is_not_started_again(fake_lb: tuple[Path, subpr
     assert runner.find_running("web", 30002) == process.pid
     assert runner.start("web", 30002) == process.pid  # the owner's executor after HostLoadBalancers: the same
     assert runner.find_running("web", 30003) is None and runner.find_running("api", 30002) is None
+
+
+def test_the_port_of_this_homes_own_load_balancer_counts_as_free(fake_lb: tuple[Path, subprocess.Popen[bytes]]
+                                                                 ) -> None:
+    """The owner's executor checks a service's port before it starts its load balancer; where this host's
+    ``HostLoadBalancers`` runs one at that port already, the port is the service's, not taken (else the
+    owner would move the endpoint to another port at every takeover)."""
+    home, _process = fake_lb
+    with socket.socket() as holder:  # what the load balancer does: listen on the port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        runner = ProcessLoadBalancerRunner(home, "127.0.0.1")
+        assert runner.is_port_free(port) is False  # another process's
+        lb_pid_path(home, "web", 30002).rename(lb_pid_path(home, "web", port))
+        assert runner.is_port_free(port) is True
 
 
 def test_stop_host_lbs_stops_this_hosts_load_balancers(fake_lb: tuple[Path, subprocess.Popen[bytes]]) -> None:

@@ -1,6 +1,7 @@
 """A throwaway OpenSSH server on 127.0.0.1 for tests (the package's emulated-host sshd): its own host key,
 an authorized key made for the test, sessions logging in to a fresh home, and a PATH whose first folder
-tests control (a fake `crontab`)."""
+tests control (a fake `crontab`). ``address`` puts it on another loopback address (127.0.0.2, 127.0.0.3
+...): several "hosts" on this machine, each with an address of its own."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import contextlib
 import os
 import pwd
 import signal
+import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from skyserve_lite import procs
-from skyserve_lite.providers.emulated_host import find_sshd, make_key, spawn_sshd
+from skyserve_lite.providers.emulated_host import find_sshd, make_key, spawn_sshd, write_sshd_config
 
 SSHD = find_sshd()
 
@@ -30,15 +33,34 @@ class Sshd:
     bin_dir: Path  # first on the sessions' PATH
     session_env: dict[str, str]
     process: subprocess.Popen[bytes] | None = None
+    address: str = "127.0.0.1"
 
     @property
     def target(self) -> str:
-        return f"{pwd.getpwuid(os.getuid()).pw_name}@127.0.0.1:{self.port}"
+        return f"{pwd.getpwuid(os.getuid()).pw_name}@{self.address}:{self.port}"
 
     def start(self) -> None:
         (self.folder / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
         path = f"{self.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        self.process = spawn_sshd(self.folder, self.port, {"PATH": path, **self.session_env})
+        env = {"PATH": path, **self.session_env}
+        if self.address == "127.0.0.1":
+            self.process = spawn_sshd(self.folder, self.port, env)
+            return
+        make_key(self.folder / "host_ed25519")
+        config = write_sshd_config(self.folder, self.port, env)
+        config.write_text(config.read_text().replace("ListenAddress 127.0.0.1", f"ListenAddress {self.address}"))
+        assert SSHD is not None
+        if os.getuid() == 0:
+            os.makedirs("/run/sshd", exist_ok=True)  # its privilege separation directory
+        self.process = procs.spawn_detached([SSHD, "-D", "-e", "-f", str(config)], cwd=self.folder, env=os.environ,
+                                            log_path=self.folder / "sshd.log")
+        deadline = time.monotonic() + 10
+        while self.process.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection((self.address, self.port), timeout=0.5):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"sshd did not come up on {self.address}:{self.port}: "
+                           f"{(self.folder / 'sshd.log').read_text()[-500:]}")
 
     def stop(self) -> None:
         """Stop the server and its sessions (a session outlives a listener killed alone); what the sessions
@@ -82,7 +104,7 @@ def _name(pid: int) -> str:
         return ""
 
 
-def start_sshd(folder: Path, session_env: dict[str, str] | None = None) -> Sshd:
+def start_sshd(folder: Path, session_env: dict[str, str] | None = None, address: str = "127.0.0.1") -> Sshd:
     """An sshd whose sessions log in to a fresh home of their own (like a new VM's user: no shell start-up
     files, which on a developer's machine can cost more than the whole request), sharing pip's cache so
     installs need not download again."""
@@ -93,7 +115,7 @@ def start_sshd(folder: Path, session_env: dict[str, str] | None = None) -> Sshd:
     login_home.mkdir(exist_ok=True)
     pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip")
     env = {"HOME": str(login_home), "PIP_CACHE_DIR": pip_cache, **(session_env or {})}
-    server = Sshd(folder=folder, port=procs.find_free_port(), client_key=make_key(folder / "client_key"),
-                  bin_dir=bin_dir, session_env=env)
+    server = Sshd(folder=folder, port=procs.find_free_port(address), client_key=make_key(folder / "client_key"),
+                  bin_dir=bin_dir, session_env=env, address=address)
     server.start()
     return server
