@@ -1,7 +1,8 @@
 """The CLI of several controller hosts on one database: `controller up --db-url` checks the URL before anything
-is touched, `controller status` lists every controller sharing the database, `controller down HOST` names a
-recorded host, and `serve status` shows a service's endpoint on every host (the host side through the
-in-process transport)."""
+is touched (and warns when the first host keeps its state elsewhere), `controller status` lists every
+controller sharing the database, `controller down HOST` hands a recorded host's services over (refused while
+no other host's controller is live), and `serve status` shows a service's endpoint on every host (the host
+side through the in-process transport; ssh to the host going down stood in for)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,114 @@ def test_down_names_the_host_to_stop_among_several(home: Path) -> None:
     assert result.stderr == ("Error: HOST: several controller hosts are recorded (ssh://ops@127.0.0.2:22, "
                              "ssh://ops@127.0.0.3:22); name the one to stop\n")
     assert len(config.load_records(home)) == 2
+
+
+class HandOver:
+    """Stands in for ssh to the host going down (``bootstrap.hand_over``): records the call and does what the
+    host's loop does as it stops, releasing its leases; then the live controller's next pass claims them."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.calls: list[str] = []
+
+    def __call__(self, shell: object, remote_home: str) -> None:
+        self.calls.append(remote_home)
+        store = Store.open(self.home)
+        try:
+            settings, now = LeaseSettings(), time.time()
+            stopping = plan_leases(store.list_leases(), now, "gone-1-aaaaaa", {}, settings, stopping=True)
+            store.apply_leases("gone-1-aaaaaa", "127.0.0.3", stopping, now, settings.ttl_seconds)
+            store.forget_controller("gone-1-aaaaaa")
+            claim = plan_leases(store.list_leases(), now, "live-2-bbbbbb", store.list_controllers(), settings)
+            store.apply_leases("live-2-bbbbbb", "127.0.0.2", claim, now, settings.ttl_seconds)
+        finally:
+            store.close()
+
+
+@pytest.fixture
+def two_hosts(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, HandOver]:
+    """Two recorded hosts on one database (the in-process host's): 127.0.0.3 owns web, 127.0.0.2 is live."""
+    from skyserve_lite.cli import host_commands
+    from skyserve_lite.remote import bootstrap
+
+    install_fake_crontab(tmp_path, monkeypatch)
+    state = tmp_path / "db-home"
+    store = Store.open(state)
+    try:
+        now = time.time()
+        store.create_service("web", SubmittedTask(text=TASK, source="/t.yaml", spec=parse_task(TASK)), 30001, now)
+        settings = LeaseSettings()
+        for loop, address in (("gone-1-aaaaaa", "127.0.0.3"), ("live-2-bbbbbb", "127.0.0.2")):
+            plan = plan_leases(store.list_leases(), now, loop, store.list_controllers(), settings)
+            store.apply_leases(loop, address, plan, now, settings.ttl_seconds)
+    finally:
+        store.close()
+    config.save_record(home, record("127.0.0.2"))
+    config.save_record(home, record("127.0.0.3"), add=True)
+    handed = HandOver(state)
+    monkeypatch.setattr(host_commands, "_open_hosts",
+                        lambda _home, _records: RemoteController(InProcessTransport(state)))
+    monkeypatch.setattr(bootstrap, "hand_over", handed)
+    return state, handed
+
+
+def test_down_host_hands_its_services_over_and_forgets_it(home: Path, two_hosts: tuple[Path, HandOver]) -> None:
+    _, handed = two_hosts
+    result = CliRunner().invoke(main, ["controller", "down", "127.0.0.3", "-y", "--timeout", "5"])
+    assert result.exit_code == 0, result.stderr
+    assert handed.calls == ["/srv/sky"]
+    assert result.stdout == ("The controller on ssh://ops@127.0.0.3:22 is stopped; its services were handed over "
+                             "(web -> 127.0.0.2).\n")
+    assert [r.target.host for r in config.load_records(home)] == ["127.0.0.2"]
+
+
+def test_down_host_by_controller_id(home: Path, two_hosts: tuple[Path, HandOver]) -> None:
+    result = CliRunner().invoke(main, ["controller", "down", "gone-1-aaaaaa", "-y", "--timeout", "5"])
+    assert result.exit_code == 0, result.stderr
+    assert [r.target.host for r in config.load_records(home)] == ["127.0.0.2"]
+
+
+def test_down_host_is_refused_while_no_other_host_is_live(home: Path, two_hosts: tuple[Path, HandOver]) -> None:
+    state, handed = two_hosts
+    store = Store.open(state)
+    try:
+        store.forget_controller("live-2-bbbbbb")  # the other host's controller is gone too
+    finally:
+        store.close()
+    result = CliRunner().invoke(main, ["controller", "down", "127.0.0.3", "-y"])
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: no controller of another host is live to take web over from "
+                             "ssh://ops@127.0.0.3:22; start one first (`sky-lite controller status` lists them)\n")
+    assert handed.calls == [] and len(config.load_records(home)) == 2
+
+
+def test_down_names_an_unknown_host(home: Path, two_hosts: tuple[Path, HandOver]) -> None:
+    result = CliRunner().invoke(main, ["controller", "down", "127.0.0.9", "-y"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: HOST: '127.0.0.9' is neither a recorded controller host (recorded: "
+                                    "ssh://ops@127.0.0.2:22, ssh://ops@127.0.0.3:22)")
+
+
+@pytest.mark.parametrize(("theirs", "warned"), [("0123456789ab", False), ("ba9876543210", True), (None, False)])
+def test_adding_a_host_warns_when_the_first_keeps_its_state_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], theirs: str | None,
+        warned: bool) -> None:
+    """The first host's store says its controller id (the database's): another than the added host's means
+    another database, and the two would not share their services."""
+    from skyserve_lite.cli.host_commands import _warn_if_elsewhere
+    from skyserve_lite.remote import connect
+
+    class Described:
+        controller_id = theirs
+
+    class First:
+        def describe(self) -> Described:
+            return Described()
+
+    monkeypatch.setattr(connect, "open_remote", lambda _home, _record: First())
+    _warn_if_elsewhere(tmp_path, record("127.0.0.2"), "0123456789ab")
+    err = capsys.readouterr().err
+    assert ("another database" in err) is warned
+    if warned:
+        assert err.startswith("Warning: ssh://ops@127.0.0.2:22 keeps its state in another database (controller id "
+                              "ba9876543210, this host's 0123456789ab)")
