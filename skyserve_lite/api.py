@@ -170,6 +170,15 @@ class CanaryView:
         if state.is_done:
             return state.verdict or f"version {state.version}: {state.phase.value}"
         settings = state.settings
+        rates = (f"5xx new {format_percent(self.new.error_rate)} ({self.new.errors}/{self.new.requests}), old "
+                 f"{format_percent(self.old.error_rate)} ({self.old.errors}/{self.old.requests}), limit "
+                 f"{format_percent(settings.max_error_rate)}")
+        if state.phase is CanaryPhase.WATCHING:
+            if state.window_start is None:
+                return f"version {state.version}: watched for an automatic rollback once it takes traffic"
+            return (f"version {state.version}: watched for an automatic rollback (window from "
+                    f"{format_timestamp(state.window_start)}, bake "
+                    f"{format_seconds(settings.bake_seconds * (1 + state.extensions))}); {rates}")
         where = f"version {state.version}: step {state.step + 1} of {len(settings.steps)}, {self.percent}%"
         if state.window_start is None:
             where += f" (launching for {settings.steps[state.step]}%)"
@@ -180,9 +189,6 @@ class CanaryView:
             where += ", PAUSED"
         if self.command is not None:
             where += f", {self.command.value} asked"
-        rates = (f"5xx new {format_percent(self.new.error_rate)} ({self.new.errors}/{self.new.requests}), old "
-                 f"{format_percent(self.old.error_rate)} ({self.old.errors}/{self.old.requests}), limit "
-                 f"{format_percent(settings.max_error_rate)}")
         return f"{where}; {rates}"
 
     def to_json(self) -> dict[str, Any]:
@@ -666,9 +672,9 @@ class LocalController:
                 raise NotFoundError(f"service {name!r} has no canary rollout of its current version "
                                     f"{service.current_version}; see `sky-lite serve status {name}`")
             if stored.state.phase is CanaryPhase.WATCHING:
-                raise StateConflictError(f"version {stored.state.version} of {name!r} is a {command.value}-less "
-                                         "update watched for an automatic rollback, not a canary; `sky-lite serve "
-                                         f"rollback {name}` rolls it back")
+                raise StateConflictError(f"version {stored.state.version} of {name!r} is an update watched for an "
+                                         f"automatic rollback, not a canary: nothing to {command.value}; "
+                                         f"`sky-lite serve rollback {name}` rolls it back")
             if stored.state.is_done:
                 raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} is "
                                          f"over ({stored.state.phase.value}); nothing to {command.value}")

@@ -159,7 +159,8 @@ def find_rollout_progress(view: ServiceView, version: int) -> RolloutProgress:
         if canary.state.phase is CanaryPhase.ROLLED_BACK:  # its rollback is the next version: not superseded
             return progress(RolloutOutcome.FAILED, canary.state.verdict or f"version {version} rolled back")
         if not canary.state.is_done and service.current_version == version:
-            return progress(RolloutOutcome.IN_PROGRESS, f"the canary: {canary.describe()}")
+            which = "the watch" if canary.state.phase is CanaryPhase.WATCHING else "the canary"
+            return progress(RolloutOutcome.IN_PROGRESS, f"{which}: {canary.describe()}")
     if service.current_version != version:
         return progress(RolloutOutcome.SUPERSEDED,
                         f"version {service.current_version} was submitted meanwhile; `sky-lite serve wait {name}` "

@@ -227,6 +227,9 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @click.option("--max-error-rate", default=None, metavar="RATE",
               help="canary: 5xx and failed attempts over the new version's requests above which it is rolled "
               "back (0.02 or 2%; default 0.02).")
+@click.option("--auto-rollback", is_flag=True,
+              help="rolling, blue_green: roll back when the new version's replicas keep failing before READY "
+              "or its error rate over --bake after taking traffic is above --max-error-rate.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--expect-version", type=int, default=None,
               help="Refuse unless the service is at this version (guards against concurrent updates).")
@@ -236,7 +239,7 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @_rollout_wait_options
 @_inputs_options
 def serve_update(name: str, task_file: Path, mode: str, steps: str | None, bake: str | None,
-                 max_error_rate: str | None, dry_run: bool, expect_version: int | None,
+                 max_error_rate: str | None, auto_rollback: bool, dry_run: bool, expect_version: int | None,
                  reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float, infra: str | None,
                  envs: tuple[str, ...], env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
     """Update service NAME to TASK_FILE, reusing replicas whose config is unchanged.
@@ -248,13 +251,19 @@ def serve_update(name: str, task_file: Path, mode: str, steps: str | None, bake:
 
     with _errors():
         update_mode = UpdateMode(mode)
+        is_canary = update_mode is UpdateMode.CANARY
+        if auto_rollback and is_canary:
+            raise UsageError("--auto-rollback goes with --mode rolling or blue_green (a canary rolls back itself)")
+        allowed = {"--steps", "--bake", "--max-error-rate"} if is_canary else (
+            {"--bake", "--max-error-rate"} if auto_rollback else set())
         given = [flag for flag, value in (("--steps", steps), ("--bake", bake), ("--max-error-rate", max_error_rate))
-                 if value is not None]
-        if given and update_mode is not UpdateMode.CANARY:
-            raise UsageError(f"{given[0]} goes with --mode canary")
+                 if value is not None and flag not in allowed]
+        if given:
+            raise UsageError(f"{given[0]} goes with --mode canary" + ("" if given[0] == "--steps" else
+                                                                      " or --auto-rollback"))
         task = _with_inputs(_load_task(task_file), infra, envs, env_files, secrets)
         canary = (compute_canary_settings(task.spec.service.canary, steps, bake, max_error_rate)
-                  if update_mode is UpdateMode.CANARY else None)
+                  if is_canary or auto_rollback else None)
         _update(name, task, update_mode, dry_run, expect_version, yes, output,
                 reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None, canary=canary)
 

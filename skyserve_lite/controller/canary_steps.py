@@ -27,8 +27,10 @@ from skyserve_lite.plan.canary import (
     CanaryPhase,
     CanarySettings,
     CanaryState,
+    WatchInputs,
     compute_counts,
     plan_canary_step,
+    plan_watch_step,
 )
 from skyserve_lite.state.models import ReplicaStatus, replace_replica
 
@@ -43,6 +45,9 @@ class CanaryPass:
     update: CanaryUpdate | None  # the state to store (None: as stored)
     rollback: Rollback | None
     event: Event | None
+    # A watched rolling or blue-green update (`--auto-rollback`): the mode keeps its own replicas and traffic;
+    # a rollback is only the next version (its rolling update replaces the new replicas, keeping capacity).
+    is_watch: bool = False
 
 
 def find_settings(snapshot: ServiceSnapshot) -> CanarySettings:
@@ -92,11 +97,42 @@ def plan_canary_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: f
     return CanaryPass(decision, version_target, update, rollback, event)
 
 
+def plan_watch_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float, target: int,
+                    launch_blocked: bool) -> CanaryPass | None:
+    """The watch of a rolling or blue-green update with `--auto-rollback` (a stored ``WATCHING`` row of the
+    current version), or None when there is none to keep. The new version takes traffic once it has a READY
+    replica among the versions the load balancer serves (as the last pass stored them)."""
+    service = snapshot.service
+    version = service.current_version
+    stored = snapshot.canary
+    if stored is None or stored.state.version != version or stored.state.phase is not CanaryPhase.WATCHING:
+        return None
+    serving = service.active_versions or (version,)
+    taking_traffic = version in serving and any(
+        s.record.version == version and s.record.status is ReplicaStatus.READY and not s.remove for s in steps)
+    failures = sum(1 for s in steps if s.record.version == version and s.record.status.is_app_failure
+                   and s.record.status not in _NOT_THE_VERSIONS_FAULT and s.record.first_ready_at is None)
+    new_counts, old_counts = compute_counts(snapshot.canary_counts, version)
+    decision = plan_watch_step(stored.state, WatchInputs(taking_traffic, failures, launch_blocked, new_counts,
+                                                         old_counts), now)
+    update = None if decision.state == stored.state else CanaryUpdate(service.name, decision.state, 0)
+    rollback = None
+    if decision.state.phase is CanaryPhase.ROLLED_BACK:
+        outdated = {s.record.version for s in steps if s.record.version != version and s.record.status.is_live}
+        stable = max(outdated, default=version - 1)
+        if stable >= 1:
+            rollback = Rollback(service.name, version, stable, decision.state.verdict or f"version {version} "
+                                                                                          "rolled back")
+    event = None if decision.message is None else Event(
+        service.name, None, "canary", decision.message, warning=decision.action is CanaryAction.ROLL_BACK)
+    return CanaryPass(decision, target, update, rollback, event, is_watch=True)
+
+
 def plan_canary_drain(steps: list[ReplicaStep], canary: CanaryPass, now: float) -> list[ReplicaStep]:
     """A rolled-back canary's replicas taken out of traffic now, with the verdict as the reason; the very
-    ``steps`` otherwise."""
+    ``steps`` otherwise (and for a watched update, whose rollback's rolling update replaces them)."""
     state = canary.decision.state
-    if state.phase is not CanaryPhase.ROLLED_BACK:
+    if state.phase is not CanaryPhase.ROLLED_BACK or canary.is_watch:
         return steps
     version, reason = state.version, state.verdict or f"version {state.version} rolled back"
     if not any(s.record.version == version and s.record.status.is_live and not s.remove for s in steps):
@@ -110,7 +146,7 @@ def plan_canary_rollout(snapshot: ServiceSnapshot, steps: list[ReplicaStep], can
     """The rollout step of a canary still stepping or rolled back: (steps, active versions); None once it is
     promoted (or had nothing to judge), when the rolling strategy takes over."""
     phase = canary.decision.state.phase
-    if phase in (CanaryPhase.PROMOTED, CanaryPhase.NOTHING_TO_JUDGE):
+    if canary.is_watch or phase in (CanaryPhase.PROMOTED, CanaryPhase.NOTHING_TO_JUDGE):
         return None
     version = snapshot.service.current_version
     old_ready = sorted({s.record.version for s in steps if s.record.version != version and not s.remove

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.autoscalers.target import compute_target_replicas
-from skyserve_lite.controller.canary_steps import CanaryPass, plan_canary_drain, plan_canary_pass
+from skyserve_lite.controller.canary_steps import CanaryPass, plan_canary_drain, plan_canary_pass, plan_watch_pass
 from skyserve_lite.controller.pass_types import (
     EMPTY_PLAN,
     Event,
@@ -181,11 +181,12 @@ def plan_service_pass(snapshot: ServiceSnapshot, index: InstanceIndex,
 
 
 def is_canary_stepping(snapshot: ServiceSnapshot) -> bool:
-    """Whether a canary rollout of the current version is under way: its bake window ends with no row
-    changing, so such a service is never taken as settled."""
-    if snapshot.mode is not UpdateMode.CANARY:
-        return False
+    """Whether a canary rollout (or the watch of an update with `--auto-rollback`) of the current version is
+    under way: its bake window ends with no row changing, so such a service is never taken as settled."""
     stored = snapshot.canary
+    if snapshot.mode is not UpdateMode.CANARY:
+        return (stored is not None and stored.state.version == snapshot.service.current_version
+                and not stored.state.is_done)
     return (stored is None or stored.state.version != snapshot.service.current_version
             or not stored.state.is_done or stored.command is not None)
 
@@ -241,7 +242,8 @@ def _plan_service_steps(snapshot: ServiceSnapshot, steps: list[ReplicaStep], kno
         if (decision.state, observed) != (snapshot.autoscaler, snapshot.observed):
             autoscaler_updates = ((service.name, decision.state, observed),)
         # A canary scales its version to the step's replicas, not to the target (``controller.canary_steps``).
-        canary = plan_canary_pass(snapshot, steps, now, target) if snapshot.mode is UpdateMode.CANARY else None
+        canary = (plan_canary_pass(snapshot, steps, now, target) if snapshot.mode is UpdateMode.CANARY
+                  else plan_watch_pass(snapshot, steps, now, target, census.is_launch_blocked(settings.failure_limit)))
         version_target = target if canary is None else canary.version_target
         if canary is not None:
             read, steps = steps, plan_canary_drain(steps, canary, now)

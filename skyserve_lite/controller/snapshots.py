@@ -7,7 +7,7 @@ dry-run shows starts from exactly the state a pass would see.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from skyserve_lite.autoscalers.base import AutoscalerState
@@ -59,6 +59,8 @@ class ServiceReads:
     requests: Mapping[str, int]
     reports: Mapping[str, LbReport]
     terminate_requested: Mapping[str, frozenset[int]]
+    # Canary and watched rollouts, stored (one small table, read whole: ``Store.list_canaries``).
+    canaries: Mapping[str, StoredCanary] = field(default_factory=dict)
 
     @classmethod
     def read_all(cls, store: Store, now: float, settings: ControllerSettings) -> ServiceReads:
@@ -68,7 +70,8 @@ class ServiceReads:
         return cls(autoscalers=store.list_autoscaler_states(),
                    requests=store.count_requests_since(int(now - settings.autoscaler_window_seconds)),
                    reports=store.list_lb_reports(),
-                   terminate_requested={name: frozenset(ids) for name, ids in asked.items()})
+                   terminate_requested={name: frozenset(ids) for name, ids in asked.items()},
+                   canaries=store.list_canaries())
 
     @classmethod
     def read_one(cls, store: Store, name: str, now: float, settings: ControllerSettings) -> ServiceReads:
@@ -77,7 +80,8 @@ class ServiceReads:
         asked = frozenset(i for service, i in store.list_replica_terminations() if service == name)
         return cls(autoscalers={name: stored} if stored else {},
                    requests={name: store.count_requests(name, int(now - settings.autoscaler_window_seconds))},
-                   reports={name: report} if report else {}, terminate_requested={name: asked})
+                   reports={name: report} if report else {}, terminate_requested={name: asked},
+                   canaries=store.list_canaries(name))
 
 
 def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[ReplicaRecord], now: float,
@@ -102,14 +106,17 @@ def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[Repli
     stored = reads.autoscalers.get(service.name)
     load = compute_load(reads, service.name, now, settings)
     terminate = reads.terminate_requested.get(service.name, frozenset())
-    # A canary's stored step and its window's counts move without a replica row moving: read afresh.
-    if (last is not None and last.mode is not UpdateMode.CANARY and last.lb_alive == lb_alive
+    # A canary's stored step and its window's counts move without a replica row moving: read afresh while
+    # one is under way (a finished one's row stays as it was).
+    stored_canary = reads.canaries.get(service.name)
+    if (last is not None and (stored_canary is None or stored_canary.state.is_done) and last.canary == stored_canary
+            and last.lb_alive == lb_alive
             and (last.autoscaler, last.observed) == (stored or (None, None))
             and (last.load is load or last.load == load) and last.terminate_requested == terminate):
         return last
     records = {v: versions.get(store, service, v) for v in {service.current_version, *(r.version for r in replicas)}}
     mode = UpdateMode.of_version(records[service.current_version].mode)
-    canary, counts = read_canary(store, service) if mode is UpdateMode.CANARY else (None, {})
+    canary, counts = read_canary(store, service, stored_canary) if stored_canary is not None else (None, {})
     return ServiceSnapshot(
         service, {v: record.spec for v, record in records.items()}, tuple(replicas), lb_alive, mode,
         autoscaler=stored[0] if stored else None, observed=stored[1] if stored else None, load=load,
@@ -117,11 +124,12 @@ def read_snapshot(store: Store, service: ServiceRecord, replicas: Sequence[Repli
         terminate_requested=terminate, canary=canary, canary_counts=counts)
 
 
-def read_canary(store: Store, service: ServiceRecord) -> tuple[StoredCanary | None, dict[int, dict[str, int]]]:
-    """The service's stored canary rollout, and the per-version counts since its bake window started (none
-    before it started, or for a row of an earlier version's rollout)."""
-    stored = store.list_canaries(service.name).get(service.name)
-    start = None if stored is None or stored.state.version != service.current_version else stored.state.window_start
+def read_canary(store: Store, service: ServiceRecord, stored: StoredCanary
+                ) -> tuple[StoredCanary | None, dict[int, dict[str, int]]]:
+    """The service's stored canary (or watched) rollout, and the per-version counts since its bake window
+    started (none before it started, or for a row of an earlier version's rollout)."""
+    state = stored.state
+    start = None if state.version != service.current_version or state.is_done else state.window_start
     return stored, ({} if start is None else store.count_versions_since(service.name, int(start)))
 
 

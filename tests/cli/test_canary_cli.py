@@ -154,3 +154,32 @@ def test_wait_exits_1_with_the_rollback_line(cli: Cli, home: Path, tmp_path: Pat
     code, _, stderr = cli("serve", "wait", "svc", "--version", "2", "--timeout", "5")
     assert code == 1
     assert f"svc: version 2 did not roll out: {reason}" in " ".join(stderr.split())
+
+
+def test_auto_rollback_watches_a_rolling_update_with_its_bake_and_limit(cli: Cli, home: Path, tmp_path: Path) -> None:
+    code, _, stderr = cli("serve", "update", "--no-wait", "svc", write(tmp_path, V2), "--auto-rollback",
+                          "--bake", "30s", "--max-error-rate", "1%", "-y")
+    assert code == 0, stderr
+    versions, canaries = stored(home)
+    assert versions == [1, 2]
+    assert canaries == {"svc": CanaryState(version=2, settings=CanarySettings(bake_seconds=30.0, max_error_rate=0.01),
+                                           phase=CanaryPhase.WATCHING)}
+    code, _, stderr = cli("serve", "rollout", "svc", "promote")
+    assert code == 1
+    assert "is an update watched for an automatic rollback, not a canary" in stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--mode", "canary", "--auto-rollback"], "--auto-rollback goes with --mode rolling or blue_green"),
+        (["--auto-rollback", "--steps", "10"], "--steps goes with --mode canary"),
+        (["--max-error-rate", "0.1"], "--max-error-rate goes with --mode canary or --auto-rollback"),
+    ],
+)
+def test_auto_rollback_flags_that_do_not_go_together(cli: Cli, home: Path, tmp_path: Path, flags: list[str],
+                                                     message: str) -> None:
+    code, _, stderr = cli("serve", "update", "--no-wait", "svc", write(tmp_path, V2), "-y", *flags)
+    assert code == 2
+    assert message in stderr
+    assert stored(home) == ([1], {})

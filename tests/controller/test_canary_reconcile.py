@@ -5,6 +5,7 @@ promoted through every step, and continued from the stored step by another contr
 from __future__ import annotations
 
 from skyserve_lite.controller.reconcile import Reconciler
+from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.plan.canary import CanaryPhase, CanarySettings, CanaryState, Command
 from skyserve_lite.state.models import ReplicaStatus
 
@@ -147,3 +148,59 @@ def test_an_update_that_reuses_every_replica_has_nothing_to_judge(harness: Harne
     assert stored.state.phase is CanaryPhase.NOTHING_TO_JUDGE
     assert any("nothing to judge" in e.message for e in harness.store.list_events("svc"))
     assert harness.provider.calls_to("launch")[1:] == []
+
+
+def update_watched(h: Harness, mode: str = "rolling") -> int:
+    version = h.update(NEW_TASK, mode=mode)
+    h.store.put_canary("svc", CanaryState(version=version, settings=SETTINGS, phase=CanaryPhase.WATCHING), 100,
+                       fenced=False)
+    return version
+
+
+def test_a_watched_rolling_update_with_errors_after_taking_traffic_is_rolled_back(harness: Harness) -> None:
+    start(harness)
+    version = update_watched(harness)
+    harness.tick()
+    window = bake_step(harness, version)  # its first replica READY and serving: the window starts
+    count(harness, window, version, ok=80, errors=20)
+    count(harness, window, 1, ok=300, errors=0)
+    harness.tick(31)
+    reason = "version 2 rolled back: 5xx 20% (20/100) over 30s after taking traffic, limit 2%"
+    assert harness.store.list_canaries("svc")["svc"].state.verdict == reason
+    assert harness.service().current_version == 3
+    assert harness.store.get_version("svc", 3).note == reason
+    for _ in range(8):
+        harness.tick(5)
+    rows = harness.replicas()
+    assert {r.version for r in rows} == {3} and len(rows) == 4
+    assert all(r.status is ReplicaStatus.READY for r in rows)
+
+
+def test_a_watched_update_whose_replicas_keep_failing_is_rolled_back(harness: Harness) -> None:
+    old = start(harness)
+    version = update_watched(harness)
+    harness.tick()
+    new = new_rows(harness, version)
+    harness.prober.set({("svc", rid): ProbeResult(ok=False, detail="HTTP 500") for rid in new})
+    for _ in range(4):
+        harness.tick(30)  # past the 60 s initial delay: FAILED_INITIAL_DELAY, launching stops at 3
+    reason = harness.store.list_canaries("svc")["svc"].state.verdict
+    assert reason == "version 2 rolled back: 4 replicas failed before becoming ready"
+    assert harness.service().current_version == 3
+    harness.tick()
+    rows = {r.replica_id: r for r in harness.replicas() if r.status.is_live}
+    assert set(rows) == old and all(r.version == 3 for r in rows.values())  # the old ones, reused
+
+
+def test_a_watched_update_with_a_good_window_ends_the_watch(harness: Harness) -> None:
+    start(harness)
+    version = update_watched(harness)
+    harness.tick()
+    window = bake_step(harness, version)
+    count(harness, window, version, ok=200, errors=0)
+    harness.tick(31)
+    stored = harness.store.list_canaries("svc")["svc"].state
+    assert stored.phase is CanaryPhase.PROMOTED and harness.service().current_version == version
+    for _ in range(6):
+        harness.tick(5)
+    assert {r.version for r in harness.replicas()} == {version}
