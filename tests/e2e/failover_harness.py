@@ -1,12 +1,13 @@
 """Three real controller processes on one PostgreSQL database, three services of the local provider, and one
 controller killed with SIGKILL at a chosen point: what a trial saw. Shared by
-tests/e2e/test_failover_processes.py (a trial or two in CI) and benchmarks/failover_bench.py (20 trials).
+tests/e2e/test_failover_processes.py (two trials in CI) and benchmarks/failover_bench.py (20 trials).
 
 The set-up:
 
 - controller ``n`` is ``python -m skyserve_lite controller run`` with a home of its own (``home0`` ...), its load
-  balancers bound to ``127.0.0.(n+2)`` (``host.json``), the database in its ``db_url`` setting, a lease TTL of
-  ``FleetSettings.lease_ttl_seconds`` (4 s) renewed every second, a pass every 0.5 s;
+  balancers and its metrics endpoint bound to ``127.0.0.(n+2)`` (``host.json``, ``SKY_LITE_METRICS_ADDR``),
+  the database in its ``db_url`` setting, a lease TTL of ``FleetSettings.lease_ttl_seconds`` (4 s) renewed
+  every second, a pass every 0.5 s;
 - the three homes' ``replicas/`` directories are one directory (symbolic links): the local provider's
   inventory is the replica directories below its home, and the three controllers stand for three hosts of
   one "cloud", this machine, which each of them must be able to list (as three controllers on AWS list one
@@ -16,8 +17,9 @@ The set-up:
   home that runs no controller, and read back through the store.
 
 A trial (``Fleet.run_trial``): create services ``a b c`` (2 replicas each) and wait until they are READY; pick
-a service and a point with the trial's ``random.Random``; act; kill the service's owner (``kill -9``, its
-replicas and load balancers live on, as a crashed controller's do) at the point:
+a service (and, unless the caller names one, a point) with the trial's ``random.Random``; act; kill the
+service's owner (``kill -9``: its replicas and load balancers live on, as a crashed controller's do) at the
+point:
 
 - ``launch``: the service is scaled 2 -> 3; the owner is killed as soon as the store holds the new replica's
   launch intent (a row without an instance): before its launch's outcome is stored when the poll is quick
