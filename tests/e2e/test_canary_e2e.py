@@ -130,8 +130,10 @@ def test_a_failing_version_is_rolled_back_and_a_good_one_promoted(sky: SkyLite, 
     share = sum(1 for body in window if body.startswith("v2 ")) / len(window)
     assert 0.08 <= share <= 0.35, (share, len(window))
     assert [a for a in load.answers if a[1] != 200] == []
-    final = replicas(sky)
-    assert len(final) == 2 and all(v == 4 and s == "READY" for v, s, _ in final.values())
+    # Done once no old replica serves; the drained ones go SKY_LITE_DRAIN_SECONDS later.
+    final = wait_until(lambda: (rows := replicas(sky)) and len(rows) == 2 and rows, timeout=60,
+                       message="the old replicas drained and gone")
+    assert all(v == 4 and s == "READY" for v, s, _ in final.values())
     assert not set(final) & {1, 2}  # the old replicas drained once it was promoted
     canary = sky.status("web")["services"][0]["canary"]
     assert (canary["phase"], canary["percent"]) == ("promoted", 100)
