@@ -906,9 +906,12 @@ class Store:
         active = None if row[2] is None else set(json.loads(row[2]))
         ready = [(url, version, accelerator) for url, version, accelerator in rows
                  if active is None or version in active]
-        # A canary rollout still stepping splits the requests between versions (``lb.split``).
-        canary = self._db.execute("SELECT version, percent FROM canary_rollouts WHERE service = ? AND phase = ?",
-                                  (service, CanaryPhase.STEPPING.value)).fetchone()
+        # A canary rollout of the current version still stepping splits the requests between versions
+        # (``lb.split``); one an update or a rollback overtook splits nothing.
+        canary = self._db.execute(
+            "SELECT c.version, c.percent FROM canary_rollouts c JOIN services s ON s.name = c.service"
+            " WHERE c.service = ? AND c.phase = ? AND c.version = s.current_version",
+            (service, CanaryPhase.STEPPING.value)).fetchone()
         return LbView(ready_urls=tuple(url for url, _, _ in ready), policy=row[0],
                       accelerators=tuple(accelerator for _, _, accelerator in ready),
                       versions=tuple(version for _, version, _ in ready),

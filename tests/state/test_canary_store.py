@@ -73,6 +73,9 @@ def test_the_lb_view_carries_the_split_while_stepping(tmp_path: Path) -> None:
     assert view is not None and view.split == ()
     store.put_canary("svc", CanaryState(version=2, settings=SETTINGS, window_start=5.0), 10)
     view = store.get_lb_view("svc")
+    assert view is not None and view.split == ()  # version 2 is not the current version: nothing to split
+    store.add_version("svc", SubmittedTask(text=TEXT, source="svc.yaml", spec=parse_task(TEXT)), "canary", 2.0)
+    view = store.get_lb_view("svc")
     assert view is not None and (view.versions, view.split) == ((1, 2), ((2, 10),))
     store.put_canary("svc", CanaryState(version=2, settings=SETTINGS, phase=CanaryPhase.ROLLED_BACK), 0)
     view = store.get_lb_view("svc")
