@@ -110,6 +110,11 @@ class Executor:
 
     def apply(self, plan: PassPlan) -> None:
         events: list[Event] = list(plan.events)
+        # A canary's step before the versions that serve: a load balancer reading between the two sees the new
+        # share with the new version not serving yet (no split, the old version serves all), never the new
+        # version serving without its share. A crash between them repeats the step from the stored state.
+        for update in plan.canary_updates:
+            self._store.put_canary(update.service, update.state, update.percent, done_command=update.done_command)
         self._store.put_replicas(plan.replica_updates, dict(plan.active_version_changes))
         if plan.requests_done:  # after the drains they asked for are stored: a crash between repeats them
             self._store.delete_replica_terminations(plan.requests_done)
@@ -120,8 +125,6 @@ class Executor:
         self._apply_load_balancers(plan, events)
         self._store.set_service_statuses(plan.status_changes)
         self._store.put_autoscaler_states([u for u in plan.autoscaler_updates if u[0] not in plan.deletions])
-        for update in plan.canary_updates:  # a canary's step, before its rollback: a crash between repeats it
-            self._store.put_canary(update.service, update.state, update.percent, done_command=update.done_command)
         for rollback in plan.rollbacks:
             self._store.add_rollback_version(rollback.service, rollback.from_version, rollback.to_version,
                                              rollback.note, self._clock.now())
