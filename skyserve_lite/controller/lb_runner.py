@@ -2,7 +2,8 @@
 
 Every controller host runs one load balancer per service, whoever owns the service: the owner's executor
 starts and stops the one of its own host (``LoadBalancerRunner``), and ``HostLoadBalancers`` keeps one running
-on this host for every other service, at the port the store pins for it, on this host's address. A load
+on this host for every other service, at the port the store pins for it, on this host's address (and stops
+one left at a port the service moved from). A load
 balancer reads the ready replicas from the store and holds no state of its own, so any number of them serve
 one service side by side; it ends by itself when its service is deleted. ``ProcessLoadBalancerRunner``
 records each one it starts (``lb-pids/SERVICE.PORT`` under the home) and starts none where one runs already,
@@ -83,6 +84,23 @@ class ProcessLoadBalancerRunner:
         """The pid of the service's load balancer running on this host at ``port``; None when none does."""
         return self._recorded(lb_pid_path(self._home, service, port))
 
+    def list_running(self) -> dict[tuple[str, int], int]:
+        found: dict[tuple[str, int], int] = {}
+        folder = self._home / "lb-pids"
+        for path in folder.iterdir() if folder.is_dir() else ():
+            service, _, port = path.name.rpartition(".")
+            pid = self._recorded(path) if port.isdigit() else None
+            if pid is not None:
+                found[service, int(port)] = pid
+        return found
+
+    def stop_recorded(self, service: str, port: int) -> None:
+        path = lb_pid_path(self._home, service, port)
+        pid = self._recorded(path)
+        if pid is not None:
+            procs.terminate_groups([pid])
+        path.unlink(missing_ok=True)
+
     def is_alive(self, pid: int) -> bool:
         if not procs.is_alive(pid):
             return False
@@ -122,17 +140,13 @@ def stop_host_lbs(home: Path) -> list[str]:
     leaves the set of endpoints (`controller stop --load-balancers`, which `controller down HOST` runs);
     the services they served, as ``SERVICE.PORT``. Idempotent."""
     runner = ProcessLoadBalancerRunner(home)
-    stopped = []
+    running = sorted(runner.list_running())
+    for service, port in running:
+        runner.stop_recorded(service, port)
     folder = home / "lb-pids"
-    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
-        if path.name.endswith(".tmp"):
-            continue
-        running = procs.read_pid_file(path)
-        if running is not None and running.is_alive() and runner.is_alive(running.pid):
-            procs.terminate_groups([running.pid])
-            stopped.append(path.name)
+    for path in folder.iterdir() if folder.is_dir() else ():  # of those that ended by themselves
         path.unlink(missing_ok=True)
-    return stopped
+    return [f"{service}.{port}" for service, port in running]
 
 
 @dataclass(frozen=True)
@@ -144,22 +158,39 @@ class HostedService:
     deleting: bool = False
 
 
+@dataclass(frozen=True)
+class HostLbPlan:
+    start: tuple[HostedService, ...] = ()
+    stop: tuple[tuple[str, int], ...] = ()  # (service, port) of load balancers running here to stop
+
+
 def plan_host_lbs(services: Sequence[HostedService], running: Collection[tuple[str, int]],
-                  is_port_free: Callable[[int], bool]) -> tuple[HostedService, ...]:
-    """The services whose load balancer this host should start now: every service not being deleted that has
-    none ``running`` here at its port ((service, port) pairs), when the port is free on this host. A port
-    another process holds is left to the owner's pass, which moves an unpinned one (this host's then
-    follows, its load balancer at the old port ending with the service's next port change: it serves
-    the same replicas meanwhile)."""
-    return tuple(service for service in services
-                 if not service.deleting and (service.name, service.port) not in running
-                 and is_port_free(service.port))
+                  is_port_free: Callable[[int], bool]) -> HostLbPlan:
+    """This host's load balancer step. ``running``: the (service, port) of those running here.
+
+    - Start one for every service not being deleted that has none here at its port, when the port is free
+      on this host. A port another process holds is left to the owner's pass, which moves an unpinned one.
+    - Stop those at a port that is no longer their service's (the owner moved it: 30001 taken on the
+      owner's host, the service now at 30002 -> every host starts one at 30002 and stops its 30001), and
+      those of services gone. One of a service being deleted ends by itself (its view is gone)."""
+    ports = {service.name: service.port for service in services}
+    start = tuple(service for service in services
+                  if not service.deleting and (service.name, service.port) not in running
+                  and is_port_free(service.port))
+    stop = tuple(sorted(key for key in running if ports.get(key[0]) != key[1]))
+    return HostLbPlan(start=start, stop=stop)
 
 
 class HostRunner(Protocol):
     def start(self, service: str, port: int) -> int: ...
 
-    def find_running(self, service: str, port: int) -> int | None: ...
+    def list_running(self) -> dict[tuple[str, int], int]:
+        """The pid of each load balancer this home runs on this host, by (service, port)."""
+        ...
+
+    def stop_recorded(self, service: str, port: int) -> None:
+        """Stop the one of ``service`` at ``port`` if it runs, and forget it. Idempotent."""
+        ...
 
     def is_port_free(self, port: int) -> bool: ...
 
@@ -182,19 +213,21 @@ class HostedServiceRow(Protocol):
 class HostLoadBalancers:
     """Keeps a load balancer of every service running on this controller host (see the module docstring).
     ``reconcile_host_lbs`` once per pass; a steady pass reads the services (cached by the store while
-    none changed) and one pid file per service."""
+    none changed) and the pid files of this host's load balancers."""
 
     def __init__(self, store: ServiceLister, runner: HostRunner) -> None:
         self._store = store
         self._runner = runner
 
-    def reconcile_host_lbs(self) -> list[tuple[str, int, int]]:
-        """Start what ``plan_host_lbs`` says; the (service, port, pid) of each started."""
+    def reconcile_host_lbs(self) -> HostLbPlan:
+        """Apply ``plan_host_lbs``; the plan applied."""
         services = [HostedService(row.name, row.lb_port, row.deleting) for row in self._store.list_services()]
-        running = {(service.name, service.port) for service in services
-                   if self._runner.find_running(service.name, service.port) is not None}
-        return [(service.name, service.port, self._runner.start(service.name, service.port))
-                for service in plan_host_lbs(services, running, self._runner.is_port_free)]
+        plan = plan_host_lbs(services, self._runner.list_running(), self._runner.is_port_free)
+        for name, port in plan.stop:
+            self._runner.stop_recorded(name, port)
+        for service in plan.start:
+            self._runner.start(service.name, service.port)
+        return plan
 
 
 class FakeLoadBalancerRunner:
@@ -222,9 +255,15 @@ class FakeLoadBalancerRunner:
         return pid in self._alive
 
     def find_running(self, service: str, port: int) -> int | None:
-        pids = [pid for pid, started in self._started_by_pid.items()
-                if started == (service, port) and pid in self._alive]
-        return pids[-1] if pids else None
+        return self.list_running().get((service, port))
+
+    def list_running(self) -> dict[tuple[str, int], int]:
+        return {started: pid for pid, started in self._started_by_pid.items() if pid in self._alive}
+
+    def stop_recorded(self, service: str, port: int) -> None:
+        pid = self.find_running(service, port)
+        if pid is not None:
+            self.stop(pid)
 
     def stop(self, pid: int) -> None:
         self.stopped.append(pid)

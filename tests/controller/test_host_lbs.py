@@ -21,6 +21,7 @@ from skyserve_lite.controller.fleet import ControllerView, find_controller_views
 from skyserve_lite.controller.lb_runner import (
     FakeLoadBalancerRunner,
     HostedService,
+    HostLbPlan,
     HostLoadBalancers,
     ProcessLoadBalancerRunner,
     lb_pid_path,
@@ -127,19 +128,23 @@ def test_endpoint_lines_only_with_several_hosts() -> None:
     assert endpoint_lines(two) == ["Endpoints of web: http://127.0.0.2:30001 (live), http://127.0.0.3:30001 (not live)"]
 
 
-@pytest.mark.parametrize(("services", "running", "taken", "started"), [
-    ([HostedService("api", 30001), HostedService("web", 30002)], set(), set(), ["api", "web"]),
-    ([HostedService("api", 30001), HostedService("web", 30002)], {("api", 30001)}, set(), ["web"]),
-    # A port moved by the owner: this host starts one at the new port.
-    ([HostedService("api", 30005)], {("api", 30001)}, set(), ["api"]),
-    ([HostedService("api", 30001, deleting=True)], set(), set(), []),
+@pytest.mark.parametrize(("services", "running", "taken", "started", "stopped"), [
+    ([HostedService("api", 30001), HostedService("web", 30002)], set(), set(), ["api", "web"], []),
+    ([HostedService("api", 30001), HostedService("web", 30002)], {("api", 30001)}, set(), ["web"], []),
+    # A port moved by the owner: this host starts one at the new port and stops the one at the old.
+    ([HostedService("api", 30005)], {("api", 30001)}, set(), ["api"], [("api", 30001)]),
+    # Being deleted: none started; the running one ends by itself.
+    ([HostedService("api", 30001, deleting=True)], {("api", 30001)}, set(), [], []),
+    # Gone: stopped (it has ended by itself, or is ending: its pid file is forgotten).
+    ([], {("api", 30001)}, set(), [], [("api", 30001)]),
     # A port another process holds here: left to the owner's pass, which moves it (unless pinned).
-    ([HostedService("api", 30001)], set(), {30001}, []),
+    ([HostedService("api", 30001)], set(), {30001}, [], []),
 ])
 def test_plan_host_lbs(services: list[HostedService], running: set[tuple[str, int]], taken: set[int],
-                       started: list[str]) -> None:
-    planned = plan_host_lbs(services, running, lambda port: port not in taken)
-    assert [service.name for service in planned] == started
+                       started: list[str], stopped: list[tuple[str, int]]) -> None:
+    plan = plan_host_lbs(services, running, lambda port: port not in taken)
+    assert [service.name for service in plan.start] == started
+    assert list(plan.stop) == stopped
 
 
 @dataclass(frozen=True)
@@ -161,12 +166,18 @@ def test_host_load_balancers_start_each_service_once() -> None:
     runner = FakeLoadBalancerRunner()
     services = Services([Row("api", 30001), Row("web", 30002)])
     host = HostLoadBalancers(services, runner)
-    assert [(name, port) for name, port, _ in host.reconcile_host_lbs()] == [("api", 30001), ("web", 30002)]
-    assert host.reconcile_host_lbs() == []  # steady: nothing more
-    runner.crash(runner.find_running("web", 30002) or 0)
+    assert [(s.name, s.port) for s in host.reconcile_host_lbs().start] == [("api", 30001), ("web", 30002)]
+    assert host.reconcile_host_lbs() == HostLbPlan()  # steady: nothing more
+    crashed = runner.find_running("web", 30002)
+    assert crashed is not None
+    runner.crash(crashed)
     services.rows.append(Row("new", 30003))
-    assert [(name, port) for name, port, _ in host.reconcile_host_lbs()] == [("web", 30002), ("new", 30003)]
-    assert runner.started == [("api", 30001), ("web", 30002), ("web", 30002), ("new", 30003)]
+    services.rows[0] = Row("api", 30004)  # the owner moved its port
+    plan = host.reconcile_host_lbs()
+    assert [(s.name, s.port) for s in plan.start] == [("api", 30004), ("web", 30002), ("new", 30003)]
+    assert plan.stop == (("api", 30001),)
+    assert runner.started == [("api", 30001), ("web", 30002), ("api", 30004), ("web", 30002), ("new", 30003)]
+    assert sorted(runner.list_running()) == [("api", 30004), ("new", 30003), ("web", 30002)]
 
 
 @pytest.fixture
@@ -194,6 +205,7 @@ def test_a_running_load_balancer_is_not_started_again(fake_lb: tuple[Path, subpr
     assert runner.find_running("web", 30002) == process.pid
     assert runner.start("web", 30002) == process.pid  # the owner's executor after HostLoadBalancers: the same
     assert runner.find_running("web", 30003) is None and runner.find_running("api", 30002) is None
+    assert runner.list_running() == {("web", 30002): process.pid}
 
 
 def test_the_port_of_this_homes_own_load_balancer_counts_as_free(fake_lb: tuple[Path, subprocess.Popen[bytes]]
