@@ -73,6 +73,9 @@ def controller_up(ssh_target: str | None, cloud: str | None, key_file: Path | No
         if db_url is not None:
             text = sys.stdin.readline().strip() if db_url == "-" else db_url
             database = parse_database_url(text, "--db-url")
+            if db_url != "-" and database.password is not None:
+                click.echo("Note: a password on the command line can be seen by other users of this machine and in "
+                           "your shell's history; `--db-url -` reads the URL from standard input.", err=True)
         if (ssh_target is None) == (cloud is None):
             raise UsageError("pass --ssh USER@HOST or --cloud CLOUD (one of them)")
         cloud_only = {"--region": region, "--zone": zone, "--instance-type": instance_type, "--image-id": image_id,

@@ -51,6 +51,22 @@ def test_a_bad_db_url_is_refused_naming_the_argument_and_nothing_is_touched(home
     assert not home.exists()
 
 
+def test_a_password_on_the_command_line_gets_a_note(home: Path) -> None:
+    # A bad --remote-home: the run stops at that usage error, after the note and before any connection.
+    result = CliRunner().invoke(main, ["controller", "up", "--ssh", "ops@127.0.0.3", "--remote-home", "-x",
+                                       "--db-url", "postgresql://sky:hunter2@db/serve"])
+    assert result.exit_code == 2
+    note, error = result.stderr.splitlines()
+    assert note == ("Note: a password on the command line can be seen by other users of this machine and in your "
+                    "shell's history; `--db-url -` reads the URL from standard input.")
+    assert error == "Error: --remote-home: '-x' is not a usable path" and "hunter2" not in result.stderr
+    assert not home.exists()
+    # Without a password, no note.
+    result = CliRunner().invoke(main, ["controller", "up", "--ssh", "ops@127.0.0.3", "--remote-home", "-x",
+                                       "--db-url", "postgresql://sky@db/serve"])
+    assert result.stderr == "Error: --remote-home: '-x' is not a usable path\n"
+
+
 def test_db_url_from_stdin_is_checked_too(home: Path) -> None:
     result = CliRunner().invoke(main, ["controller", "up", "--ssh", "ops@127.0.0.3", "--db-url", "-"],
                                 input="postgresql://sky:hunter2@/serve\n")
