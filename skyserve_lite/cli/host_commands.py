@@ -306,7 +306,8 @@ def controller_upgrade(remote_python: str) -> None:
 @click.command("down")
 @click.argument("host", required=False, metavar="[HOST|ID]")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--force", is_flag=True, help="Take every service down first.")
+@click.option("--force", is_flag=True, help="Take every service down first; with HOST among several, forget it "
+              "even if it cannot be reached.")
 @click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
               help="With --force: seconds to wait for the services to go; with HOST, for the other controllers "
               "to take its services.")
@@ -329,7 +330,7 @@ def controller_down(host: str | None, yes: bool, force: bool, timeout: float) ->
                                  f"{', '.join(r.target.url for r in records)}); name the one to stop")
             chosen = _find_host_record(home, records, host)
             if len(records) > 1:
-                hand_over_host(home, chosen, records, yes=yes, timeout=timeout)
+                hand_over_host(home, chosen, records, yes=yes, timeout=timeout, force=force)
                 return
         choice = config.choose_controller(home, os.environ)
         if choice.target is not None:
@@ -417,12 +418,14 @@ def _open_hosts(home: Path, records: Sequence[ControllerRecord]) -> RemoteContro
 
 
 def hand_over_host(home: Path, record: ControllerRecord, records: Sequence[ControllerRecord], *, yes: bool,
-                   timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+                   timeout: float, force: bool = False, sleep: Callable[[float], None] = time.sleep) -> None:
     """`controller down HOST` with other hosts on the database: refused unless a controller of another host
     is live to take the services; then the host's loop stops, releasing its leases
     (``bootstrap.hand_over``), the record forgets it, and the command waits up to ``timeout`` for live
-    controllers of the other hosts to hold every service it held."""
-    from skyserve_lite.errors import StateConflictError
+    controllers of the other hosts to hold every service it held. A host that cannot be reached is
+    forgotten only with ``force`` (its leases then lapse after the TTL); else ``ControllerError`` and
+    nothing changes."""
+    from skyserve_lite.errors import ControllerError, StateConflictError
     from skyserve_lite.remote import bootstrap, config, hosting
     from skyserve_lite.remote.connect import record_shell
 
@@ -441,6 +444,12 @@ def hand_over_host(home: Path, record: ControllerRecord, records: Sequence[Contr
     shell = record_shell(home, record)
     try:
         bootstrap.hand_over(shell, record.remote_home)
+    except ControllerError as exc:
+        if not force:
+            raise ControllerError(f"{exc}; nothing changed (pass --force to forget the host: its services then "
+                                  "move to the others after the lease TTL)") from exc
+        click.echo(f"The host does not answer ({exc}); forgetting it: its services move to the other controllers "
+                   "once its leases lapse (the lease TTL).", err=True)
     finally:
         shell.close()
     config.remove_host(home, record)

@@ -244,3 +244,23 @@ def test_adding_a_host_warns_when_the_first_keeps_its_state_elsewhere(
     if warned:
         assert err.startswith("Warning: ssh://ops@127.0.0.2:22 keeps its state in another database (controller id "
                               "ba9876543210, this host's 0123456789ab)")
+
+
+def test_a_host_that_does_not_answer_is_forgotten_only_with_force(home: Path, two_hosts: tuple[Path, HandOver],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyserve_lite.errors import ControllerError
+    from skyserve_lite.remote import bootstrap
+
+    def unreachable(shell: object, remote_home: str) -> None:
+        raise ControllerError("removing the cron lines on ssh://ops@127.0.0.3:22 failed (exit 255): Connection refused")
+
+    monkeypatch.setattr(bootstrap, "hand_over", unreachable)
+    result = CliRunner().invoke(main, ["controller", "down", "127.0.0.3", "-y", "--timeout", "0"])
+    assert result.exit_code == 1
+    assert result.stderr.endswith("Connection refused; nothing changed (pass --force to forget the host: its services "
+                                  "then move to the others after the lease TTL)\n")
+    assert len(config.load_records(home)) == 2
+    result = CliRunner().invoke(main, ["controller", "down", "127.0.0.3", "-y", "--force", "--timeout", "0"])
+    assert result.exit_code == 0, result.stderr
+    assert "forgetting it" in result.stderr
+    assert [r.target.host for r in config.load_records(home)] == ["127.0.0.2"]
