@@ -3,9 +3,9 @@ database says that nothing it was read from has changed.
 
 The database counts the changes (``Store.list_service_generations``): triggers move a service's counter at
 every write to a row a pass reads of it (its row, replicas, versions, autoscaler state, termination
-requests), whichever controller, CLI or process writes it. A pass reads every counter first (one query), and
-a memo is good while its service's counter is the value it was made at; nothing else is compared, by
-identity or by value. What a memo keeps:
+requests, canary rollout), whichever controller, CLI or process writes it. A pass reads every counter first
+(one query), and a memo is good while its service's counter is the value it was made at; nothing else is
+compared, by identity or by value. What a memo keeps:
 
 - the service's replicas, decoded: only services whose counter moved are read again (a pass after one
   replica changed decodes that service's rows, not 10,000);
@@ -39,7 +39,7 @@ class SettledKey:
     """What a settled service's later steps depend on besides the replicas' steps and the autoscaler's
     decision (which are taken again every pass)."""
 
-    generation: int  # the service's change counter: its row, replicas, versions, autoscaler state, requests
+    generation: int  # the service's change counter (``Store.list_service_generations``)
     lb_alive: bool
     known_clouds: frozenset[str]  # whose inventories the pass read
 

@@ -33,7 +33,7 @@ class Dialect:
     begin_read: str  # begins a read-only transaction that sees one committed state throughout
     counting_triggers: Callable[[str, tuple[str, ...]], str]  # ``schema.CountingTriggers`` in this engine's SQL
     # ``schema.ServiceCountingTriggers`` in this engine's SQL.
-    service_counting_triggers: Callable[[str, tuple[tuple[str, str], ...]], str]
+    service_counting_triggers: Callable[[str, tuple[tuple[str, str], ...], bool], str]
 
     def render(self, migration: tuple[Step, ...]) -> str:
         """``migration`` (``schema.MIGRATIONS``) as one script of this engine's SQL."""
@@ -44,7 +44,7 @@ class Dialect:
             return step.format_map(self.types)
         if isinstance(step, CountingTriggers):
             return self.counting_triggers(step.counter, step.tables)
-        return self.service_counting_triggers(step.counter_table, step.tables)
+        return self.service_counting_triggers(step.counter_table, step.tables, step.services)
 
 
 def _sqlite_counting_triggers(counter: str, tables: tuple[str, ...]) -> str:
@@ -58,7 +58,7 @@ def _sqlite_counting_triggers(counter: str, tables: tuple[str, ...]) -> str:
 _EVENTS = (("INSERT", "inserted", "NEW"), ("UPDATE", "updated", "NEW"), ("DELETE", "deleted", "OLD"))
 
 
-def _service_counter_statements(counter_table: str, tables: tuple[tuple[str, str], ...]
+def _service_counter_statements(counter_table: str, tables: tuple[tuple[str, str], ...], services: bool
                                  ) -> list[tuple[str, str, str, str]]:
     """(table, event, name of the trigger's event, statement) of ``schema.ServiceCountingTriggers``, in
     both engines' SQL: a service's insert creates (or, for a name used before, moves) its counter row, every
@@ -66,7 +66,7 @@ def _service_counter_statements(counter_table: str, tables: tuple[tuple[str, str
     upsert = (f"INSERT INTO {counter_table} (service, generation) VALUES (NEW.name, 1)"
               f" ON CONFLICT (service) DO UPDATE SET generation = {counter_table}.generation + 1")
     found: list[tuple[str, str, str, str]] = []
-    for table, column in (("services", "name"), *tables):
+    for table, column in ((("services", "name"),) if services else ()) + tables:
         for event, done, row in _EVENTS:
             statement = (upsert if (table, event) == ("services", "INSERT") else
                          f"UPDATE {counter_table} SET generation = generation + 1 WHERE service = {row}.{column}")
@@ -74,10 +74,11 @@ def _service_counter_statements(counter_table: str, tables: tuple[tuple[str, str
     return found
 
 
-def _sqlite_service_counting_triggers(counter_table: str, tables: tuple[tuple[str, str], ...]) -> str:
+def _sqlite_service_counting_triggers(counter_table: str, tables: tuple[tuple[str, str], ...], services: bool
+                                      ) -> str:
     """Part of shipped migrations: what it returns for their arguments must not change."""
     return "".join(f"CREATE TRIGGER {table}_changed_{done} AFTER {event} ON {table} BEGIN\n    {statement}; END;\n"
-                   for table, event, done, statement in _service_counter_statements(counter_table, tables))
+                   for table, event, done, statement in _service_counter_statements(counter_table, tables, services))
 
 
 # One trigger function for every counter (its name is the trigger's argument). FOR EACH ROW, as SQLite's
@@ -100,7 +101,8 @@ def _postgresql_counting_triggers(counter: str, tables: tuple[str, ...]) -> str:
         for table in tables for event, done in (("INSERT", "inserted"), ("UPDATE", "updated"), ("DELETE", "deleted")))
 
 
-def _postgresql_service_counting_triggers(counter_table: str, tables: tuple[tuple[str, str], ...]) -> str:
+def _postgresql_service_counting_triggers(counter_table: str, tables: tuple[tuple[str, str], ...],
+                                          services: bool) -> str:
     """A function per trigger (its statement names its columns, not looked up per row), FOR EACH ROW as
     the other counters' triggers."""
     return "".join(
@@ -108,7 +110,7 @@ def _postgresql_service_counting_triggers(counter_table: str, tables: tuple[tupl
         f"BEGIN\n    {statement};\n    RETURN NULL;\nEND\n$$;\n"
         f"CREATE TRIGGER {table}_changed_{done} AFTER {event} ON {table} FOR EACH ROW"
         f" EXECUTE FUNCTION sky_lite_{table}_changed_{done}();\n"
-        for table, event, done, statement in _service_counter_statements(counter_table, tables))
+        for table, event, done, statement in _service_counter_statements(counter_table, tables, services))
 
 
 SQLITE = Dialect(

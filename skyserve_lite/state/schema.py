@@ -34,6 +34,8 @@ class ServiceCountingTriggers:
 
     counter_table: str
     tables: tuple[tuple[str, str], ...]
+    # The services table's own triggers too: once, with the counter table; False for tables counted later.
+    services: bool = True
 
 
 Step = str | CountingTriggers | ServiceCountingTriggers
@@ -323,4 +325,8 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
         stored_at {REAL} NOT NULL
     );
     """,),
+    # Canary rollouts in the counter per service (``service_changes``): a pass reads a service's rollout as it reads
+    #    its other rows, so a person's `serve rollout` command moves the service's counter like any write.
+    #    (The load balancers' per-second counts, like request counts, are read afresh every pass.)
+    (ServiceCountingTriggers("service_changes", (("canary_rollouts", "service"),), services=False),),
 )

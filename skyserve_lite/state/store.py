@@ -726,9 +726,9 @@ class Store:
 
     def list_service_generations(self) -> dict[str, int]:
         """Every service's change counter, by name: moved by triggers at every write to a row a controller
-        pass reads of the service (its row, replicas, versions, autoscaler state, termination requests),
-        whoever writes it (``schema``). A name may outlive its service (it counts on if one is created under
-        it again); a service never written since the counters began has none."""
+        pass reads of the service (its row, replicas, versions, autoscaler state, termination requests,
+        canary rollout), whoever writes it (``schema``). A name may outlive its service (it counts on if one
+        is created under it again)."""
         rows = self._db.execute("SELECT service, generation FROM service_changes").fetchall()
         return {str(service): int(generation) for service, generation in rows}
 

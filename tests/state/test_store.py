@@ -102,7 +102,8 @@ def test_the_counters_have_their_triggers(tmp_path: Path, store_engine: str) -> 
     triggers = {row[0]: row[1] for row in store._db.execute(TRIGGERS[store_engine])}
     counted = {f"{table}_{event}": table for table in ("services", "autoscaler_state") for event in EVENTS}
     per_service = {f"{table}_changed_{event}": table for table in ("services", "replicas", "versions",
-                                                                    "autoscaler_state", "replica_terminations")
+                                                                    "autoscaler_state", "replica_terminations",
+                                                                    "canary_rollouts")
                    for event in EVENTS}
     assert {name: table for name, table in triggers.items() if name in counted or "_changed_" in name} == {
         **counted, **per_service}
