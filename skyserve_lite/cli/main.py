@@ -560,7 +560,7 @@ def _replica_pid(names: tuple[str, ...], replica_id: int | None, pid_only: bool,
     """`serve status NAME --replica-id N --pid`: the pid of that local replica's running process group
     leader, checked to be that process still (a pid file of a replica that ended names no one)."""
     from skyserve_lite.errors import NotFoundError
-    from skyserve_lite.providers.local import find_live_replica
+    from skyserve_lite.providers.local import find_live_replica, find_replicas_dir
     from skyserve_lite.spec.parse import is_valid_service_name
 
     if endpoint_only:
@@ -572,10 +572,13 @@ def _replica_pid(names: tuple[str, ...], replica_id: int | None, pid_only: bool,
     [name] = names
     home = home_dir()
     # The name is a path component below the state directory: one that is no service name has no replica.
-    found = find_live_replica(home, name, replica_id) if is_valid_service_name(name) else None
+    import os
+
+    replicas_dir = find_replicas_dir(home, os.environ)
+    found = find_live_replica(replicas_dir, name, replica_id) if is_valid_service_name(name) else None
     if found is None:
         raise NotFoundError(f"replica {replica_id} of {name} has no running process on this machine (--pid "
-                            f"reads the local replicas of {home})")
+                            f"reads the local replicas in {replicas_dir})")
     return found.pid
 
 

@@ -79,10 +79,10 @@ def make_providers(home: Path, clock: Clock, controller_id: str, environ: Mappin
     S3 files with, else the host settings do (on a controller VM: the profile made for its replicas); the
     same for the service account GCP replicas run as (``SKY_LITE_GCP_SERVICE_ACCOUNT``, ``GcpProvider.from_env``).
     """
-    from skyserve_lite.providers.local import LocalProvider
+    from skyserve_lite.providers.local import LocalProvider, find_replicas_dir
 
     env = os.environ if environ is None else environ
-    providers: dict[str, Provider] = {"local": LocalProvider(home, clock)}
+    providers: dict[str, Provider] = {"local": LocalProvider(home, clock, replicas_dir=find_replicas_dir(home, env))}
     if "aws" in available_clouds():
         def build_aws() -> Provider:
             from skyserve_lite.controller.host import load_host_settings

@@ -1,6 +1,7 @@
 """Replicas as process groups on this machine.
 
-Each replica gets a directory ``$SKY_LITE_HOME/replicas/SERVICE/REPLICA-NONCE/`` holding::
+Each replica gets a directory ``$SKY_LITE_HOME/replicas/SERVICE/REPLICA-NONCE/`` (the first part is
+``SKY_LITE_LOCAL_REPLICAS_DIR`` where that is set: ``find_replicas_dir``) holding::
 
     instance.json   who it is (service, replica id, version, launch token, port); written before the spawn
     pid             written by the replica's supervisor (or, where there is none, its wrapper) as its first
@@ -102,6 +103,7 @@ TAG_HOME = "SKY_LITE_HOME"
 TAG_REPLICA_DIR = "SKY_LITE_REPLICA_DIR"
 # Extra variables of the controller's environment that replicas get, comma-separated names.
 PASSTHROUGH_SETTING = "SKY_LITE_REPLICA_ENV_PASSTHROUGH"
+REPLICAS_DIR_SETTING = "SKY_LITE_LOCAL_REPLICAS_DIR"
 # What a replica gets of the controller's environment without asking: enough for a shell, a locale and a
 # temporary directory; nothing that may hold a secret (AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, ...).
 BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
@@ -166,13 +168,14 @@ class LocalProvider:
 
     def __init__(self, home: Path, clock: Clock, *, new_id: Callable[[], str] | None = None,
                  grace_seconds: float = 5.0, blobs: BlobStore | None = None, state_home: Path | None = None,
-                 environ: Mapping[str, str] | None = None) -> None:
-        """``home`` holds ``replicas/``; ``state_home`` (default ``home``) is the state directory the
-        replicas' ``SKY_LITE_HOME`` tag names (emulation keeps its replicas below the state directory).
-        ``environ`` (default ``os.environ``, read now) is what replicas take their base environment and
-        ``SKY_LITE_REPLICA_ENV_PASSTHROUGH`` from."""
+                 environ: Mapping[str, str] | None = None, replicas_dir: Path | None = None) -> None:
+        """``home`` holds ``replicas/`` unless ``replicas_dir`` names the directory (``find_replicas_dir``);
+        ``state_home`` (default ``home``) is the state directory the replicas' ``SKY_LITE_HOME`` tag names
+        (emulation keeps its replicas below the state directory). ``environ`` (default ``os.environ``, read
+        now) is what replicas take their base environment and ``SKY_LITE_REPLICA_ENV_PASSTHROUGH`` from."""
         # Tags are compared as paths: the real one, whichever way the home was spelled.
-        self._root = Path(os.path.realpath(home)) / "replicas"
+        self._root = (Path(os.path.realpath(replicas_dir)) if replicas_dir is not None
+                      else Path(os.path.realpath(home)) / "replicas")
         self._state_home = Path(os.path.realpath(state_home or home))
         # Where the versions' files are: the state directory's blob store (emulation passes its own home's).
         self._blobs = blobs or blob_store_of(home)
@@ -394,13 +397,28 @@ def is_recorded_replica(directory: Path, recorded: procs.RecordedProcess) -> boo
     return argv is not None and str(directory / "wrapper.sh") in argv
 
 
-def find_live_replica(home: Path, service: str, replica_id: int) -> procs.RecordedProcess | None:
-    """The running process of local replica ``replica_id`` of ``service`` in the state directory ``home``:
-    the leader of the replica's process group (its supervisor), so ``kill -- -PID`` signals the whole
-    replica. Only a replica the inventory still reports (not terminated) whose recorded process still runs
-    (``find_recorded_process``); None otherwise. ``service`` must be a valid service name (it is a path
-    component here)."""
-    directory = Path(os.path.realpath(home)) / "replicas" / service
+def find_replicas_dir(home: Path, environ: Mapping[str, str]) -> Path:
+    """The directory the local replicas of the state directory ``home`` live in: ``home/replicas``, or the
+    absolute directory ``SKY_LITE_LOCAL_REPLICAS_DIR`` names. Several controllers on one machine sharing one
+    database name the same one: this machine is then one "cloud" every controller lists, so the controller
+    that takes a service over finds the replicas another launched (as controllers on AWS list one account's
+    instances); with a directory each, it would see none of them and launch them all again.
+    Raises ``UsageError`` (naming the setting) for a relative path."""
+    named = environ.get(REPLICAS_DIR_SETTING, "")
+    if not named:
+        return Path(os.path.realpath(home)) / "replicas"
+    if not os.path.isabs(named):
+        raise UsageError(f"{REPLICAS_DIR_SETTING}={named!r}: give an absolute directory")
+    return Path(os.path.realpath(named))
+
+
+def find_live_replica(replicas_dir: Path, service: str, replica_id: int) -> procs.RecordedProcess | None:
+    """The running process of local replica ``replica_id`` of ``service`` below ``replicas_dir``
+    (``find_replicas_dir``): the leader of the replica's process group (its supervisor), so ``kill -- -PID``
+    signals the whole replica. Only a replica the inventory still reports (not terminated) whose recorded
+    process still runs (``find_recorded_process``); None otherwise. ``service`` must be a valid service name
+    (it is a path component here)."""
+    directory = replicas_dir / service
     for meta_path in sorted(directory.glob(f"{replica_id}-*/{INSTANCE_FILE}")):
         found = find_recorded_process(meta_path.parent)
         if found is not None:

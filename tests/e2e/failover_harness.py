@@ -8,11 +8,10 @@ The set-up:
   balancers and its metrics endpoint bound to ``127.0.0.(n+2)`` (``host.json``, ``SKY_LITE_METRICS_ADDR``),
   the database in its ``db_url`` setting, a lease TTL of ``FleetSettings.lease_ttl_seconds`` (4 s) renewed
   every second, a pass every 0.5 s;
-- the three homes' ``replicas/`` directories are one directory (symbolic links): the local provider's
-  inventory is the replica directories below its home, and the three controllers stand for three hosts of
-  one "cloud", this machine, which each of them must be able to list (as three controllers on AWS list one
-  account's instances). With a ``replicas/`` of its own each, a controller that takes a service over sees
-  none of its replicas: it would launch them all again and the killed controller's would run on, unknown;
+- the three controllers name one local replicas directory (``SKY_LITE_LOCAL_REPLICAS_DIR``): they stand for
+  three hosts of one "cloud", this machine, which each of them must be able to list (as three controllers on
+  AWS list one account's instances). With a ``replicas/`` of its own each, a controller that takes a service
+  over would see none of its replicas, launch them all again, and the killed controller's would run on;
 - the services are created and updated through ``api.LocalController`` (what the CLI calls) from a fourth
   home that runs no controller, and read back through the store.
 
@@ -178,7 +177,6 @@ class Fleet:
             home.mkdir(mode=0o700)
             set_config(home, DB_URL, self.db_url)
             if n < len(ADDRESSES):
-                (home / "replicas").symlink_to(self.replicas_root)
                 write_host_settings(home, HostSettings(lb_host=ADDRESSES[n], endpoint_host=ADDRESSES[n]))
         self._store = Store.open(self.client_home)
         self.api = LocalController(self.client_home, start_daemon=False, stop_when_idle=False)
@@ -195,6 +193,7 @@ class Fleet:
                    SKY_LITE_LEASE_RENEW_SECONDS=f"{self.settings.lease_renew_seconds:g}",
                    SKY_LITE_CONTROLLER_INTERVAL_SECONDS=f"{self.settings.interval_seconds:g}",
                    SKY_LITE_DRAIN_SECONDS=f"{self.settings.drain_seconds:g}",
+                   SKY_LITE_LOCAL_REPLICAS_DIR=str(self.replicas_root),
                    # Its metrics endpoint on its own address, as its load balancers: 127.0.0.1:30000 is one port.
                    SKY_LITE_METRICS_ADDR=f"{ADDRESSES[n]}:30000")
         logs = self.homes[n] / "logs"
@@ -269,10 +268,9 @@ class Fleet:
             tag = environ.get(TAG_REPLICA_DIR) if environ is not None else None
             if not tag:
                 continue
-            for home in self.homes:
-                prefix = f"{home}/replicas/"
-                if tag.startswith(prefix):
-                    found.append(ReplicaProcess(process.pid, tag.removeprefix(prefix)))
+            prefix = f"{self.replicas_root}/"
+            if tag.startswith(prefix):
+                found.append(ReplicaProcess(process.pid, tag.removeprefix(prefix)))
         return found
 
     def launched_twice(self) -> list[str]:

@@ -22,10 +22,12 @@ from skyserve_lite.logview import find_line_time
 from skyserve_lite.providers.base import Instance, InstanceState, LaunchRequest, Phase, ReplicaLog
 from skyserve_lite.providers.local import (
     PASSTHROUGH_SETTING,
+    REPLICAS_DIR_SETTING,
     TAG_REPLICA_DIR,
     LocalProvider,
     compute_replica_env,
     find_replica_processes,
+    find_replicas_dir,
     parse_env_passthrough,
 )
 from skyserve_lite.spec.parse import parse_task
@@ -100,6 +102,50 @@ def test_launch_is_idempotent_per_replica(provider: LocalProvider) -> None:
     assert first.instance is not None and again.instance is not None
     assert again.instance.instance_id == first.instance.instance_id
     assert len(provider.list_instances()) == 1
+
+
+def test_two_homes_naming_one_replicas_dir_list_and_adopt_each_others_replicas(tmp_path: Path) -> None:
+    """Two controllers on one machine sharing a database: the one that takes a service over lists the
+    replica the other launched, a launch of the same replica adopts it instead of starting a second, and
+    it can terminate it."""
+    shared = tmp_path / "replicas"
+    environ = {REPLICAS_DIR_SETTING: str(shared)}
+    first = LocalProvider(tmp_path / "home0", SystemClock(), grace_seconds=2,
+                          replicas_dir=find_replicas_dir(tmp_path / "home0", environ))
+    second = LocalProvider(tmp_path / "home1", SystemClock(), grace_seconds=2,
+                           replicas_dir=find_replicas_dir(tmp_path / "home1", environ))
+    try:
+        (launched,) = first.launch([request("sleep 30")])
+        assert launched.instance is not None
+
+        assert [i.instance_id for i in second.list_instances()] == [launched.instance.instance_id]
+        (adopted,) = second.launch([request("sleep 30")])
+        assert adopted.instance is not None and adopted.instance.instance_id == launched.instance.instance_id
+        assert len(list(shared.glob("svc/*/instance.json"))) == 1  # one replica directory, in the shared one
+        assert not (tmp_path / "home0" / "replicas").exists() and not (tmp_path / "home1" / "replicas").exists()
+        second.terminate([launched.instance.instance_id])
+        assert first.list_instances() == []
+    finally:
+        for provider in (first, second):
+            provider.terminate([i.instance_id for i in provider.list_instances()])
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        pytest.param({}, "home/replicas", id="unset: below the home"),
+        pytest.param({REPLICAS_DIR_SETTING: ""}, "home/replicas", id="empty: below the home"),
+        pytest.param({REPLICAS_DIR_SETTING: "{tmp}/shared"}, "shared", id="absolute: that directory"),
+    ],
+)
+def test_find_replicas_dir(tmp_path: Path, environ: dict[str, str], expected: str) -> None:
+    filled = {key: value.replace("{tmp}", str(tmp_path)) for key, value in environ.items()}
+    assert find_replicas_dir(tmp_path / "home", filled) == Path(os.path.realpath(tmp_path)) / expected
+
+
+def test_a_relative_replicas_dir_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=f"{REPLICAS_DIR_SETTING}='shared': give an absolute directory"):
+        find_replicas_dir(tmp_path / "home", {REPLICAS_DIR_SETTING: "shared"})
 
 
 @pytest.mark.parametrize(

@@ -119,12 +119,12 @@ def test_a_replica_whose_pid_another_process_took_is_not_running(
 
     assert (instance.state, instance.detail) == (InstanceState.EXITED, "killed by a signal")
     assert find_recorded_process(directory) is None
-    assert find_live_replica(provider._root.parent, "svc", 1) is None
+    assert find_live_replica(provider._root, "svc", 1) is None
     assert stranger.pid not in find_recorded_replica_pids(provider._root.parent)
 
 
 def test_find_live_replica_names_the_running_replica_only(provider: LocalProvider) -> None:
-    home = provider._root.parent
+    home = provider._root
     assert find_live_replica(home, "svc", 1) is None  # not launched
     instance_id = launch(provider)
     recorded = procs.read_pid_file(replica_directory(provider) / PID_FILE)
