@@ -40,6 +40,7 @@ from skyserve_lite.errors import (
 from skyserve_lite.plan.canary import (
     CanaryPhase,
     CanarySettings,
+    CanaryStart,
     CanaryState,
     Command,
     VersionCounts,
@@ -642,19 +643,16 @@ class LocalController:
                 if stored and not store.get_service(name).deleting:  # a service going down is not replayed
                     return store.get_version(name, current)
                 key = submission_key(key, current)
+            # The rollout starts in the version's own transaction: the flags, else the task's `service.canary`,
+            # else the defaults for a canary; a rolling or blue-green one with --auto-rollback is watched with
+            # the flags'. Two writes would leave a crash between them starting it from the task's, flags lost.
+            start = (CanaryStart(canary or task.spec.service.canary or CanarySettings()) if mode.value == "canary"
+                     else None if canary is None else CanaryStart(canary, watch=True))
             version = store.add_version(name, task, mode.value, self._clock.now(),
                                         expect_version=expect_version, note=note,
                                         reuse_identical_files=reuse_identical_files,
                                         keep_snapshot_versions=settings.keep_snapshot_versions, key=key,
-                                        inputs=inputs)
-            if mode.value == "canary":
-                # Its settings start with it: the flags, else the task's `service.canary`, else the defaults.
-                # A pass between the two writes starts it from the task's; this write then starts it over.
-                settings_used = canary or task.spec.service.canary or CanarySettings()
-                store.put_canary(name, CanaryState(version.version, settings_used), 0, fenced=False)
-            elif canary is not None:  # rolling or blue-green with --auto-rollback: watched with these settings
-                store.put_canary(name, CanaryState(version.version, canary, phase=CanaryPhase.WATCHING), 100,
-                                 fenced=False)
+                                        inputs=inputs, canary=start)
             store.add_events([(self._clock.now(), name, None, "service",
                                f"version {version.version} submitted ({mode.value}"
                                + (f", {note}" if note else "") + f") from {task.source}"

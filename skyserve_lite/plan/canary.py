@@ -223,6 +223,25 @@ class CanaryState:
         return self.phase not in (CanaryPhase.STEPPING, CanaryPhase.WATCHING)
 
 
+@dataclass(frozen=True)
+class CanaryStart:
+    """The rollout a submitted version starts with: a canary (``watch`` False, 0% until its first step's
+    replicas are READY) or the watch of a rolling or blue-green update with `--auto-rollback` (100%, the
+    mode's own traffic). Stored with the version in the same transaction (``Store.add_version``): a crash
+    between two writes would start the rollout from the task's `service.canary` and lose the flags."""
+
+    settings: CanarySettings
+    watch: bool = False
+
+    def state_of(self, version: int) -> CanaryState:
+        return CanaryState(version, self.settings, phase=CanaryPhase.WATCHING if self.watch else
+                           CanaryPhase.STEPPING)
+
+    @property
+    def percent(self) -> int:
+        return 100 if self.watch else 0
+
+
 class CanaryAction(str, Enum):
     WAIT_READY = "wait_ready"  # the step's new replicas are launching; traffic as at the step before
     START_BAKE = "start_bake"  # they are READY: the split moves to the step's share, the window starts

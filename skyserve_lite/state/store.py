@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from skyserve_lite.autoscalers.base import AutoscalerState
 from skyserve_lite.errors import NotFoundError, StateConflictError, StateUnwritableError, UsageError
 from skyserve_lite.files.manifest import TaskFiles
-from skyserve_lite.plan.canary import CanaryPhase, CanarySettings, CanaryState, Command
+from skyserve_lite.plan.canary import CanaryPhase, CanarySettings, CanaryStart, CanaryState, Command
 from skyserve_lite.spec.inputs import BoundInputs
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.state import sqlite
@@ -504,8 +504,9 @@ class Store:
     def add_version(self, name: str, task: SubmittedTask, mode: str, now: float, *,
                     expect_version: int | None = None, note: str | None = None, reuse_identical_files: bool = False,
                     keep_snapshot_versions: int = 0, key: str | None = None,
-                    inputs: BoundInputs | None = None) -> VersionRecord:
-        """Store ``task`` as the next version of ``name`` and make it current, in one transaction.
+                    inputs: BoundInputs | None = None, canary: CanaryStart | None = None) -> VersionRecord:
+        """Store ``task`` as the next version of ``name`` and make it current, in one transaction; with
+        ``canary``, the rollout it starts with is stored in that same transaction (both or neither).
 
         Concurrent callers are serialized by the write lock: each gets its own number, in order.
         Raises ``StateConflictError`` (nothing stored) when ``expect_version`` is given and is not the
@@ -532,6 +533,8 @@ class Store:
             version = current + 1
             self._insert_version(db, name, version, task, mode, now, note, reuse_identical_files, inputs=inputs)
             db.execute("UPDATE services SET current_version = ? WHERE name = ?", (version, name))
+            if canary is not None:
+                _upsert_canary(db, name, canary.state_of(version), canary.percent, clear_command=True)
             if key is not None:
                 db.execute("INSERT INTO submissions (key, service, version) VALUES (?, ?, ?) ON CONFLICT (key)"
                            " DO UPDATE SET service = excluded.service, version = excluded.version",
@@ -1045,24 +1048,14 @@ class Store:
         one's) and the new version's share of the traffic. ``done_command``: the command the caller acted on,
         forgotten now unless a person asked another since. ``fenced`` False: the CLI's write starting a
         rollout (it keeps no command)."""
-        settings = json.dumps(state.settings.to_json(), sort_keys=True)
-        values = (service, state.version, settings, state.phase.value, state.step, state.window_start,
-                  state.extensions, int(state.paused), state.verdict, percent)
         with self._write([service] if fenced else UNFENCED) as tx:
             if not tx.holds(service):
                 return
             db = tx.db
             if db.execute("SELECT 1 FROM services WHERE name = ?", (service,)).fetchone() is None:
                 return  # gone meanwhile
-            db.execute(
-                "INSERT INTO canary_rollouts (service, version, settings_json, phase, step, window_start, extensions,"
-                " paused, verdict, percent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (service) DO UPDATE SET"
-                " version = excluded.version, settings_json = excluded.settings_json, phase = excluded.phase,"
-                " step = excluded.step, window_start = excluded.window_start, extensions = excluded.extensions,"
-                " paused = excluded.paused, verdict = excluded.verdict, percent = excluded.percent", values)
-            if not fenced:
-                db.execute("UPDATE canary_rollouts SET command = NULL WHERE service = ?", (service,))
-            elif done_command is not None:
+            _upsert_canary(db, service, state, percent, clear_command=not fenced)
+            if fenced and done_command is not None:
                 db.execute("UPDATE canary_rollouts SET command = NULL WHERE service = ? AND command = ?",
                            (service, done_command.value))
 
@@ -1172,6 +1165,23 @@ _VERSION_SELECT = (
 # A launch pass at 1,000 services starts 1,000 load balancers, one write each, and reading all 1,000 of the
 # loop's tokens for each was ~0.9 s of it.
 _FENCE_BY_NAME = 50
+
+
+def _upsert_canary(db: StoreConnection, service: str, state: CanaryState, percent: int, *,
+                   clear_command: bool) -> None:
+    """Write ``service``'s canary row (one per service: a later version's replaces an earlier one's) inside
+    the caller's transaction; ``clear_command``: forget a person's command (a rollout starting anew)."""
+    settings = json.dumps(state.settings.to_json(), sort_keys=True)
+    values = (service, state.version, settings, state.phase.value, state.step, state.window_start,
+              state.extensions, int(state.paused), state.verdict, percent)
+    db.execute(
+        "INSERT INTO canary_rollouts (service, version, settings_json, phase, step, window_start, extensions,"
+        " paused, verdict, percent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (service) DO UPDATE SET"
+        " version = excluded.version, settings_json = excluded.settings_json, phase = excluded.phase,"
+        " step = excluded.step, window_start = excluded.window_start, extensions = excluded.extensions,"
+        " paused = excluded.paused, verdict = excluded.verdict, percent = excluded.percent", values)
+    if clear_command:
+        db.execute("UPDATE canary_rollouts SET command = NULL WHERE service = ?", (service,))
 
 
 class Unfenced(enum.Enum):

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+import skyserve_lite.state.store as store_module
 from skyserve_lite.api import LocalController
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.plan.canary import CanaryPhase, CanarySettings, CanaryState, Command
 from skyserve_lite.spec.parse import load_task_file
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
-from skyserve_lite.state.store import Store
+from skyserve_lite.state.store import Store, _upsert_canary
 
 from .runner import Cli
 
@@ -183,3 +184,19 @@ def test_auto_rollback_flags_that_do_not_go_together(cli: Cli, home: Path, tmp_p
     assert code == 2
     assert message in stderr
     assert stored(home) == ([1], {})
+
+
+def test_a_crash_storing_the_rollout_leaves_no_version_without_its_flags(cli: Cli, home: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # the process stopped after the version row, before the rollout's
+
+    monkeypatch.setattr(store_module, "_upsert_canary", crash)
+    code, _, _ = cli("serve", "update", "--no-wait", "svc", write(tmp_path, V2), "--mode", "canary", "--steps",
+                     "5,25", "--bake", "90s", "-y")
+    assert code != 0
+    monkeypatch.setattr(store_module, "_upsert_canary", _upsert_canary)
+    assert stored(home) == ([1], {})  # neither: a controller never starts version 2 from the defaults
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, V2), "--mode", "canary", "--steps", "5,25",
+               "--bake", "90s", "-y")[0] == 0
+    assert stored(home) == ([1, 2], {"svc": CanaryState(2, CanarySettings(steps=(5, 25), bake_seconds=90.0))})
