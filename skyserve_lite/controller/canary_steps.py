@@ -9,7 +9,11 @@ from the decision for this pass:
 - promoted (or nothing to judge): the rolling strategy takes over, old replicas go as new ones are READY;
 - rolled back: the new version's replicas drain now (traffic is back on the old ones in this very pass) and
   the version the old replicas run becomes the next version (``Rollback``), so its replicas are reused and
-  kept by the ordinary machinery from then on.
+  kept by the ordinary machinery from then on. A watched rolling or blue-green update (`--auto-rollback`)
+  is rolled back the same way. Only while a READY replica of an older version remains: when none does (a
+  rolling update had replaced them all), the new version's replicas keep serving, so capacity never drops
+  to zero, and the rollback's rolling update replaces them as the old config's replicas become READY; the
+  event says so.
 
 Pure: values in, a value out; the executor stores the state and the rollback.
 """
@@ -45,8 +49,8 @@ class CanaryPass:
     update: CanaryUpdate | None  # the state to store (None: as stored)
     rollback: Rollback | None
     event: Event | None
-    # A watched rolling or blue-green update (`--auto-rollback`): the mode keeps its own replicas and traffic;
-    # a rollback is only the next version (its rolling update replaces the new replicas, keeping capacity).
+    # A watched rolling or blue-green update (`--auto-rollback`): the mode keeps its own replicas and traffic
+    # until a rollback, which then takes traffic back as a canary's does (``plan_canary_drain``).
     is_watch: bool = False
 
 
@@ -88,12 +92,13 @@ def plan_canary_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: f
             rollback = Rollback(service.name, version, stable, decision.state.verdict or f"version {version} "
                                                                                           "rolled back")
     event = None
-    if decision.message:
-        event = Event(service.name, None, "canary", decision.message,
+    message = _with_capacity_note(decision, steps, version)
+    if message:
+        event = Event(service.name, None, "canary", message,
                       warning=decision.action in (CanaryAction.ROLL_BACK, CanaryAction.PAUSED))
     version_target = target if decision.state.phase is not CanaryPhase.STEPPING else decision.new_replicas
     if decision.state.phase is CanaryPhase.ROLLED_BACK:
-        version_target = 0
+        version_target = compute_rolled_back_target(steps, version)
     return CanaryPass(decision, version_target, update, rollback, event)
 
 
@@ -117,25 +122,57 @@ def plan_watch_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: fl
                                                          old_counts), now)
     update = None if decision.state == stored.state else CanaryUpdate(service.name, decision.state, 0)
     rollback = None
+    version_target = target
     if decision.state.phase is CanaryPhase.ROLLED_BACK:
         outdated = {s.record.version for s in steps if s.record.version != version and s.record.status.is_live}
         stable = max(outdated, default=version - 1)
         if stable >= 1:
             rollback = Rollback(service.name, version, stable, decision.state.verdict or f"version {version} "
                                                                                           "rolled back")
-    event = None if decision.message is None else Event(
-        service.name, None, "canary", decision.message, warning=decision.action is CanaryAction.ROLL_BACK)
-    return CanaryPass(decision, target, update, rollback, event, is_watch=True)
+        version_target = compute_rolled_back_target(steps, version)
+    message = _with_capacity_note(decision, steps, version)
+    event = None if message is None else Event(
+        service.name, None, "canary", message, warning=decision.action is CanaryAction.ROLL_BACK)
+    return CanaryPass(decision, version_target, update, rollback, event, is_watch=True)
+
+
+def find_old_ready(steps: list[ReplicaStep], version: int) -> tuple[int, ...]:
+    """The older versions (not ``version``) with a READY replica kept in ``steps``, in order."""
+    return tuple(sorted({s.record.version for s in steps if s.record.version != version and not s.remove
+                         and s.record.status is ReplicaStatus.READY}))
+
+
+def compute_rolled_back_target(steps: list[ReplicaStep], version: int) -> int:
+    """Replicas of a rolled-back ``version`` to keep in the pass that rolls it back: none when an older
+    version has a READY replica to take the traffic; else the live ones it has (4 of a rolling update that
+    replaced all 4 old ones serve until the rollback's are READY), launching none more."""
+    if find_old_ready(steps, version):
+        return 0
+    return sum(1 for s in steps if s.record.version == version and s.record.status.is_live and not s.remove)
+
+
+def _with_capacity_note(decision: CanaryDecision, steps: list[ReplicaStep], version: int) -> str | None:
+    """The decision's event text; a rollback with no READY replica of an older version left says that the
+    rolled-back version keeps serving meanwhile."""
+    message = decision.message
+    if decision.action is not CanaryAction.ROLL_BACK or message is None or find_old_ready(steps, version):
+        return message
+    return (f"{message}; no READY replica of an older version remains: version {version} keeps serving until "
+            "the rollback's replicas are READY")
 
 
 def plan_canary_drain(steps: list[ReplicaStep], canary: CanaryPass, now: float) -> list[ReplicaStep]:
-    """A rolled-back canary's replicas taken out of traffic now, with the verdict as the reason; the very
-    ``steps`` otherwise (and for a watched update, whose rollback's rolling update replaces them)."""
+    """A rolled-back canary's (or watched update's) replicas taken out of traffic now, with the verdict as the
+    reason, when a READY replica of an older version remains to take it; the very ``steps`` otherwise. With
+    none (a rolling update that replaced all 4 old replicas before its window was judged), draining would
+    leave 0 replicas serving: the new ones serve until the rollback's rolling update replaces them."""
     state = canary.decision.state
-    if state.phase is not CanaryPhase.ROLLED_BACK or canary.is_watch:
+    if state.phase is not CanaryPhase.ROLLED_BACK:
         return steps
     version, reason = state.version, state.verdict or f"version {state.version} rolled back"
     if not any(s.record.version == version and s.record.status.is_live and not s.remove for s in steps):
+        return steps
+    if not find_old_ready(steps, version):
         return steps
     return [_drain(s, now, reason) if s.record.version == version and s.record.status.is_live and not s.remove
             else s for s in steps]
@@ -146,13 +183,14 @@ def plan_canary_rollout(snapshot: ServiceSnapshot, steps: list[ReplicaStep], can
     """The rollout step of a canary still stepping or rolled back: (steps, active versions); None once it is
     promoted (or had nothing to judge), when the rolling strategy takes over."""
     phase = canary.decision.state.phase
-    if canary.is_watch or phase in (CanaryPhase.PROMOTED, CanaryPhase.NOTHING_TO_JUDGE):
+    if phase in (CanaryPhase.PROMOTED, CanaryPhase.NOTHING_TO_JUDGE):
+        return None
+    if canary.is_watch and phase is not CanaryPhase.ROLLED_BACK:  # the mode's own traffic until a rollback
         return None
     version = snapshot.service.current_version
-    old_ready = sorted({s.record.version for s in steps if s.record.version != version and not s.remove
-                        and s.record.status is ReplicaStatus.READY})
-    if phase is CanaryPhase.ROLLED_BACK:  # its replicas drained already (``plan_canary_drain``)
-        return steps, tuple(old_ready) or (version,)
+    old_ready = find_old_ready(steps, version)
+    if phase is CanaryPhase.ROLLED_BACK:  # its replicas drained already when older ones serve (``plan_canary_drain``)
+        return steps, old_ready or (version,)
     if not old_ready:  # nothing old serves: the new version serves what it can
         return steps, (version,)
     return steps, tuple(old_ready) + ((version,) if canary.decision.percent > 0 else ())

@@ -164,16 +164,55 @@ def test_a_watched_rolling_update_with_errors_after_taking_traffic_is_rolled_bac
     window = bake_step(harness, version)  # its first replica READY and serving: the window starts
     count(harness, window, version, ok=80, errors=20)
     count(harness, window, 1, ok=300, errors=0)
+    # Rolling replaced all 4 old replicas before the window was judged: none is READY to take traffic back.
+    assert not any(r.status is ReplicaStatus.READY for r in harness.replicas() if r.version == 1)
     harness.tick(31)
     reason = "version 2 rolled back: 5xx 20% (20/100) over 30s after taking traffic, limit 2%"
     assert harness.store.list_canaries("svc")["svc"].state.verdict == reason
     assert harness.service().current_version == 3
     assert harness.store.get_version("svc", 3).note == reason
+    # Never 0 capacity: version 2 keeps serving, and the event says why, until version 3's replicas are READY.
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and view.versions == (2, 2, 2, 2)
+    assert [e.message for e in harness.store.list_events("svc") if e.message.startswith(reason)] == [
+        f"{reason}; no READY replica of an older version remains: version 2 keeps serving until the "
+        "rollback's replicas are READY"]
     for _ in range(8):
         harness.tick(5)
+        view = harness.store.get_lb_view("svc")
+        assert view is not None and len(view.ready_urls) >= 4
     rows = harness.replicas()
     assert {r.version for r in rows} == {3} and len(rows) == 4
     assert all(r.status is ReplicaStatus.READY for r in rows)
+
+
+def test_a_watched_rollback_sends_the_traffic_back_to_the_old_replicas_at_once(harness: Harness) -> None:
+    old = start(harness)
+    version = update_watched(harness)
+    harness.tick()
+    new = new_rows(harness, version)
+    # One new replica becomes READY, three stay STARTING (inside their initial delay): rolling replaces one old.
+    harness.prober.set({("svc", rid): ProbeResult(ok=False, detail="HTTP 503") for rid in new[1:]})
+    window = bake_step(harness, version)
+    kept = {r.replica_id for r in harness.replicas() if r.version == 1 and r.status is ReplicaStatus.READY}
+    assert len(kept) == 3 and kept < old
+    count(harness, window, version, ok=80, errors=20)
+    count(harness, window, 1, ok=300, errors=0)
+    harness.tick(31)
+    reason = "version 2 rolled back: 5xx 20% (20/100) over 30s after taking traffic, limit 2%"
+    assert harness.service().current_version == 3
+    # In the very pass that rolled it back: only the old replicas serve, every new one drains with the reason.
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and view.versions == (1, 1, 1)
+    rows = {r.replica_id: r for r in harness.replicas()}
+    assert {(rows[i].status, rows[i].status_reason) for i in new} == {(ReplicaStatus.SHUTTING_DOWN, reason)}
+    assert all(rows[i].status is ReplicaStatus.READY for i in kept)
+    assert [e.message for e in harness.store.list_events("svc") if e.message.startswith(reason)] == [reason]
+    for _ in range(8):
+        harness.tick(5)
+    rows = {r.replica_id: r for r in harness.replicas() if r.status.is_live}
+    assert kept < set(rows) and len(rows) == 4  # the 3 old ones reused, one more of their config launched
+    assert all(r.version == 3 and r.status is ReplicaStatus.READY for r in rows.values())
 
 
 def test_a_watched_update_whose_replicas_keep_failing_is_rolled_back(harness: Harness) -> None:
