@@ -676,6 +676,13 @@ class LocalController:
             if stored.state.is_done:
                 raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} is "
                                          f"over ({stored.state.phase.value}); nothing to {command.value}")
+            # Asked of a rollout in the other state, the command would be dropped by the next pass unsaid.
+            if command is Command.RESUME and not stored.state.paused:
+                raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} is "
+                                         "not paused; nothing to resume")
+            if command is Command.PAUSE and stored.state.paused:
+                raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} is "
+                                         "paused already; `resume`, `promote` or `abort` decides")
             store.request_canary_command(name, command)
         finally:
             store.close()

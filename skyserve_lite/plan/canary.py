@@ -179,7 +179,8 @@ def judge_canary(version: int, new: VersionCounts, old: VersionCounts, readiness
     if extensions < settings.max_extensions:
         return Verdict(VerdictKind.EXTEND, f"{inconclusive}; baking {format_seconds(settings.bake_seconds)} more "
                                            f"({extensions + 1} of {settings.max_extensions})")
-    return Verdict(VerdictKind.PAUSE, f"{inconclusive}; paused after {settings.max_extensions} extensions: "
+    times = f"{settings.max_extensions} extension" + ("" if settings.max_extensions == 1 else "s")
+    return Verdict(VerdictKind.PAUSE, f"{inconclusive}; paused after {times}: "
                                       "`serve rollout NAME promote` or `abort`")
 
 

@@ -200,3 +200,25 @@ def test_a_crash_storing_the_rollout_leaves_no_version_without_its_flags(cli: Cl
     assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, V2), "--mode", "canary", "--steps", "5,25",
                "--bake", "90s", "-y")[0] == 0
     assert stored(home) == ([1, 2], {"svc": CanaryState(2, CanarySettings(steps=(5, 25), bake_seconds=90.0))})
+
+
+def test_resume_is_for_a_paused_rollout_and_pause_for_a_running_one(cli: Cli, home: Path, tmp_path: Path) -> None:
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, V2), "--mode", "canary", "-y")[0] == 0
+    code, _, stderr = cli("serve", "rollout", "svc", "resume")
+    assert code == 1
+    assert "the canary rollout of version 2 of 'svc' is not paused; nothing to resume" in " ".join(stderr.split())
+    store = Store.open(home)
+    assert store.list_canaries("svc")["svc"].command is None  # nothing stored
+    store.put_canary("svc", CanaryState(version=2, window_start=1000.0, extensions=3, paused=True), 10)
+    store.close()
+    code, _, stderr = cli("serve", "rollout", "svc", "pause")
+    assert code == 1
+    assert "is paused already; `resume`, `promote` or `abort` decides" in " ".join(stderr.split())
+    code, stdout, _ = cli("serve", "status", "svc")
+    assert "step 1 of 2, 10% (window from" in " ".join(stdout.split()) and "PAUSED" in stdout
+    for command in ("resume", "promote", "abort"):
+        code, _, stderr = cli("serve", "rollout", "svc", command)
+        assert code == 0, stderr
+        store = Store.open(home)
+        assert store.list_canaries("svc")["svc"].command is Command(command)
+        store.close()

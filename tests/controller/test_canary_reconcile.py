@@ -243,3 +243,53 @@ def test_a_watched_update_with_a_good_window_ends_the_watch(harness: Harness) ->
     for _ in range(6):
         harness.tick(5)
     assert {r.version for r in harness.replicas()} == {version}
+
+
+def pause_for_too_few_requests(h: Harness) -> int:
+    """A canary whose windows see no requests: extended once (max_extensions 1), then paused for a person."""
+    start(h)
+    version = update_canary(h)
+    h.tick()
+    window = bake_step(h, version)
+    h.tick(31)
+    extended = h.store.list_canaries("svc")["svc"].state
+    assert (extended.window_start, extended.extensions, extended.paused) == (window, 1, False)
+    assert extended.verdict is not None and "fewer than the 20 needed to judge; baking 30s more (1 of 1)" in \
+        extended.verdict
+    h.tick(30)
+    paused = h.store.list_canaries("svc")["svc"]
+    assert paused.state.paused and paused.state.phase is CanaryPhase.STEPPING and paused.percent == 10
+    assert paused.state.verdict is not None and "paused after 1 extension:" in paused.state.verdict
+    for _ in range(3):
+        h.tick(60)  # a person has not decided: held where it is, nothing judged, nothing terminated
+    assert h.store.list_canaries("svc")["svc"] == paused
+    assert h.provider.calls_to("terminate") == []
+    return version
+
+
+def test_a_person_resumes_a_paused_canary_with_a_fresh_window(harness: Harness) -> None:
+    version = pause_for_too_few_requests(harness)
+    harness.store.request_canary_command("svc", Command.RESUME)
+    harness.tick()
+    resumed = harness.store.list_canaries("svc")["svc"]
+    assert not resumed.state.paused and resumed.command is None and resumed.state.extensions == 0
+    window = bake_step(harness, version)
+    assert window == harness.clock.now()  # a new window, from the resume on
+    count(harness, window, version, ok=40, errors=0)
+    harness.tick(31)
+    assert harness.store.list_canaries("svc")["svc"].state.step == 1
+
+
+def test_a_person_aborts_a_paused_canary(harness: Harness) -> None:
+    version = pause_for_too_few_requests(harness)
+    old = {r.replica_id for r in harness.replicas() if r.version != version}
+    harness.store.request_canary_command("svc", Command.ABORT)
+    harness.tick()
+    stored = harness.store.list_canaries("svc")["svc"].state
+    assert (stored.phase, stored.verdict) == (CanaryPhase.ROLLED_BACK,
+                                              "version 2 rolled back: aborted by an operator at 10%")
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and set(view.versions) == {1}
+    for _ in range(4):
+        harness.tick(5)
+    assert {r.replica_id for r in harness.replicas() if r.status.is_live} == old
