@@ -8,10 +8,10 @@ What it shows, in order: both controllers listed live; the service's endpoint an
 owner's loop killed with its cron entry gone: the other host takes the service over within the lease TTL
 while its endpoint keeps answering; and with the first host's sshd gone, the CLI moving to the other host.
 
-The hosts' ``replicas/`` directories are one directory (a symbolic link), as two hosts of one cloud list one
-account's instances: the local provider's inventory is its home's replica directories, and without a shared
-one a controller taking a service over would see none of its replicas. Bootstrapping two hosts takes a while
-(a virtual environment and its dependencies each), so it is one test.
+The hosts' controllers name one directory for local replicas (``SKY_LITE_LOCAL_REPLICAS_DIR``), as two hosts of
+one cloud list one account's instances: the local provider's inventory is its replica directories, and without a
+shared one a controller taking a service over would see none of its replicas. Bootstrapping two hosts takes a
+while (a virtual environment and its dependencies each), so it is one test.
 """
 
 from __future__ import annotations
@@ -126,15 +126,13 @@ def setup(tmp_path: Path, postgres_server: PostgresServer) -> Iterator[Setup]:
     hosts: dict[str, Host] = {}
     for address in ("127.0.0.2", "127.0.0.3"):
         folder = tmp_path / f"host-{address}"
-        server = start_sshd(folder / "sshd", session_env=SESSION_ENV, address=address)
+        server = start_sshd(folder / "sshd", session_env={**SESSION_ENV, "SKY_LITE_LOCAL_REPLICAS_DIR": str(replicas)},
+                            address=address)
         crontab = folder / "crontab.txt"
         script = server.bin_dir / "crontab"
         script.write_text(CRONTAB.format(store=shlex.quote(str(crontab))))
         script.chmod(0o755)
-        home = folder / "state"
-        home.mkdir(mode=0o700)
-        (home / "replicas").symlink_to(replicas)
-        hosts[address] = Host(server, home, crontab)
+        hosts[address] = Host(server, folder / "state", crontab)
     found = Setup(SkyLite(tmp_path / "local-home"), hosts,
                   postgres_server.url(database, PASSWORD_USER, PASSWORD))
     try:
