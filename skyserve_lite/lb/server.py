@@ -259,10 +259,6 @@ class _ClientConnection(asyncio.Protocol):
             # The requests before the malformed bytes are answered, then 400 and a close.
             self._bad_request = feed.error
             self._set_reading(queue_paused=True)
-        elif requests.done and feed.tunnel is None:
-            # The last request came (Connection: close, or a switch to a protocol other than WebSocket):
-            # the connection closes after its answer; bytes after it are dropped by the parser.
-            self.closing = True
         messages = feed.requests
         if not messages:
             if requests.done:
@@ -418,7 +414,9 @@ class _ClientConnection(asyncio.Protocol):
                         answer = LocalAnswer(400, f"Bad request: {self._bad_request}\n")
                         self._write(render_local_answer(answer, False, False))
                         break
-                    if self.closing:
+                    if self.closing or self._requests.done:
+                        # Nothing more will be parsed (a last request, Connection: close, was answered; or
+                        # a switch to another protocol): bytes after it are dropped by the parser.
                         break
                     self._waiter = self._loop.create_future()
                     await self._waiter
@@ -434,7 +432,7 @@ class _ClientConnection(asyncio.Protocol):
                     self._body = None
                 if not keep_alive:
                     break
-                if not self._queue and not self.closing and not self._lost:
+                if not self._queue and not self.closing and not self._lost and not self._requests.done:
                     self._become_idle()
         except Exception:  # top of the connection's loop: log with context, drop this connection only
             log.exception("load balancer for service %s: answering a request failed", self._lb.service)

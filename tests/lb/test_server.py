@@ -109,6 +109,23 @@ def test_pipelined_requests_are_answered_in_order() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_requests_pipelined_before_a_last_one_are_all_answered_then_the_connection_closes() -> None:
+    async def body() -> None:
+        async with _serving() as (host, port):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET /p0 HTTP/1.1\r\nHost: x\r\n\r\nGET /p1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                         b"GET /last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nGET /never HTTP/1.1\r\n\r\n")
+            for path in ("/p0", "/p1", "/last"):
+                status, headers, data = await _read_response(reader)
+                assert (status, json.loads(data)["path"]) == (200, path)
+            assert headers["connection"] == "close"
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
 def test_chunked_request_body_goes_to_the_replica_whole_and_chunked() -> None:
     async def body() -> None:
         async with _serving() as (host, port):
