@@ -106,11 +106,15 @@ def plan_watch_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: fl
                     launch_blocked: bool) -> CanaryPass | None:
     """The watch of a rolling or blue-green update with `--auto-rollback` (a stored ``WATCHING`` row of the
     current version), or None when there is none to keep. The new version takes traffic once it has a READY
-    replica among the versions the load balancer serves (as the last pass stored them)."""
+    replica among the versions the load balancer serves (as the last pass stored them).
+
+    A ``ROLLED_BACK`` row of the current version is a rollback whose pass stopped after storing the verdict
+    (the executor stores it first): this pass drains and rolls back again, as a canary's does."""
     service = snapshot.service
     version = service.current_version
     stored = snapshot.canary
-    if stored is None or stored.state.version != version or stored.state.phase is not CanaryPhase.WATCHING:
+    if stored is None or stored.state.version != version or stored.state.phase not in (CanaryPhase.WATCHING,
+                                                                                        CanaryPhase.ROLLED_BACK):
         return None
     serving = service.active_versions or (version,)
     taking_traffic = version in serving and any(

@@ -293,3 +293,27 @@ def test_a_person_aborts_a_paused_canary(harness: Harness) -> None:
     for _ in range(4):
         harness.tick(5)
     assert {r.replica_id for r in harness.replicas() if r.status.is_live} == old
+
+
+def test_a_watched_rollback_cut_short_after_its_verdict_is_carried_out_by_the_next_pass(harness: Harness) -> None:
+    old = start(harness)
+    version = update_watched(harness)
+    harness.tick()
+    new = new_rows(harness, version)
+    harness.prober.set({("svc", rid): ProbeResult(ok=False, detail="HTTP 503") for rid in new[1:]})
+    bake_step(harness, version)
+    kept = {r.replica_id for r in harness.replicas() if r.version == 1 and r.status is ReplicaStatus.READY}
+    assert len(kept) == 3 and kept < old
+    # The pass that judged it stored the verdict (the executor's first write) and stopped there: no drain, no
+    # rollback version. The next pass, by this or another controller, carries both out.
+    reason = "version 2 rolled back: 5xx 20% (20/100) over 30s after taking traffic, limit 2%"
+    harness.store.put_canary("svc", CanaryState(version=version, settings=SETTINGS, phase=CanaryPhase.ROLLED_BACK,
+                                                verdict=reason), 0)
+    harness.reconciler = Reconciler(harness.store, {"local": harness.provider}, harness.prober, harness.lbs,
+                                    harness.clock, harness.settings)
+    harness.tick()
+    assert harness.service().current_version == 3
+    assert harness.store.get_version("svc", 3).note == reason
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and view.versions == (1, 1, 1)
+    assert {r.status for r in harness.replicas() if r.replica_id in new} == {ReplicaStatus.SHUTTING_DOWN}
