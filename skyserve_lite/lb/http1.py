@@ -14,6 +14,11 @@ HTTP/1.0 request, which llhttp accepts and RFC 9112 (6.1) calls faulty framing: 
 load balancer reads that body by its Content-Length or up to the connection's end, not by chunks, so the
 two would disagree on where the next request starts.
 
+A request head (request line and headers) larger than ``MAX_HEAD_BYTES`` is refused too, and a replica's
+response head larger than that is an invalid response: llhttp itself keeps no head, but httptools gathers
+each header and the target until they are whole, so without a bound one endless header would take the
+process's memory. The bound is checked per socket read, so a head may pass it by up to one read (256 KiB).
+
 The requests whose heads completed before the malformed bytes are kept, except the one the bytes belong to;
 one whose body was already being relayed gets ``ConnectionAbortedError`` from its stream. After a request
 that ends the connection (``Connection: close``, HTTP/1.0 without keep-alive) or asks for a protocol switch,
@@ -30,6 +35,7 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 __all__ = [
+    "MAX_HEAD_BYTES",
     "Feed",
     "FlowControl",
     "RequestHead",
@@ -46,6 +52,9 @@ _UPGRADE = istr("Upgrade")
 _CONTENT_LENGTH = istr("Content-Length")
 _TRANSFER_ENCODING = istr("Transfer-Encoding")
 _VERSIONS: Final = {"1.1": (1, 1), "1.0": (1, 0)}
+# A request or response head larger than this is refused. nginx's default is 4 buffers of 8 KiB for a
+# request's headers; 64 KiB leaves room for the large cookies and tokens some clients send.
+MAX_HEAD_BYTES: Final = 64 * 1024
 
 
 class FlowControl(Protocol):
@@ -103,6 +112,39 @@ def compute_origin_form(target: str) -> str:
     return f"{path}?{url.query.decode('utf-8', 'surrogateescape')}" if url.query is not None else path
 
 
+class _HeadBound:
+    """Counts the bytes of the head being parsed, by whole socket reads: a read that began inside the head
+    and left it unfinished was all head; the read a head began in counts as nothing (it is at most one)."""
+
+    __slots__ = ("_began_here", "_bytes", "_in_head", "_read")
+
+    def __init__(self) -> None:
+        self._in_head = False
+        self._began_here = False
+        self._bytes = 0
+        self._read = 0
+
+    def before(self, data: bytes) -> None:
+        self._began_here = False
+        self._read = len(data)
+
+    def begin(self) -> None:
+        self._in_head = True
+        self._began_here = True
+        self._bytes = 0
+
+    def end(self) -> None:
+        self._in_head = False
+
+    def is_over(self) -> bool:
+        """After a read: whether the unfinished head has passed ``MAX_HEAD_BYTES``."""
+        if not self._in_head:
+            return False
+        if not self._began_here:
+            self._bytes += self._read
+        return self._bytes > MAX_HEAD_BYTES
+
+
 class RequestParser:
     """Parses one client connection's bytes into requests (see the module docstring). ``protocol`` is what
     the body streams pause and resume: it needs ``pause_reading``, ``resume_reading`` and ``connected``."""
@@ -119,6 +161,7 @@ class RequestParser:
         self._body: aiohttp.StreamReader | None = None
         self._complete = True  # the last message has ended
         self._refusal: str | None = None
+        self._heads = _HeadBound()
         self.done = False  # nothing more is parsed (a refusal, a last request, a protocol switch)
 
     def feed(self, data: bytes) -> Feed:
@@ -127,6 +170,7 @@ class RequestParser:
             return Feed([])
         found: list[tuple[RequestHead, aiohttp.StreamReader | None]] = []
         self._found = found
+        self._heads.before(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as switch:
@@ -143,6 +187,9 @@ class RequestParser:
             if not self._complete:
                 self._fail_message_in_progress(found, refusal)
             return Feed(found, error=refusal)
+        if self._heads.is_over():
+            self.done = True
+            return Feed(found, error=f"request head larger than {MAX_HEAD_BYTES} bytes")
         return Feed(found)
 
     def _fail_message_in_progress(
@@ -162,6 +209,7 @@ class RequestParser:
         self._head = None
         self._body = None
         self._complete = False
+        self._heads.begin()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -170,6 +218,7 @@ class RequestParser:
         self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
+        self._heads.end()
         parser = self._parser
         headers = CIMultiDictProxy(CIMultiDict(self._headers))
         version = _VERSIONS.get(parser.get_http_version(), (1, 0))
@@ -271,6 +320,7 @@ class ResponseParser:
         self._body: aiohttp.StreamReader | None = None
         self._head_buffer = b""
         self._body_until_eof = False
+        self._heads = _HeadBound()
         self.active = False  # a request is waiting for (the rest of) its response
         self.complete = False  # the final response ended
         self.keep_alive = False
@@ -306,6 +356,7 @@ class ResponseParser:
         return self._feed(data)
 
     def _feed(self, data: bytes) -> ResponseFeed:
+        self._heads.before(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as switch:
@@ -327,6 +378,8 @@ class ResponseParser:
         if found is not None and found[0].status == 101:
             # llhttp switches only when the 101 names what it switches to (Connection and Upgrade).
             return ResponseFeed(error=f"unexpected response from the replica: 101 {found[0].reason}")
+        if self._heads.is_over():
+            return ResponseFeed(error=f"invalid response from the replica: a head larger than {MAX_HEAD_BYTES} bytes")
         return ResponseFeed(found)
 
     def _feed_head_only(self, data: bytes) -> ResponseFeed:
@@ -334,6 +387,10 @@ class ResponseParser:
         while True:
             end = buffer.find(_HEAD_END)
             if end < 0:
+                if len(buffer) > MAX_HEAD_BYTES:
+                    return ResponseFeed(
+                        error=f"invalid response from the replica: a head larger than {MAX_HEAD_BYTES} bytes"
+                    )
                 self._head_buffer = buffer
                 return ResponseFeed()
             head, buffer = buffer[: end + 4], buffer[end + 4 :]
@@ -369,6 +426,7 @@ class ResponseParser:
             raise _Stop
         self._reason = b""
         self._headers = []
+        self._heads.begin()
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
@@ -377,6 +435,7 @@ class ResponseParser:
         self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
+        self._heads.end()
         parser = self._parser
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from skyserve_lite.lb.http1 import RequestParser, ResponseParser, compute_origin_form
+from skyserve_lite.lb.http1 import MAX_HEAD_BYTES, RequestParser, ResponseParser, compute_origin_form
 
 
 class Flow:
@@ -214,5 +214,35 @@ def test_protocol_switches_and_invalid_answers(data: bytes, upgrade: bool, error
         if error is None:
             assert feed.response is not None and feed.response[0].status == 101
             assert feed.tunnel == b"frames"
+
+    _run(run)
+
+
+def _trickle(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize(("header_bytes", "refused"), [(60 * 1024, False), (MAX_HEAD_BYTES + 8 * 1024, True)],
+                         ids=["60-KiB-head", "over-the-bound"])
+def test_a_request_head_larger_than_the_bound_is_refused(header_bytes: int, refused: bool) -> None:
+    async def run() -> None:
+        parser = RequestParser(Flow(), asyncio.get_running_loop(), 2**16)
+        data = b"GET / HTTP/1.1\r\nX-Big: " + b"a" * header_bytes + b"\r\n\r\n"
+        feeds = [parser.feed(read) for read in _trickle(data, 4096)]
+        errors = [feed.error for feed in feeds if feed.error is not None]
+        assert errors == ([f"request head larger than {MAX_HEAD_BYTES} bytes"] if refused else [])
+        assert sum(len(feed.requests) for feed in feeds) == (0 if refused else 1)
+
+    _run(run)
+
+
+@pytest.mark.parametrize("has_body", [True, False], ids=["get", "head"])
+def test_a_response_head_larger_than_the_bound_is_invalid(has_body: bool) -> None:
+    async def run() -> None:
+        parser = ResponseParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser.begin(has_body, upgrade=False)
+        data = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 8 * 1024) + b"\r\nContent-Length: 0\r\n\r\n"
+        errors = [feed.error for feed in map(parser.feed, _trickle(data, 4096)) if feed.error is not None]
+        assert errors[:1] == [f"invalid response from the replica: a head larger than {MAX_HEAD_BYTES} bytes"]
 
     _run(run)

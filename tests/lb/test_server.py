@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from skyserve_lite.lb.http1 import MAX_HEAD_BYTES
 from skyserve_lite.lb.proxy import LocalAnswer
 from skyserve_lite.lb.server import describe_loop, render_local_answer, render_response_head
 
@@ -193,6 +194,24 @@ def test_a_malformed_request_on_a_used_connection_gets_400_and_a_close(request_b
             assert (status, headers["connection"]) == (400, "close")
             assert text.startswith(b"Bad request")
             assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+
+    _run(body)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_head_beyond_the_bound_gets_400_and_a_close() -> None:
+    async def body() -> None:
+        async with _serving() as (host, port):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            for _ in range(MAX_HEAD_BYTES // 8192 + 2):  # a header that never ends, 8 KiB at a time
+                writer.write(b"a" * 8192)
+                await writer.drain()
+                await asyncio.sleep(0.01)
+            status, headers, text = await _read_response(reader)
+            assert (status, headers["connection"]) == (400, "close")
+            assert f"request head larger than {MAX_HEAD_BYTES} bytes".encode() in text
             writer.close()
 
     _run(body)
