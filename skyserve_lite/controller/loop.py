@@ -130,7 +130,8 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
         store = Store.open(home)
         reconciler = build_reconciler(home, store, settings)
         # A load balancer of every service on this host, not only of the services this loop owns.
-        host_lbs = HostLoadBalancers(store, ProcessLoadBalancerRunner(home, load_host_settings(home).lb_host))
+        host_lbs = HostLoadBalancers(store, ProcessLoadBalancerRunner(home, load_host_settings(home).lb_host),
+                                     time.monotonic)
         listener = RpcListener(home)  # calls from `controller rpc` (a remote client's) are served here
         listener.start()
         metrics = start_metrics(home)  # SKY_LITE_METRICS_ADDR; None when off or its port is taken (logged)

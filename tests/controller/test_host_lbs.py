@@ -17,6 +17,7 @@ import pytest
 from skyserve_lite import procs
 from skyserve_lite.cli.host_commands import render_controllers
 from skyserve_lite.cli.render import endpoint_lines, find_endpoints
+from skyserve_lite.clock import FakeClock
 from skyserve_lite.controller.fleet import ControllerView, find_controller_views
 from skyserve_lite.controller.lb_runner import (
     FakeLoadBalancerRunner,
@@ -165,18 +166,24 @@ class Services:
 def test_host_load_balancers_start_each_service_once() -> None:
     runner = FakeLoadBalancerRunner()
     services = Services([Row("api", 30001), Row("web", 30002)])
-    host = HostLoadBalancers(services, runner)
+    clock = FakeClock()
+    host = HostLoadBalancers(services, runner, clock.now, sweep_seconds=10)
     assert [(s.name, s.port) for s in host.reconcile_host_lbs().start] == [("api", 30001), ("web", 30002)]
     assert host.reconcile_host_lbs() == HostLbPlan()  # steady: nothing more
     crashed = runner.find_running("web", 30002)
     assert crashed is not None
     runner.crash(crashed)
+    clock.advance(9)
+    assert host.reconcile_host_lbs() == HostLbPlan()  # not looked at until the sweep is due...
+    clock.advance(1)
+    assert [(s.name, s.port) for s in host.reconcile_host_lbs().start] == [("web", 30002)]  # ...10 s on
+    # A change of the services is acted on at once.
     services.rows.append(Row("new", 30003))
     services.rows[0] = Row("api", 30004)  # the owner moved its port
     plan = host.reconcile_host_lbs()
-    assert [(s.name, s.port) for s in plan.start] == [("api", 30004), ("web", 30002), ("new", 30003)]
+    assert [(s.name, s.port) for s in plan.start] == [("api", 30004), ("new", 30003)]
     assert plan.stop == (("api", 30001),)
-    assert runner.started == [("api", 30001), ("web", 30002), ("api", 30004), ("web", 30002), ("new", 30003)]
+    assert runner.started == [("api", 30001), ("web", 30002), ("web", 30002), ("api", 30004), ("new", 30003)]
     assert sorted(runner.list_running()) == [("api", 30004), ("new", 30003), ("web", 30002)]
 
 
