@@ -1,4 +1,6 @@
-"""HTTP/1.1 request framing for the client-facing server, on llhttp (``httptools``, the parser uvicorn uses).
+"""HTTP/1.1 framing for the load balancer on llhttp (``httptools``, the parser uvicorn uses): the requests
+of clients (``RequestParser``, for ``server``) and the responses of replicas (``ResponseParser``, for
+``pooled_upstream``).
 
 ``RequestParser.feed`` takes the bytes of one socket read and returns a ``Feed``: the requests whose heads
 completed in it, each with its body stream (None when it has none), the refusal of malformed bytes if any,
@@ -178,7 +180,7 @@ class RequestParser:
             head = self._head
             if head is not None and head.websocket:
                 return Feed(found, tunnel=data[switch.args[0] :])
-            return Feed(found)  # another protocol (or CONNECT): refused by the keep-alive check in the server
+            return Feed(found)  # another protocol (or CONNECT): the server closes after answering it
         except httptools.HttpParserError as exc:
             if self._refusal is None and self.done:  # a request that ended the connection: the rest is ignored
                 return Feed(found)
