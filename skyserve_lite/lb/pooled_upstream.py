@@ -38,8 +38,10 @@ from skyserve_lite.lb.upstream import (
 __all__ = ["READ_LIMIT", "TIMEOUT_SWEEP_SECONDS", "PooledUpstream"]
 
 # Response body buffered per connection before reading from the replica pauses: aiohttp's default read
-# buffer. The reader pauses above twice this (128 KiB) and resumes below it, so a slow client holds at most
-# that plus one socket read (256 KiB) per streamed response.
+# buffer. The stream pauses above twice this (128 KiB) and resumes below it; but aiohttp's StreamReader
+# raises both marks to the size a reader asks for, so once the server relays a streamed body in
+# STREAM_CHUNK (256 KiB) reads it pauses above 512 KiB: a slow client holds at most that plus one socket
+# read (256 KiB) per streamed response (measured: paused at 528 KiB fed in 16 KiB reads).
 READ_LIMIT: Final = 64 * 1024
 
 # How often requests waiting for a response head are checked against the response timeout: one timer a
