@@ -270,22 +270,25 @@ class RemoteController:
         and that line. An error answer is raised here, as the sky-lite error it carries. ``outcome``: the
         ``submission_outcome`` params of a submission, asked after a drop before the request goes again."""
         known: SubmissionOutcome | None = None
-        attempt, failed = 0, []
+        tries = 0  # on the current host
+        failed: list[str] = []  # the hosts left before it, each with why
+        dropped_at = self.transport.where
         while True:
             try:
-                if attempt > 0 and outcome is not None and key is not None:
-                    known = self._ask_outcome(outcome, key)
+                if (tries > 0 or failed) and outcome is not None and key is not None:
+                    known = self._ask_outcome(outcome, key, dropped_at)
                 channel, message = self._exchange(method, params, key, payload, keep_open)
             except _Dropped as exc:
-                attempt += 1
+                tries += 1
+                dropped_at = self.transport.where
                 if self._fallbacks:
                     failed.append(f"{self.transport.where} ({exc})")
-                    self.transport = self._fallbacks.pop(0)
+                    self.transport, tries = self._fallbacks.pop(0), 0
                     continue
-                if attempt == ATTEMPTS:
+                if tries == ATTEMPTS:
                     tried = f" (and {'; '.join(failed)})" if failed else ""
                     raise ControllerError(f"lost the connection to the controller at {self.transport.where} "
-                                          f"{ATTEMPTS - len(failed)} times ({exc}){tried}; "
+                                          f"{ATTEMPTS} times ({exc}){tried}; "
                                           + ("is the host up?" if outcome is None else _fate(known))) from None
                 self._clock.sleep(self._retry_pause)
                 continue
@@ -296,13 +299,13 @@ class RemoteController:
                           "attempt or run sent the same one); this is its answer, and nothing was stored again.")
             return channel, message
 
-    def _ask_outcome(self, params: dict[str, Any], key: str) -> SubmissionOutcome:
-        """What became of the submission ``key`` whose connection dropped, said to the user. One try: a
-        drop raises ``_Dropped``."""
+    def _ask_outcome(self, params: dict[str, Any], key: str, where: str) -> SubmissionOutcome:
+        """What became of the submission ``key`` whose connection to ``where`` dropped, said to the user (asked
+        of the current host: another host on the same database knows it as well). One try: a drop raises
+        ``_Dropped``."""
         channel, message = self._exchange("submission_outcome", params, key, None, False)
         channel.finish()
         found = cast(SubmissionOutcome, decode(SubmissionOutcome, message.get("result")))
-        where = self.transport.where
         if found.stored:
             self._say(f"The connection to {where} dropped before its answer arrived; the controller had stored it "
                       f"(version {found.version}). Asking for its answer again.")

@@ -176,5 +176,29 @@ def test_with_no_host_answering_the_error_names_every_one(tmp_path: Path) -> Non
         return CommandTransport([sys.executable, "-c", "import sys; sys.exit(255)"], where=where)
 
     client = RemoteController(down("ssh://a:22"), retry_pause_seconds=0, fallbacks=[down("ssh://b:22")])
-    with pytest.raises(ControllerError, match=r"at ssh://b:22 2 times \(exit 255: no answer\) \(and ssh://a:22 "):
+    with pytest.raises(ControllerError, match=r"at ssh://b:22 3 times \(exit 255: no answer\) \(and ssh://a:22 "):
         client.describe()
+
+
+def test_a_submission_whose_host_dropped_is_asked_of_the_next_host_and_stored_once(tmp_path: Path) -> None:
+    """The first host stored `serve up` and its answer was lost: the next host (same database) is asked what
+    became of it before anything is sent again, and answers with the version stored, storing none."""
+    from tests.remote.test_reconnect import WHERE, Lossy, _task
+
+    home = tmp_path / "db-home"
+    Store.open(home).close()
+    first = Lossy(home, fate=lambda request, _n: "after" if request["method"] == "create_service" else None)
+    said: list[str] = []
+    client = RemoteController(first, retry_pause_seconds=0, submission_secret=bytes(range(32)), say=said.append,
+                              fallbacks=[InProcessTransport(home)])
+    service = client.create_service("web", _task(tmp_path / "task", 1))
+    assert service.name == "web" and service.current_version == 1
+    store = Store.open(home, create=False)
+    try:
+        assert [v.version for v in store.list_versions("web")] == [1]
+    finally:
+        store.close()
+    assert f"The connection to {WHERE} dropped before its answer arrived; the controller had stored it (version " \
+           "1). Asking for its answer again." in said
+    assert any(line.startswith(f"The controller at {WHERE} (") and "did not answer; in-process controller" in line
+               for line in said), said
