@@ -1,6 +1,8 @@
 """Canary updates with real replica processes and a real load balancer: a version that answers 500 on `/`
 (200 on its probe path) is rolled back at the first step with no old replica lost and the reason shown; a
-good version is promoted through every step, its share of the requests measured through the endpoint."""
+good version is promoted through every step, its share of the requests measured through the endpoint; a
+rolling update with `--auto-rollback` of such a version is rolled back without the service ever having no
+replica to answer."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from .conftest import SkyLite, http_get, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
 
 # Short windows and few requests to judge: 20% then 50%, 5 s each, 10 requests at least (extended twice).
 TASK = """\
@@ -89,7 +91,7 @@ def test_a_failing_version_is_rolled_back_and_a_good_one_promoted(sky: SkyLite, 
     bad.write_text(TASK.format(status=500, label="bad"))
     with Load(endpoint) as load:
         result = sky.run("serve", "update", "web", str(bad), "--mode", "canary", "--max-error-rate", "0.02", "-y",
-                         "--timeout", "120", check=False)
+                         "--timeout", "120", check=False, timeout=240)
     assert result.returncode == 1, result.stdout + result.stderr
     said = " ".join(result.stderr.split())
     assert "web: version 2 did not roll out: version 2 rolled back: 5xx 100% (" in said
@@ -117,13 +119,13 @@ def test_a_failing_version_is_rolled_back_and_a_good_one_promoted(sky: SkyLite, 
     with Load(endpoint) as load:
         update = threading.Thread(target=lambda: seen.append((0.0, sky.run(
             "serve", "update", "web", str(good), "--mode", "canary", "-y", "--timeout", "150",
-            check=False).returncode, "")))
+            check=False, timeout=240).returncode, "")))
         update.start()
         at_20 = wait_until(lambda: canary_percent(sky) == (20, "stepping") and time.monotonic(), timeout=90,
                            message="the split at 20%")
         after_20 = wait_until(lambda: canary_percent(sky) != (20, "stepping") and time.monotonic(), timeout=90,
                               message="the step after 20%")
-        update.join(180)
+        update.join(240)
     assert seen and seen[0][1] == 0, "the good version's update did not succeed"
     window = [body for when, status, body in load.answers if at_20 + 1.0 <= when <= after_20 - 1.0 and status == 200]
     assert len(window) >= 25, len(window)
@@ -138,3 +140,29 @@ def test_a_failing_version_is_rolled_back_and_a_good_one_promoted(sky: SkyLite, 
     canary = sky.status("web")["services"][0]["canary"]
     assert (canary["phase"], canary["percent"]) == ("promoted", 100)
     assert http_get(endpoint + "/")[1].startswith("v2 ")
+
+
+def test_a_rolling_update_with_auto_rollback_is_rolled_back_without_a_gap(sky: SkyLite, tmp_path: Path) -> None:
+    v1 = tmp_path / "v1.yaml"
+    v1.write_text(TASK.format(status=200, label="v1"))
+    endpoint = sky.run("serve", "up", str(v1), "-n", "web").stdout.rsplit(" ", 1)[1].strip()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TASK.format(status=500, label="bad"))
+    with Load(endpoint) as load:
+        result = sky.run("serve", "update", "web", str(bad), "--auto-rollback", "--bake", "5s", "-y",
+                         "--timeout", "150", check=False, timeout=240)
+        assert result.returncode == 1, result.stdout + result.stderr
+        said = " ".join(result.stderr.split())
+        assert "web: version 2 did not roll out: version 2 rolled back: 5xx 100% (" in said
+        assert "after taking traffic, limit 2%" in said
+        # The rollback (version 3, version 1's task) serves v1 again, the bad replicas drained and gone.
+        final = wait_until(lambda: (rows := replicas(sky)) and {v for v, _, _ in rows.values()} == {3}
+                           and all(s == "READY" for _, s, _ in rows.values()) and rows, timeout=120,
+                           message="version 3 alone and READY")
+        assert len(final) == 2
+        wait_until(lambda: http_get(endpoint + "/")[1].startswith("v1 "), timeout=30, message="v1 answering")
+    # Every request had a replica to answer it: only the versions' own answers, no 503 for want of one.
+    assert {status for _, status, _ in load.answers} <= {200, 500}
+    assert {body.split(" ")[0] for _, status, body in load.answers if status == 500} == {"bad"}
+    history = " ".join(sky.run("serve", "history", "web").stdout.split())
+    assert "version 2 rolled back: 5xx 100%" in history
