@@ -317,3 +317,28 @@ def test_a_watched_rollback_cut_short_after_its_verdict_is_carried_out_by_the_ne
     view = harness.store.get_lb_view("svc")
     assert view is not None and view.versions == (1, 1, 1)
     assert {r.status for r in harness.replicas() if r.replica_id in new} == {ReplicaStatus.SHUTTING_DOWN}
+
+
+def test_a_canary_rolled_back_with_no_old_replica_ready_keeps_serving_until_the_rollback_is(harness: Harness
+                                                                                           ) -> None:
+    old = start(harness)
+    version = update_canary(harness)
+    harness.tick()
+    bake_step(harness, version)
+    # Every old replica stops answering its probe (NOT_READY, out of traffic): only the canary's serves.
+    harness.prober.set({("svc", rid): ProbeResult(ok=False, detail="HTTP 503") for rid in old})
+    harness.tick()
+    assert {r.status for r in harness.replicas() if r.replica_id in old} == {ReplicaStatus.NOT_READY}
+    harness.store.request_canary_command("svc", Command.ABORT)
+    harness.tick()
+    reason = "version 2 rolled back: aborted by an operator at 10%"
+    assert harness.store.list_canaries("svc")["svc"].state.verdict == reason
+    assert harness.service().current_version == 3
+    # Draining the canary's replica would leave nothing to answer: it keeps serving, and the event says so.
+    [canary] = [r for r in harness.replicas() if r.version == version]
+    assert canary.status is ReplicaStatus.READY
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and view.versions == (version,)
+    assert [e.message for e in harness.store.list_events("svc") if e.message.startswith(reason)] == [
+        f"{reason}; no READY replica of an older version remains: version 2 keeps serving until the "
+        "rollback's replicas are READY"]
