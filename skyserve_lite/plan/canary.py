@@ -32,6 +32,10 @@ DEFAULT_MAX_ERROR_RATE = 0.02
 DEFAULT_MIN_REQUESTS = 50
 # Three more windows (8 minutes in all at a 2m bake) before a person is asked to decide.
 DEFAULT_MAX_EXTENSIONS = 3
+# The longest window a step may be judged over, extensions included: the per-version counts are kept 62
+# minutes (``state.history.REQUEST_COUNTS_KEEP_SECONDS``), so a 30m bake extended 3 times (2h) would be
+# judged on its last hour only while its reason says "over 2h".
+MAX_WINDOW_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,11 @@ def find_settings_problem(settings: CanarySettings) -> tuple[str, str] | None:
         return "steps", f"steps must increase, not {list(steps)}"
     if not settings.bake_seconds > 0 or math.isinf(settings.bake_seconds):
         return "bake", f"must be a positive duration, not {settings.bake_seconds:g}s"
+    longest = settings.bake_seconds * (1 + max(0, settings.max_extensions))
+    if longest > MAX_WINDOW_SECONDS:
+        return "bake", (f"{format_seconds(settings.bake_seconds)} extended up to {settings.max_extensions} times "
+                        f"is a window of {format_seconds(longest)}: at most 60m (the counts it is judged on are "
+                        "kept an hour)")
     if not 0 <= settings.max_error_rate < 1:
         return "max_error_rate", f"must be a fraction from 0 to below 1 (0.02 is 2%), not {settings.max_error_rate:g}"
     if settings.min_requests < 1:

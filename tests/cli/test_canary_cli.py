@@ -65,6 +65,7 @@ def stored(home: Path) -> tuple[list[int], dict[str, CanaryState]]:
         (["--steps", "ten"], "--steps: 'ten' is not a list of whole percentages"),
         (["--bake", "soon"], "--bake: 'soon' is not a duration"),
         (["--bake", "0s"], "--bake: must be a positive duration"),
+        (["--bake", "30m"], "--bake: 30m extended up to 3 times is a window of 120m: at most 60m"),
         (["--max-error-rate", "lots"], "--max-error-rate: 'lots' is not a rate"),
         (["--max-error-rate", "150%"], "--max-error-rate: must be a fraction from 0 to below 1"),
     ],

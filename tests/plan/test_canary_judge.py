@@ -88,6 +88,9 @@ def test_counts_of_status_classes() -> None:
         (CanarySettings(steps=(50, 10)), "steps"),
         (CanarySettings(steps=(0,)), "steps"),
         (CanarySettings(bake_seconds=0), "bake"),
+        (CanarySettings(bake_seconds=900, max_extensions=3), None),  # 4 x 15m: the hour exactly
+        (CanarySettings(bake_seconds=901, max_extensions=3), "bake"),
+        (CanarySettings(bake_seconds=1800, max_extensions=3), "bake"),
         (CanarySettings(max_error_rate=1.5), "max_error_rate"),
         (CanarySettings(min_requests=0), "min_requests"),
         (CanarySettings(max_extensions=-1), "max_extensions"),
@@ -102,3 +105,10 @@ def test_settings_round_trip() -> None:
     settings = CanarySettings(steps=(5, 25, 60), bake_seconds=30, max_error_rate=0.05, min_requests=10,
                               max_extensions=1)
     assert CanarySettings.from_json(settings.to_json()) == settings
+
+
+def test_the_longest_window_is_within_the_counts_kept() -> None:
+    from skyserve_lite.plan.canary import MAX_WINDOW_SECONDS
+    from skyserve_lite.state.history import REQUEST_COUNTS_KEEP_SECONDS
+
+    assert MAX_WINDOW_SECONDS <= REQUEST_COUNTS_KEEP_SECONDS
