@@ -72,7 +72,7 @@ class _Connection(asyncio.Protocol):
         self.head_deadline = 0.0
         self.tunnel: aiohttp.StreamReader | None = None
         self._parser = ResponseParser(self, loop, READ_LIMIT)
-        self._head: asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader]] | None = None
+        self._head: asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader | bytes]] | None = None
         self._payload: aiohttp.StreamReader | None = None
         self._got_bytes = False
         self._lost = False
@@ -96,7 +96,7 @@ class _Connection(asyncio.Protocol):
 
     def begin(
         self, response_with_body: bool, upgrade: bool = False
-    ) -> asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader]]:
+    ) -> asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader | bytes]]:
         self._parser.begin(response_with_body, upgrade)
         self._payload = None
         self._got_bytes = False
@@ -192,7 +192,7 @@ class _Connection(asyncio.Protocol):
         head = self._head
         if found is None or head is None or head.done():
             return
-        self._payload = found[1]
+        self._payload = found[1] if not isinstance(found[1], bytes) else None  # bytes: whole, nothing to fail
         head.set_result(found)
         if feed.tunnel is not None:
             self._start_tunnel(feed.tunnel)
@@ -267,13 +267,15 @@ class _PooledResponse:
         replica: _Replica,
         connection: _Connection,
         message: ResponseHead,
-        payload: aiohttp.StreamReader,
+        payload: aiohttp.StreamReader | bytes,
     ) -> None:
         self._pool = pool
         self._replica = replica
         self._connection = connection
         self._message = message
-        self._payload = payload
+        # A body that came whole with the head is kept as bytes (``_data``); else it is read from the stream.
+        self._data: bytes | None = payload if isinstance(payload, bytes) else None
+        self._payload: aiohttp.StreamReader | None = None if isinstance(payload, bytes) else payload
         self._released = False
         self.status = message.status
         self.reason: str | None = message.reason
@@ -282,10 +284,13 @@ class _PooledResponse:
         self.content_length = int(length) if length is not None and length.isdigit() else None
 
     async def read(self) -> bytes:
-        payload = self._payload
+        data, payload = self._data, self._payload
+        if payload is None:
+            self._data = b""
+            return data or b""
         if payload.is_eof() and payload.exception() is None:
-            # The whole body came with the head, as a small answer does: 0.4 us here against 1.3 us for
-            # the stream's read, which awaits one coroutine per buffered block.
+            # The whole body is here: 0.4 us against 1.3 us for the stream's read, which awaits one
+            # coroutine per buffered block.
             return payload.read_nowait()
         try:
             return await payload.read()
@@ -295,8 +300,13 @@ class _PooledResponse:
             raise UpstreamError(describe(exc)) from exc
 
     async def read_chunk(self, size: int) -> bytes:
+        payload = self._payload
+        if payload is None:
+            data = self._data or b""
+            chunk, self._data = data[:size], data[size:]
+            return chunk
         try:
-            return await self._payload.read(size)
+            return await payload.read(size)
         except UpstreamError:
             raise
         except OSError as exc:
@@ -317,7 +327,8 @@ class _PooledResponse:
             self._connection.close()
             return
         payload = self._payload
-        reusable = payload.is_eof() and payload.exception() is None and self._connection.reusable
+        whole = payload is None or (payload.is_eof() and payload.exception() is None)
+        reusable = whole and self._connection.reusable
         self._pool._give_back(self._replica, self._connection, reusable)
 
 

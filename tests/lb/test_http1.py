@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+import aiohttp
 import pytest
 
 from skyserve_lite.lb.http1 import MAX_HEAD_BYTES, RequestParser, ResponseParser, compute_origin_form
@@ -138,6 +139,10 @@ def test_origin_form(target: str, expected: str) -> None:
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
+
+async def _body_of(whole_or_stream: bytes | aiohttp.StreamReader) -> bytes:
+    return whole_or_stream if isinstance(whole_or_stream, bytes) else await whole_or_stream.read()
+
 # (reads, response has a body) -> status, body, whether the connection may carry another request
 RESPONSE_CASES: dict[str, tuple[Sequence[bytes], bool, int, bytes, bool]] = {
     "length": ([OK], True, 200, b"ok", True),
@@ -168,8 +173,8 @@ def test_responses_as_parsed(reads: Sequence[bytes], has_body: bool, status: int
                 assert feed.error is None
                 found = found or feed.response
             assert found is not None
-            head, stream = found
-            assert (head.status, await stream.read()) == (status, body)
+            head, whole_or_stream = found
+            assert (head.status, await _body_of(whole_or_stream)) == (status, body)
             assert parser.reusable is reusable
             parser.finish()
             if not reusable:
@@ -183,10 +188,10 @@ def test_a_body_until_the_connection_ends_ends_with_it_and_a_short_one_is_an_err
         loop = asyncio.get_running_loop()
         parser = ResponseParser(Flow(), loop, 2**16)
         parser.begin(True, upgrade=False)
-        (head, stream) = parser.feed(b"HTTP/1.1 200 OK\r\n\r\nuntil the end").response or (None, None)
-        assert head is not None and stream is not None
+        found = parser.feed(b"HTTP/1.1 200 OK\r\n\r\nuntil the end").response
+        assert found is not None and isinstance(found[1], aiohttp.StreamReader)  # not whole until the end
         assert parser.feed_eof() is None
-        assert await stream.read() == b"until the end"
+        assert await found[1].read() == b"until the end"
         assert not parser.reusable
 
         parser = ResponseParser(Flow(), loop, 2**16)
@@ -244,5 +249,22 @@ def test_a_response_head_larger_than_the_bound_is_invalid(has_body: bool) -> Non
         data = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 8 * 1024) + b"\r\nContent-Length: 0\r\n\r\n"
         errors = [feed.error for feed in map(parser.feed, _trickle(data, 4096)) if feed.error is not None]
         assert errors[:1] == [f"invalid response from the replica: a head larger than {MAX_HEAD_BYTES} bytes"]
+
+    _run(run)
+
+
+def test_a_body_whole_with_its_head_comes_as_bytes_and_one_still_arriving_as_a_stream() -> None:
+    async def run() -> None:
+        parser = ResponseParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser.begin(True, upgrade=False)
+        found = parser.feed(OK).response
+        assert found is not None and found[1] == b"ok"
+        parser.finish()
+        parser.begin(True, upgrade=False)
+        split = parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab").response
+        assert split is not None and isinstance(split[1], aiohttp.StreamReader)
+        parser.feed(b"cde")
+        assert await split[1].read() == b"abcde"
+        assert parser.reusable
 
     _run(run)
