@@ -54,7 +54,7 @@ class Load:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                status, body = http_get(self.endpoint + "/", timeout=5)
+                status, body = http_get(self.endpoint + "/", timeout=20)  # a loaded 2-core machine: slow, not lost
             except OSError:
                 status, body = 0, ""
             self.answers.append((time.monotonic(), status, body))
