@@ -160,7 +160,10 @@ def find_rollout_progress(view: ServiceView, version: int) -> RolloutProgress:
             return progress(RolloutOutcome.FAILED, canary.state.verdict or f"version {version} rolled back")
         if not canary.state.is_done and service.current_version == version:
             which = "the watch" if canary.state.phase is CanaryPhase.WATCHING else "the canary"
-            return progress(RolloutOutcome.IN_PROGRESS, f"{which}: {canary.describe()}")
+            # Paused, nothing moves until a person decides: name the command, with this service's name.
+            decide = (f"; a person decides: `sky-lite serve rollout {name} resume`, `promote` or `abort`"
+                      if canary.state.paused else "")
+            return progress(RolloutOutcome.IN_PROGRESS, f"{which}: {canary.describe()}{decide}")
     if service.current_version != version:
         return progress(RolloutOutcome.SUPERSEDED,
                         f"version {service.current_version} was submitted meanwhile; `sky-lite serve wait {name}` "

@@ -223,3 +223,15 @@ def test_resume_is_for_a_paused_rollout_and_pause_for_a_running_one(cli: Cli, ho
         store = Store.open(home)
         assert store.list_canaries("svc")["svc"].command is Command(command)
         store.close()
+
+
+def test_wait_on_a_paused_canary_names_the_command_that_decides(cli: Cli, home: Path, tmp_path: Path) -> None:
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, V2), "--mode", "canary", "-y")[0] == 0
+    store = Store.open(home)
+    store.put_canary("svc", CanaryState(version=2, window_start=1000.0, extensions=3, paused=True), 10)
+    store.close()
+    code, _, stderr = cli("serve", "wait", "svc", "--timeout", "0")
+    assert code == 1
+    said = " ".join(stderr.split())
+    assert "waiting for the canary: version 2: step 1 of 2, 10%" in said and ", PAUSED;" in said
+    assert "a person decides: `sky-lite serve rollout svc resume`, `promote` or `abort`" in said
