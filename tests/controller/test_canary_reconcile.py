@@ -342,3 +342,42 @@ def test_a_canary_rolled_back_with_no_old_replica_ready_keeps_serving_until_the_
     assert [e.message for e in harness.store.list_events("svc") if e.message.startswith(reason)] == [
         f"{reason}; no READY replica of an older version remains: version 2 keeps serving until the "
         "rollback's replicas are READY"]
+
+
+def test_a_watched_blue_green_update_failing_before_its_switch_leaves_the_old_ones_serving(harness: Harness
+                                                                                           ) -> None:
+    old = start(harness)
+    version = update_watched(harness, mode="blue_green")
+    harness.tick()
+    new = new_rows(harness, version)
+    assert len(new) == 4
+    harness.prober.set({("svc", rid): ProbeResult(ok=False, detail="HTTP 500") for rid in new})
+    for _ in range(4):
+        harness.tick(30)  # past the 60 s initial delay: failed before READY, launching stops
+        view = harness.store.get_lb_view("svc")
+        assert view is not None and set(view.versions) == {1} and len(view.versions) == 4  # never switched
+    assert harness.store.list_canaries("svc")["svc"].state.phase is CanaryPhase.ROLLED_BACK
+    assert harness.service().current_version == 3
+    harness.tick()
+    rows = {r.replica_id: r for r in harness.replicas() if r.status.is_live}
+    assert set(rows) == old and all(r.version == 3 and r.status is ReplicaStatus.READY for r in rows.values())
+
+
+def test_a_watched_blue_green_update_failing_after_its_switch_serves_until_the_rollback_is_ready(
+        harness: Harness) -> None:
+    start(harness)
+    version = update_watched(harness, mode="blue_green")
+    harness.tick()
+    window = bake_step(harness, version)  # all 4 new READY: the switch, the old ones drained
+    assert not any(r.status is ReplicaStatus.READY for r in harness.replicas() if r.version == 1)
+    count(harness, window, version, ok=80, errors=20)
+    harness.tick(31)
+    assert harness.service().current_version == 3
+    view = harness.store.get_lb_view("svc")
+    assert view is not None and view.versions == (2, 2, 2, 2)  # not 0 replicas: the new ones until v3's
+    for _ in range(8):
+        harness.tick(5)
+        view = harness.store.get_lb_view("svc")
+        assert view is not None and len(view.ready_urls) >= 4
+    rows = harness.replicas()
+    assert {r.version for r in rows} == {3} and len(rows) == 4
