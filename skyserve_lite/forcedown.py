@@ -12,7 +12,9 @@ local and emulated replicas,    the ``SKY_LITE_REPLICA_DIR`` tag below HOME in `
 with their descendants          and ``pid`` files whose process still is that replica's (its start time;
                                 replicas started before processes were tagged)
 cloud instances                 the controller tag (``sky-lite:controller``): the id from
-                                ``HOME/controller-id``, else from ``state.db`` if it can still be read
+                                ``HOME/controller-id``, else from ``state.db`` if it can still be read;
+                                with the state in PostgreSQL (``SKY_LITE_DB_URL``, ``db_url``), from
+                                the database's ``meta`` if it answers within a few seconds
 ==============================  =====================================================================
 
 The controller goes first, since it would relaunch what the rest stops; then load balancers, replicas and
@@ -30,12 +32,13 @@ import urllib.parse
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
 from skyserve_lite.controller.guard import guard_provider
 from skyserve_lite.controller.pidfile import find_controller
-from skyserve_lite.errors import ProviderError, ProviderNotConfiguredError
+from skyserve_lite.errors import ProviderError, ProviderNotConfiguredError, SkyLiteError
 from skyserve_lite.providers.base import Instance, InstanceState, Provider
 from skyserve_lite.providers.local import (
     PID_FILE,
@@ -43,6 +46,7 @@ from skyserve_lite.providers.local import (
     find_replica_processes,
     stop_replica_processes,
 )
+from skyserve_lite.state.dburl import DatabaseUrl, find_database_url
 
 # Where the store also keeps its controller id, so that it survives a damaged database (see the report).
 CONTROLLER_ID_FILE = "controller-id"
@@ -54,6 +58,9 @@ _CONTROLLER_GRACE_SECONDS = 10.0
 _LB_GRACE_SECONDS = 5.0
 # Reading what is left of a damaged state.db must never hang the way the store's 30 s busy timeout does.
 _PEEK_TIMEOUT_SECONDS = 0.5
+# A PostgreSQL database is asked over the network: 5 s to connect and 5 s per query, so a server that is
+# gone costs the command 10 s at most, not libpq's default of waiting forever.
+_PEEK_PG_TIMEOUT_SECONDS = 5
 
 # A controller id -> the cloud providers to search for instances with that tag (by cloud name).
 CloudProviders = Callable[[str], Mapping[str, Provider]]
@@ -124,9 +131,11 @@ def force_down(home: Path, *, regions: Sequence[str] = (), clouds: CloudProvider
 
     controller_id, stored_regions = peek_store(home)
     if controller_id is None:
+        url = _find_database_url(home)
+        where = "state.db cannot be read" if url is None else f"the state database {url} cannot be read"
         return ForceDownReport(home, tuple(stopped), (), (
             f"Cloud instances were not searched: the controller id of {home} is unknown (no {CONTROLLER_ID_FILE} "
-            "file, and state.db cannot be read). They carry the tag sky-lite:controller: look for instances "
+            f"file, and {where}). They carry the tag sky-lite:controller: look for instances "
             "with that tag key in your cloud account.",), tuple(errors))
     build = clouds or _make_clouds(home)
     instances: list[tuple[str, Instance]] = []
@@ -197,6 +206,9 @@ def peek_store(home: Path) -> tuple[str | None, tuple[str, ...]]:
     except OSError:
         recorded = ""
     controller_id = recorded if _CONTROLLER_ID.fullmatch(recorded) else None
+    url = _find_database_url(home)
+    if url is not None:
+        return _peek_postgresql(url, controller_id)
     regions: tuple[str, ...] = ()
     path = home / "state.db"
     if not path.is_file():
@@ -215,6 +227,38 @@ def peek_store(home: Path) -> tuple[str | None, tuple[str, ...]]:
             db.close()
     except sqlite3.Error:
         pass  # damaged: what the file no longer tells, the provider side has to
+    return controller_id, regions
+
+
+def _find_database_url(home: Path) -> DatabaseUrl | None:
+    """The PostgreSQL database of ``home``'s state, or None for SQLite in the home (and for a URL that does
+    not parse: this command must work whatever the settings say)."""
+    try:
+        return find_database_url(home, os.environ)
+    except SkyLiteError:
+        return None
+
+
+def _peek_postgresql(url: DatabaseUrl, controller_id: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """``peek_store`` with the state in PostgreSQL: the store keeps the controller id only in the database's
+    ``meta`` (no ``controller-id`` file in the home), so the database is asked, read-only and with short
+    timeouts. A database that cannot be reached, or holds no sky-lite schema, answers (controller_id, ())."""
+    import psycopg  # an optional dependency, present wherever a store was ever opened on PostgreSQL
+
+    timeout_ms = _PEEK_PG_TIMEOUT_SECONDS * 1000
+    arguments: dict[str, Any] = {**url.connect_arguments(), "connect_timeout": str(_PEEK_PG_TIMEOUT_SECONDS)}
+    try:
+        with psycopg.connect(autocommit=True, options=f"-c default_transaction_read_only=on "
+                                                      f"-c statement_timeout={timeout_ms}", **arguments) as db:
+            if controller_id is None:
+                row = db.execute("SELECT value FROM meta WHERE key = 'controller_id'").fetchone()
+                stored = str(row[0]) if row else ""
+                controller_id = stored if _CONTROLLER_ID.fullmatch(stored) else None
+            regions = tuple(str(r[0]) for r in db.execute(
+                "SELECT DISTINCT region FROM replicas WHERE region IS NOT NULL AND cloud != 'local' "
+                "ORDER BY region"))
+    except psycopg.Error:
+        return controller_id, ()  # unreachable, refused, or no schema: the provider side has to tell
     return controller_id, regions
 
 

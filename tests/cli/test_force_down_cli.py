@@ -29,6 +29,8 @@ from skyserve_lite.providers.local import LocalProvider
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.store import Store
+from skyserve_lite.userconfig import set_config
+from tests.postgres import PASSWORD, PASSWORD_USER, PostgresServer
 from tests.providers.test_local import ESCAPING, alive, request, wait_for_processes
 
 from .runner import Cli
@@ -171,3 +173,41 @@ def test_force_down_asks_first(tmp_path: Path) -> None:
     code, stdout, _stderr = Cli(LocalController(tmp_path / "home", start_daemon=False))(
         "serve", "down", "--all", "--force", input="n\n")
     assert code == 1 and "without reading its database?" in stdout
+
+
+def test_force_down_with_the_state_in_postgresql_reads_the_controller_id_from_the_database(
+        tmp_path: Path, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The store keeps the controller id in the database's meta only (no controller-id file in the home): a
+    # force-down that looked for the file alone searched no cloud at all.
+    database = postgres_server.create_database(owner=PASSWORD_USER)
+    monkeypatch.delenv("SKY_LITE_DB_URL", raising=False)
+    home = tmp_path / "home"
+    set_config(home, "db_url", postgres_server.url(database, PASSWORD_USER, PASSWORD))  # the password: pgpass
+    try:
+        store = Store.open(home)
+        controller_id = store.controller_id
+        store.create_service("web", SubmittedTask(TASK, "/t/web.yaml", parse_task(TASK)), 30001, now=1.0)
+        store.close()
+        assert not (home / CONTROLLER_ID_FILE).exists() and not (home / "state.db").exists()
+        assert peek_store(home) == (controller_id, ())
+        cloud = FakeProvider(name="aws")
+        cloud.launch([web("sleep 300", 1)])
+        controller = FakeCloudController(home, cloud)
+
+        code, stdout, stderr = Cli(controller)("serve", "down", "--all", "--force", "-y")
+
+        assert (code, stderr) == (0, ""), stdout
+        assert controller.asked == [controller_id]
+        assert stdout.splitlines()[-1] == "Terminated aws instance fake-1 (replica 1 of web)."
+        assert cloud.calls_to("terminate") == [Call("terminate", ("fake-1",))]
+    finally:
+        postgres_server.drop_database(database)
+
+    # The database gone: the processes are still stopped, and the last line names the database it could not
+    # read, without its password.
+    code, stdout, _stderr = Cli(FakeCloudController(home, cloud))("serve", "down", "--all", "--force", "-y")
+    assert code == 0
+    assert (f"the controller id of {home} is unknown (no {CONTROLLER_ID_FILE} file, and the state database "
+            f"postgresql://{PASSWORD_USER}:***@127.0.0.1:{postgres_server.port}/{database} cannot be read)"
+            in stdout.replace("\n", " "))
+    assert PASSWORD not in stdout
