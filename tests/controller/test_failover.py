@@ -137,6 +137,34 @@ def test_services_spread_one_per_loop_and_converge(fleet: Fleet) -> None:
     assert len(fleet.cloud.instances) == 6  # each replica launched once, whoever owned it first
 
 
+def test_services_created_later_spread_over_the_live_loops_only(fleet: Fleet) -> None:
+    fleet.run(12)
+    text = TASK.format(replicas=2)
+
+    def create(names: str, port: int) -> None:
+        for offset, name in enumerate(names):  # through another loop's store, as a second host's CLI would
+            fleet.stores[1].create_service(name, SubmittedTask(text=text, source="/t.yaml", spec=parse_task(text)),
+                                           port + offset, fleet.clock.now())
+
+    def loads() -> list[int]:
+        return sorted(Counter(fleet.owners().values()).values())
+
+    # 3 new services over 3 live loops holding one each: ceil(6 / 3) = 2 each, none to the first to look.
+    create("def", 30011)
+    fleet.run(12)
+    assert Counter(fleet.owners().values()) == {"loop0": 2, "loop1": 2, "loop2": 2}
+    # loop2 stops renewing (kill -9): its 2 are taken over, and 6 more services go to the 2 live loops only,
+    # ceil(12 / 2) = 6 each.
+    fleet.alive.discard(2)
+    fleet.run(TTL + 2 * INTERVAL)
+    create("ghijkl", 30021)
+    fleet.run(12)
+    assert Counter(fleet.owners().values()) == {"loop0": 6, "loop1": 6}, loads()
+    for name in "defghijkl":  # and each of them is acted on by its owner
+        assert sorted(r.status.value for r in fleet.stores[0].list_replicas(name) if not r.status.is_terminal) == [
+            "READY", "READY"], name
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_loop_killed_mid_launch_loses_its_services_within_the_ttl_without_duplicates_or_leaks(
         fleet: Fleet, when: str) -> None:
