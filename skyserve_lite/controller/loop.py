@@ -84,7 +84,7 @@ def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> 
     providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
     lb_host = host.lb_host
     secrets = SecretStore(home)
-    prober = HttpProber(read_secret=lambda digest: secrets.get(digest).value)
+    prober = HttpProber(read_secret=secrets.read_value)
     return Reconciler(store, providers, prober, ProcessLoadBalancerRunner(home, lb_host), clock, settings,
                       blobs=blob_store_of(home), secrets=secrets, leases=leases)
 

@@ -102,7 +102,7 @@ class StoreGuardSource:
         from skyserve_lite.state.secrets import SecretStore
 
         secrets = SecretStore(home)
-        return cls(store, service, lambda digest: secrets.get(digest).value)
+        return cls(store, service, secrets.read_value)
 
     def read(self) -> GuardConfig | None:
         record = self._store.find_service(self._service)
