@@ -52,6 +52,7 @@ from skyserve_lite.errors import SkyLiteError, StateConflictError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.files.manifest import Manifest
 from skyserve_lite.lb.auth_keys import StoreGuardSource
+from skyserve_lite.lb.current_version import CurrentVersionValue
 from skyserve_lite.lb.guard import Guard
 from skyserve_lite.lb.listener import raise_open_file_limit
 from skyserve_lite.lb.metrics import LbMetrics, metrics_path
@@ -64,6 +65,7 @@ from skyserve_lite.lb.version_counts import VersionCounter
 from skyserve_lite.state.models import LbEndpoint
 
 if TYPE_CHECKING:
+    from skyserve_lite.state.models import VersionRecord
     from skyserve_lite.state.store import Store
 
 log = logging.getLogger("skyserve_lite.lb")
@@ -85,28 +87,27 @@ class StoreTargetSource:
 
 
 class StoreTlsSource:
-    """``TlsSource`` backed by the state store: the current version's ``TaskFiles.tls``. The version is
-    read again only when the service's current version changes (one row read otherwise)."""
+    """``TlsSource`` backed by the state store: the current version's ``TaskFiles.tls``, read again only when
+    the service's current version changes (``CurrentVersionValue``: one row read otherwise)."""
 
     def __init__(self, store: Store, service: str) -> None:
-        self._store = store
-        self._service = service
-        self._version: int | None = None
-        self._tls: Manifest | None = None
-        self._problem: str | None = None
+        self._current = CurrentVersionValue(store, service, _find_tls)
 
     def read(self) -> Manifest | None:
-        service = self._store.find_service(self._service)
-        if service is not None and service.current_version != self._version:
-            record = self._store.get_version(self._service, service.current_version)
-            files = record.files
-            self._version, self._tls, self._problem = service.current_version, files.tls if files else None, None
-            if self._tls is None and record.spec.service.tls is not None:
-                self._problem = (f"version {record.version} has service.tls but its snapshot holds no key and "
-                                 "certificate; submit it again with `sky-lite serve update`")
-        if self._problem is not None:
-            raise TlsError(self._problem)
-        return self._tls  # a service gone keeps the last answer: the target source stops the load balancer
+        # A service gone keeps the last answer: the target source stops the load balancer.
+        value = self._current.read()
+        return value if value is not None else self._current.last
+
+
+def _find_tls(record: VersionRecord) -> Manifest | None:
+    """The version's TLS key and certificate; raises ``TlsError`` for a version whose ``service.tls`` has no
+    snapshot (the reloader keeps the certificate it has)."""
+    files = record.files
+    tls = files.tls if files else None
+    if tls is None and record.spec.service.tls is not None:
+        raise TlsError(f"version {record.version} has service.tls but its snapshot holds no key and certificate; "
+                       "submit it again with `sky-lite serve update`")
+    return tls
 
 
 class StoreMetricsSink:

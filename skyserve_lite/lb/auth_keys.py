@@ -28,15 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from skyserve_lite.errors import StateConflictError
+from skyserve_lite.lb.current_version import CurrentVersionValue, VersionStore
 from skyserve_lite.lb.guard import ApiKeys, GuardConfig
 from skyserve_lite.spec.inputs import find_api_key_problem
 from skyserve_lite.spec.model import ServiceSpec
 
 if TYPE_CHECKING:
-    from skyserve_lite.state.models import ServiceRecord, VersionRecord
+    from skyserve_lite.state.models import VersionRecord
 
 SecretReader = Callable[[str], str]
 
@@ -72,29 +73,19 @@ def read_guard_config(service: ServiceSpec, read_secret: SecretReader, where: st
     return GuardConfig(keys=ApiKeys.from_values(values), rate_limits=service.rate_limits)
 
 
-class VersionStore(Protocol):
-    """What ``StoreGuardSource`` reads of the state store (``state.store.Store`` has both)."""
-
-    def find_service(self, name: str) -> ServiceRecord | None: ...
-
-    def get_version(self, name: str, version: int) -> VersionRecord: ...
-
-
 class StoreGuardSource:
     """The current version's ``GuardConfig``, read from the store and the home's secret store.
 
-    ``read`` costs one row read while the current version stays the same; a new current version (an update,
-    a rollback, a key rotated with ``serve update --secret``) is read whole, its keys from the secret store.
-    None once the service is gone. Raises ``StateConflictError`` as ``read_guard_config`` does, and again on
-    each call until the version changes or the value can be read.
+    ``read`` costs one row read while the current version stays the same (``CurrentVersionValue``); a new
+    current version (an update, a rollback, a key rotated with ``serve update --secret``) is read whole, its
+    keys from the secret store. None once the service is gone. Raises ``StateConflictError`` as
+    ``read_guard_config`` does, and again on each call until the version changes or the value can be read.
     """
 
     def __init__(self, store: VersionStore, service: str, read_secret: SecretReader) -> None:
-        self._store = store
         self._service = service
         self._read_secret = read_secret
-        self._version: int | None = None
-        self._config: GuardConfig | None = None
+        self._current = CurrentVersionValue(store, service, self._derive)
 
     @classmethod
     def of_home(cls, store: VersionStore, service: str, home: Path) -> StoreGuardSource:
@@ -105,15 +96,11 @@ class StoreGuardSource:
         return cls(store, service, secrets.read_value)
 
     def read(self) -> GuardConfig | None:
-        record = self._store.find_service(self._service)
-        if record is None:
-            return None
-        if record.current_version != self._version or self._config is None:
-            version = self._store.get_version(self._service, record.current_version)
-            where = f"service {self._service} version {version.version}"
-            service = version.service_spec  # the stored parsed form: no YAML parsed for the limits alone
-            if service.auth is not None:
-                service = version.spec.service  # bound from the version's inputs: the keys' digests for sure
-            self._config = read_guard_config(service, self._read_secret, where)
-            self._version = record.current_version
-        return self._config
+        return self._current.read()
+
+    def _derive(self, version: VersionRecord) -> GuardConfig:
+        where = f"service {self._service} version {version.version}"
+        service = version.service_spec  # the stored parsed form: no YAML parsed for the limits alone
+        if service.auth is not None:
+            service = version.spec.service  # bound from the version's inputs: the keys' digests for sure
+        return read_guard_config(service, self._read_secret, where)
