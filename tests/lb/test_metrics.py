@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -31,11 +29,12 @@ from skyserve_lite.errors import UsageError
 from skyserve_lite.lb.metrics import LbMetrics, LbSnapshot, metrics_path, read_snapshot, write_snapshot
 from skyserve_lite.lb.outcomes import Failure, Outcome
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
-from skyserve_lite.lb.server import HttpServer
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import AutoscalerObservation, ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
+
+from .serving import StaticSource, serve_app, serve_lb
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -118,31 +117,13 @@ def test_a_bad_metrics_address_names_the_setting(value: str) -> None:
         parse_metrics_addr({"SKY_LITE_METRICS_ADDR": value})
 
 
-async def _answer(_request: web.Request) -> web.Response:
-    return web.Response(text="ok")
+def _replica_app() -> web.Application:
+    async def answer(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
 
-
-@contextlib.asynccontextmanager
-async def _replica() -> AsyncIterator[str]:
     app = web.Application()
-    app.router.add_get("/", _answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
-
-
-class _Static:
-    def __init__(self, view: LbView) -> None:
-        self.view = view
-
-    def read(self) -> LbView:
-        return self.view
+    app.router.add_get("/", answer)
+    return app
 
 
 def test_n_requests_through_a_real_load_balancer_count_n_for_their_replica() -> None:
@@ -150,24 +131,17 @@ def test_n_requests_through_a_real_load_balancer_count_n_for_their_replica() -> 
 
     async def body() -> tuple[LbSnapshot, str]:
         metrics = LbMetrics("svc")
-        async with _replica() as replica:
-            lb = LoadBalancer("svc", _Static(LbView((replica,), "round_robin", versions=(2,))), None,
+        async with serve_app(_replica_app()) as replica:
+            lb = LoadBalancer("svc", StaticSource(LbView((replica,), "round_robin", versions=(2,))), None,
                               FakeClock(0.0), hold_seconds=0, outcomes=(metrics,))
-            server = HttpServer(lb)
-            await lb.start()
-            try:
-                host, port = (await server.start("127.0.0.1", 0))[0]
+            async with serve_lb(lb) as lb_url:
                 async with aiohttp.ClientSession() as session:
                     for _ in range(requests):
-                        async with session.get(f"http://{host}:{port}/") as response:
+                        async with session.get(f"{lb_url}/") as response:
                             assert response.status == 200
                             await response.read()
                 await asyncio.sleep(0.05)  # the last response's release runs right after its body went out
                 return metrics.take_snapshot(lb, os.getpid(), 0.0), replica
-            finally:
-                lb.stop_holding()
-                await server.close()
-                await lb.close()
 
     snapshot, replica = asyncio.run(body())
     samples = parse(render_text(compute_lb_families([snapshot])))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
@@ -23,16 +22,9 @@ from skyserve_lite.endpoint_identity import (
 from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
 from skyserve_lite.lb.outcomes import Failure, Outcome, RecordingSink
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
-from skyserve_lite.lb.server import HttpServer
 from skyserve_lite.spec.model import RateLimit
 
-
-class _Static:
-    def __init__(self, view: LbView) -> None:
-        self.view = view
-
-    def read(self) -> LbView:
-        return self.view
+from .serving import StaticSource, serve_app, serve_lb
 
 
 def _closed_port() -> int:
@@ -47,33 +39,17 @@ async def _answer(request: web.Request) -> web.Response:
     return web.Response(status=int(request.match_info["status"]), text="answered")
 
 
-@contextlib.asynccontextmanager
-async def _replica() -> AsyncIterator[str]:
+def _replica() -> contextlib.AbstractAsyncContextManager[str]:
+    """A replica answering /status/<n> with status n; yields its url."""
     app = web.Application()
     app.router.add_get("/status/{status}", _answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    return serve_app(app)
 
 
-@contextlib.asynccontextmanager
-async def _lb(view: LbView, sink: RecordingSink, guard: Guard | None = None) -> AsyncIterator[str]:
-    lb = LoadBalancer("svc", _Static(view), None, FakeClock(0.0), hold_seconds=0, guard=guard, outcomes=(sink,))
-    server = HttpServer(lb)
-    await lb.start()
-    try:
-        host, port = (await server.start("127.0.0.1", 0))[0]
-        yield f"http://{host}:{port}"
-    finally:
-        lb.stop_holding()
-        await server.close()
-        await lb.close()
+def _lb(view: LbView, sink: RecordingSink, guard: Guard | None = None) -> contextlib.AbstractAsyncContextManager[str]:
+    lb = LoadBalancer("svc", StaticSource(view), None, FakeClock(0.0), hold_seconds=0, guard=guard,
+                      outcomes=(sink,))
+    return serve_lb(lb)
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> int:
@@ -148,23 +124,15 @@ def test_the_identity_path_is_answered_by_the_load_balancer_before_api_keys_and_
     async def body() -> None:
         sink = RecordingSink()
         guard = Guard(GuardConfig(keys=ApiKeys.from_values([("API_KEY", "s3cret")])))
-        lb = LoadBalancer("svc", _Static(LbView((), "round_robin")), None, FakeClock(0.0), hold_seconds=0,
+        lb = LoadBalancer("svc", StaticSource(LbView((), "round_robin")), None, FakeClock(0.0), hold_seconds=0,
                           guard=guard, outcomes=(sink,), identity={"service": "svc", "controller_id": "c1", "pid": 7})
-        server = HttpServer(lb)
-        await lb.start()
-        try:
-            host, port = (await server.start("127.0.0.1", 0))[0]
-            async with aiohttp.ClientSession() as session:
-                async with session.get(f"http://{host}:{port}{IDENTITY_PATH}") as response:
-                    assert response.status == 200
-                    assert response.headers["Content-Type"] == "application/json"
-                    assert response.headers[IDENTITY_HEADER] == "svc"
-                    assert await response.json() == {"service": "svc", "controller_id": "c1", "pid": 7}
-                assert await _get(session, f"http://{host}:{port}/anything") == 401  # the keys still hold
-        finally:
-            lb.stop_holding()
-            await server.close()
-            await lb.close()
+        async with serve_lb(lb) as lb_url, aiohttp.ClientSession() as session:
+            async with session.get(f"{lb_url}{IDENTITY_PATH}") as response:
+                assert response.status == 200
+                assert response.headers["Content-Type"] == "application/json"
+                assert response.headers[IDENTITY_HEADER] == "svc"
+                assert await response.json() == {"service": "svc", "controller_id": "c1", "pid": 7}
+            assert await _get(session, f"{lb_url}/anything") == 401  # the keys still hold
         # The identity is no request of the service's: only the 401 is an outcome.
         assert [(o.replica, o.status) for o in sink.outcomes] == [(None, 401)]
 
@@ -175,17 +143,10 @@ def test_the_endpoint_identity_is_read_over_http_and_judged() -> None:
     async def body() -> tuple[EndpointIdentity | str, EndpointIdentity | str]:
         sink = RecordingSink()
         view = LbView((), "round_robin")
-        lb = LoadBalancer("svc", _Static(view), None, FakeClock(0.0), hold_seconds=0, outcomes=(sink,),
+        lb = LoadBalancer("svc", StaticSource(view), None, FakeClock(0.0), hold_seconds=0, outcomes=(sink,),
                           identity={"service": "svc", "controller_id": "c1", "pid": 7})
-        server = HttpServer(lb)
-        await lb.start()
-        try:
-            host, port = (await server.start("127.0.0.1", 0))[0]
-            ours = await asyncio.to_thread(read_endpoint_identity, f"http://{host}:{port}")
-        finally:
-            lb.stop_holding()
-            await server.close()
-            await lb.close()
+        async with serve_lb(lb) as lb_url:
+            ours = await asyncio.to_thread(read_endpoint_identity, lb_url)
         async with _replica() as replica:  # an HTTP server that is no load balancer: 404
             stranger = await asyncio.to_thread(read_endpoint_identity, replica)
         return ours, stranger

@@ -31,9 +31,10 @@ from skyserve_lite.lb.proxy import (
     split_completed_seconds,
     strip_hop_by_hop,
 )
-from skyserve_lite.lb.server import HttpServer, serve
+from skyserve_lite.lb.server import serve
 
 from .scripted import CLOSE, scripted_backend
+from .serving import serve_app, serve_lb
 
 BIG = 5 * 1024 * 1024
 # Deterministic, not all-equal bytes, so that a reordered or dropped chunk changes the digest.
@@ -111,19 +112,6 @@ def _backend_app(backend: Backend) -> web.Application:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", echo)
     return app
-
-
-@contextlib.asynccontextmanager
-async def _run_app(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
 
 
 def _dead_url() -> str:
@@ -204,29 +192,15 @@ async def _harness(
     backends = [Backend("b0"), Backend("b1")]
     async with contextlib.AsyncExitStack() as stack:
         for backend in backends:
-            backend.url = await stack.enter_async_context(_run_app(_backend_app(backend)))
+            backend.url = await stack.enter_async_context(serve_app(_backend_app(backend)))
         urls = [backend.url for backend in backends]
         source = MutableSource(LbView(ready_urls=targets(urls) if targets else tuple(urls), policy=policy))
         sink = RecordingSink()
         clock = FakeClock(START)
         lb = LoadBalancer("svc", source, sink, clock, refresh_seconds=refresh_seconds, **lb_options)
-        lb_url = await stack.enter_async_context(_run_lb(lb))
+        lb_url = await stack.enter_async_context(serve_lb(lb))
         client = await stack.enter_async_context(aiohttp.ClientSession(auto_decompress=False))
         yield Harness(backends, source, sink, clock, lb, lb_url, client)
-
-
-@contextlib.asynccontextmanager
-async def _run_lb(lb: LoadBalancer) -> AsyncIterator[str]:
-    """Run ``lb`` on the server on a free port of 127.0.0.1; yields its url."""
-    server = HttpServer(lb)
-    await lb.start()
-    try:
-        host, port = (await server.start("127.0.0.1", 0))[0]
-        yield f"http://{host}:{port}"
-    finally:
-        lb.stop_holding()
-        await server.close()
-        await lb.close()
 
 
 def _run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -501,10 +475,10 @@ def test_compressed_response_passes_through_undecoded() -> None:
 
         app = web.Application()
         app.router.add_get("/", gz)
-        async with _run_app(app) as backend_url, contextlib.AsyncExitStack() as stack:
+        async with serve_app(app) as backend_url, contextlib.AsyncExitStack() as stack:
             backend.url = backend_url
             lb = LoadBalancer("svc", MutableSource(LbView((backend_url,), "round_robin")), None, FakeClock(START))
-            lb_url = await stack.enter_async_context(_run_lb(lb))
+            lb_url = await stack.enter_async_context(serve_lb(lb))
             client = await stack.enter_async_context(aiohttp.ClientSession(auto_decompress=False))
             async with client.get(lb_url + "/", headers={"Accept-Encoding": "gzip"}) as response:
                 assert response.headers["Content-Encoding"] == "gzip"
@@ -573,7 +547,7 @@ def test_a_connection_reset_before_the_answer_is_retried_only_for_an_idempotent_
     async def body() -> None:
         async with scripted_backend(CLOSE, ok) as backend, contextlib.AsyncExitStack() as stack:
             lb = LoadBalancer("svc", MutableSource(LbView((backend.url,), "round_robin")), None, FakeClock(START))
-            lb_url = await stack.enter_async_context(_run_lb(lb))
+            lb_url = await stack.enter_async_context(serve_lb(lb))
             client = await stack.enter_async_context(aiohttp.ClientSession())
             data = {None: None, "buffered": b"replayable", "streamed": chunks()}[body_kind]
             async with client.request(method, lb_url + "/r", data=data) as response:
@@ -763,7 +737,7 @@ def test_counts_refused_by_the_sink_are_handed_over_later() -> None:
         async with _harness() as h:
             sink = FlakySink()
             lb = LoadBalancer("svc", h.source, sink, h.clock, refresh_seconds=0.02)
-            async with _run_lb(lb) as lb_url:
+            async with serve_lb(lb) as lb_url:
                 for _ in range(3):
                     async with h.client.get(lb_url + "/"):
                         pass
@@ -899,7 +873,7 @@ def test_held_requests_get_503_when_serve_is_stopped() -> None:
 def test_serve_proxies_until_the_stop_event_is_set() -> None:
     async def body() -> None:
         backend = Backend("only")
-        async with _run_app(_backend_app(backend)) as backend_url:
+        async with serve_app(_backend_app(backend)) as backend_url:
             lb = LoadBalancer("svc", MutableSource(LbView((backend_url,), "round_robin")), None, FakeClock(START))
             port = _free_port()
             stop = asyncio.Event()

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 import pytest
@@ -17,9 +17,10 @@ from skyserve_lite.clock import FakeClock
 from skyserve_lite.lb.outcomes import Failure, Outcome
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, make_policy
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
-from skyserve_lite.lb.server import HttpServer
 from skyserve_lite.lb.split import Group, VersionSplit, find_group, find_groups
 from skyserve_lite.lb.version_counts import CountKey, VersionCounter
+
+from .serving import StaticSource, serve_app, serve_lb
 
 OLD = ("http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003")
 NEW = ("http://127.0.0.1:9004",)
@@ -53,19 +54,11 @@ def test_two_thousand_draws_at_ten_percent_give_the_new_version_ten_percent_with
     assert 0.07 * 2000 <= to_new <= 0.13 * 2000, to_new
 
 
-class _Static:
-    def __init__(self, view: LbView) -> None:
-        self.view = view
-
-    def read(self) -> LbView:
-        return self.view
-
-
 def test_the_load_balancer_splits_then_round_robins_within_the_version() -> None:
     view = LbView(OLD + NEW, "round_robin", versions=(3, 3, 3, 4), split=((4, 10),))
 
     async def body() -> Counter[str]:
-        lb = LoadBalancer("svc", _Static(view), None, FakeClock(0.0), hold_seconds=0,
+        lb = LoadBalancer("svc", StaticSource(view), None, FakeClock(0.0), hold_seconds=0,
                           split=VersionSplit(random.Random(7)))
         await lb.start()
         try:
@@ -91,7 +84,7 @@ def test_without_a_split_every_ready_replica_takes_its_turn() -> None:
     view = LbView(OLD + NEW, "round_robin", versions=(3, 3, 3, 4))
 
     async def body() -> Counter[str]:
-        lb = LoadBalancer("svc", _Static(view), None, FakeClock(0.0), hold_seconds=0)
+        lb = LoadBalancer("svc", StaticSource(view), None, FakeClock(0.0), hold_seconds=0)
         await lb.start()
         try:
             return Counter([await lb.select_target() or "" for _ in range(400)])
@@ -101,22 +94,14 @@ def test_without_a_split_every_ready_replica_takes_its_turn() -> None:
     assert asyncio.run(body()) == Counter({url: 100 for url in OLD + NEW})
 
 
-@contextlib.asynccontextmanager
-async def _replica(status: int) -> AsyncIterator[str]:
+def _replica(status: int) -> contextlib.AbstractAsyncContextManager[str]:
+    """A replica answering every GET / with ``status``; yields its url."""
     async def answer(request: web.Request) -> web.Response:
         return web.Response(status=status, text="hi")
 
     app = web.Application()
     app.router.add_get("/", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    return serve_app(app)
 
 
 def test_through_a_real_endpoint_the_split_and_the_counts_per_version() -> None:
@@ -128,22 +113,15 @@ def test_through_a_real_endpoint_the_split_and_the_counts_per_version() -> None:
     async def body() -> tuple[dict[CountKey, int], list[int]]:
         async with _replica(200) as old, _replica(500) as new, aiohttp.ClientSession() as session:
             view = LbView((old, new), "round_robin", versions=(1, 2), split=((2, 25),))
-            lb = LoadBalancer("svc", _Static(view), None, clock, hold_seconds=0, outcomes=(counter,),
+            lb = LoadBalancer("svc", StaticSource(view), None, clock, hold_seconds=0, outcomes=(counter,),
                               split=VersionSplit(random.Random(3)))
-            server = HttpServer(lb)
-            await lb.start()
-            try:
-                host, port = (await server.start("127.0.0.1", 0))[0]
+            async with serve_lb(lb) as lb_url:
                 statuses = []
                 for _ in range(400):
-                    async with session.get(f"http://{host}:{port}/", timeout=aiohttp.ClientTimeout(total=20)) as r:
+                    async with session.get(f"{lb_url}/", timeout=aiohttp.ClientTimeout(total=20)) as r:
                         await r.read()
                         statuses.append(r.status)
                 await asyncio.sleep(0.05)  # the last release runs right after its body went out
-            finally:
-                lb.stop_holding()
-                await server.close()
-                await lb.close()
         return counter.take_completed(), statuses
 
     counts, statuses = asyncio.run(body())
