@@ -331,12 +331,8 @@ class _ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
         self.transport = None
-        self._write_paused = False
-        waiter = self._drain_waiter
-        if waiter is not None:
-            self._drain_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        # A response waiting in _drain wakes as for a drained buffer, then sees _lost and raises.
+        self.resume_writing()
         server = self._server
         server.connections.discard(self)
         server.idle.pop(self, None)
