@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from .answering import answering_run as answering_run  # passed on: the e2e tests import it from here
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -66,27 +68,6 @@ class SkyLite:
             for pid in self.processes():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
-
-
-def answering_run(body: str) -> str:
-    """The ``run:`` section of a replica that answers every GET on 127.0.0.1:$PORT with ``body``, a Python
-    expression of ``os``, ``hashlib`` and the request handler ``self`` (in double quotes only: the script is
-    a single-quoted shell word), and logs no request."""
-    return f"""run: |
-  exec python3 -u -c '
-  import hashlib, http.server, os
-  class Handler(http.server.BaseHTTPRequestHandler):
-      def do_GET(self):
-          body = ({body}).encode()
-          self.send_response(200)
-          self.send_header("Content-Length", str(len(body)))
-          self.end_headers()
-          self.wfile.write(body)
-      def log_message(self, *args):
-          pass
-  http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
-  '
-"""
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:

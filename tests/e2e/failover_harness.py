@@ -59,6 +59,8 @@ from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
 from skyserve_lite.userconfig import DB_URL, set_config
 
+from .answering import answering_run
+
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 SERVICES = ("a", "b", "c")
 POINTS = ("launch", "rolling", "scale-down")
@@ -72,21 +74,7 @@ service:
     path: /
     initial_delay_seconds: 120
   replicas: {replicas}
-run: |
-  exec python3 -u -c '
-  import http.server, os
-  class Handler(http.server.BaseHTTPRequestHandler):
-      def do_GET(self):
-          body = b"generation {generation}"
-          self.send_response(200)
-          self.send_header("Content-Length", str(len(body)))
-          self.end_headers()
-          self.wfile.write(body)
-      def log_message(self, *args):
-          pass
-  http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
-  '
-"""
+""" + answering_run('"generation {generation}"')
 
 
 @dataclass(frozen=True)

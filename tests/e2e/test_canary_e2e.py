@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SkyLite, http_get, wait_until
+from .conftest import SkyLite, answering_run, http_get, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
 
@@ -24,22 +24,8 @@ service:
     initial_delay_seconds: 60
   replicas: 2
   canary: {{steps: [20, 50], bake_seconds: 5, min_requests: 10, max_extensions: 2}}
-run: |
-  exec python3 -u -c '
-  import http.server, os
-  class Handler(http.server.BaseHTTPRequestHandler):
-      def do_GET(self):
-          status = 200 if self.path == "/health" else {status}
-          body = ("{label} " + os.environ["SKY_LITE_REPLICA_ID"]).encode()
-          self.send_response(status)
-          self.send_header("Content-Length", str(len(body)))
-          self.end_headers()
-          self.wfile.write(body)
-      def log_message(self, *args):
-          pass
-  http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
-  '
-"""
+""" + answering_run('"{label} " + os.environ["SKY_LITE_REPLICA_ID"]',
+                    status='200 if self.path == "/health" else {status}')
 
 
 class Load:
