@@ -37,6 +37,7 @@ from skyserve_lite.errors import (
     UsageError,
     WaitTimeoutError,
 )
+from skyserve_lite.host_endpoints import EndpointView
 from skyserve_lite.plan.canary import (
     CanaryPhase,
     CanarySettings,
@@ -105,6 +106,9 @@ class ServiceView:
     endpoint_problem: str | None = None
     # The canary rollout of the current version (or the one just rolled back); None: none.
     canary: CanaryView | None = None
+    # Only in `serve status`: the service's endpoint on every controller host, and which answer as it
+    # (``host_endpoints``); empty from a host of an older sky-lite, which does not ask them.
+    endpoints: tuple[EndpointView, ...] = ()
 
     def autoscaler_json(self) -> dict[str, Any] | None:
         if self.autoscaler is None:
@@ -545,8 +549,13 @@ class LocalController:
         return tuple(shown)
 
     def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
-        return StatusReport(services=tuple(check_endpoints(self.get_status(names, events=events))),
-                            controller=self.controller_status())
+        from skyserve_lite.controller.fleet import list_controller_views
+        from skyserve_lite.host_endpoints import check_host_endpoints
+
+        views = check_endpoints(self.get_status(names, events=events))
+        if views:
+            views = check_host_endpoints(views, list_controller_views(self.home))
+        return StatusReport(services=tuple(views), controller=self.controller_status())
 
     def controller_status(self) -> ControllerStatus:
         pid = read_controller_pid(self.home)

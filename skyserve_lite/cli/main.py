@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from skyserve_lite import api, waits
+    from skyserve_lite.host_endpoints import EndpointView
     from skyserve_lite.plan.canary import CanarySettings
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.spec.model import SubmittedTask
@@ -498,7 +499,7 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
         unverified = state.unverified_for
         endpoints = _endpoints_of(views)
         if output == "json":  # without the renderers: scripts polling a fleet's JSON do not import rich
-            click.echo(_dump({"services": [view.to_json() | {"endpoints": [{"url": url, "live": up} for url, up in
+            click.echo(_dump({"services": [view.to_json() | {"endpoints": [e.to_json() for e in
                                                                            endpoints[view.service.name]]}
                                            for view in views], "controller": state.to_json()}))
         else:
@@ -509,7 +510,8 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
             _stdout().print(status_renderable(views, events=bool(names), unverified_for=unverified), crop=False)
             from skyserve_lite.cli.render import endpoint_lines
 
-            for line in endpoint_lines([(view.service.name, endpoints[view.service.name]) for view in views]):
+            for line in endpoint_lines([(view.service.name, [(e.url, e.live) for e in endpoints[view.service.name]])
+                                        for view in views]):
                 click.echo(line)
             if names:
                 from skyserve_lite.cli.sparkline import history_lines
@@ -529,31 +531,31 @@ def serve_status(names: tuple[str, ...], output: str, endpoint_only: bool, event
                        f"`sky-lite serve logs {name} --controller`.", err=True)
 
 
-def _endpoints_of(views: Sequence[api.ServiceView]) -> dict[str, list[tuple[str, bool]]]:
-    """Each service's endpoint on every controller host sharing the database, and whether it is live
-    (``render.find_endpoints``); the service's own endpoint alone where the controllers cannot be listed
-    (a host of an older sky-lite)."""
-    from skyserve_lite.api import LocalController
-    from skyserve_lite.cli.render import find_endpoints
-    from skyserve_lite.controller.fleet import ControllerView, list_controller_views
-    from skyserve_lite.errors import ControllerVersionError
+def _endpoints_of(views: Sequence[api.ServiceView]) -> Mapping[str, Sequence[EndpointView]]:
+    """Each service's endpoint on every controller host sharing the database, and whether it is live: as the
+    status asked them (``host_endpoints``), or for a host of an older sky-lite, which does not, as its
+    controllers are listed (the service's own endpoint alone where they cannot be)."""
+    from skyserve_lite.host_endpoints import find_endpoint_views
 
     if not views:
         return {}
+    if all(view.endpoints for view in views):
+        return {view.service.name: view.endpoints for view in views}
+    from skyserve_lite.api import LocalController
+    from skyserve_lite.controller.fleet import ControllerView
+    from skyserve_lite.errors import ControllerVersionError
+
     controller = _controller()
     controllers: list[ControllerView] = []
-    if isinstance(controller, LocalController):
-        controllers = list_controller_views(controller.home)
-    else:
+    if not isinstance(controller, LocalController):
         from skyserve_lite.remote.client import RemoteController  # not for a local controller: ~20 ms
 
         if isinstance(controller, RemoteController):
             try:
                 controllers = controller.list_controllers()
             except (ControllerVersionError, UsageError):
-                controllers = []  # a host of an older sky-lite: its endpoint alone
-    return {view.service.name: find_endpoints(view.service.endpoint, view.service.lb_port, controllers)
-            for view in views}
+                controllers = []  # a host of an older sky-lite still: its endpoint alone
+    return find_endpoint_views(views, controllers)
 
 
 def _replica_pid(names: tuple[str, ...], replica_id: int | None, pid_only: bool, endpoint_only: bool) -> int:

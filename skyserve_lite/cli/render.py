@@ -18,11 +18,11 @@ from rich.text import Text
 from skyserve_lite.cli.common import NO_SERVICES
 from skyserve_lite.cli.fit import Column, FitTable, Narrow, Trimmed
 from skyserve_lite.clock import format_timestamp
+from skyserve_lite.controller.fleet import find_endpoints as find_endpoints  # re-exported
 
 if TYPE_CHECKING:
     from skyserve_lite.api import HistoryEntry, ServiceView
     from skyserve_lite.autoscalers.simulator import SimulatedDecision
-    from skyserve_lite.controller.fleet import ControllerView
     from skyserve_lite.plan.placement import LaunchPlan
     from skyserve_lite.plan.update import UpdatePlan
     from skyserve_lite.state.models import ReplicaStatus
@@ -294,20 +294,6 @@ def simulation_table(policy: str, decisions: Sequence[SimulatedDecision]) -> Gro
     for d in decisions:
         table.add_row(f"{d.time_s:g}", f"{d.qps:.2f}", str(d.raw_target), str(d.target_replicas), d.held_back or "")
     return _titled(f"Simulated: {policy}", table)
-
-
-def find_endpoints(endpoint: str, port: int, controllers: Sequence[ControllerView]) -> list[tuple[str, bool]]:
-    """A service's endpoint on each controller host sharing the database: (url, live), one per host in the
-    order ``controllers`` are listed, live when a controller of that host is (every host runs a load balancer
-    of every service, at the service's port). ``endpoint`` is the service's own url (its scheme is kept).
-    No controller row yet: the service's own endpoint, not known to be live."""
-    if not controllers:
-        return [(endpoint, False)]
-    scheme = endpoint.partition("://")[0] or "http"
-    live: dict[str, bool] = {}
-    for view in controllers:
-        live[view.host] = live.get(view.host, False) or view.live
-    return [(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}", up) for host, up in live.items()]
 
 
 def endpoint_lines(endpoints: Sequence[tuple[str, Sequence[tuple[str, bool]]]]) -> list[str]:

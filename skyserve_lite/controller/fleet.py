@@ -39,6 +39,21 @@ def find_controller_views(rows: Sequence[ControllerRow], now: float, ttl_seconds
     return sorted(views, key=lambda view: (not view.live, view.host, view.loop_id))
 
 
+def find_endpoints(endpoint: str, port: int, controllers: Sequence[ControllerView]) -> list[tuple[str, bool]]:
+    """A service's endpoint on each controller host sharing the database: (url, controller_live), one per
+    host in the order ``controllers`` are listed (every host runs a load balancer of every service, at the
+    service's port), with whether a controller of that host is live; whether the endpoint answers is
+    ``host_endpoints``' question. ``endpoint`` is the service's own url (its scheme is kept). No controller
+    row yet: the service's own endpoint, its controller not known to be live. Pure."""
+    if not controllers:
+        return [(endpoint, False)]
+    scheme = endpoint.partition("://")[0] or "http"
+    live: dict[str, bool] = {}
+    for view in controllers:
+        live[view.host] = live.get(view.host, False) or view.live
+    return [(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}", up) for host, up in live.items()]
+
+
 def list_controller_views(home: Path, now: float | None = None) -> list[ControllerView]:
     """Every controller sharing the database of ``home`` (``Store.list_controller_rows``), live or not, as
     this machine's clock and lease TTL (``SKY_LITE_LEASE_TTL_SECONDS``) see them. Reads only."""

@@ -6,7 +6,9 @@ side through the in-process transport; ssh to the host going down stood in for).
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,15 +110,54 @@ def test_controller_status_lists_every_controller(host: tuple[Path, RemoteContro
     assert text[start + 3].split()[:3] == ["gone-1-aaaaaa", "127.0.0.3", "-"] and text[start + 3].endswith("no")
 
 
-def test_serve_status_shows_every_endpoint_and_which_are_live(host: tuple[Path, RemoteController]) -> None:
-    _, remote = host
-    result = CliRunner().invoke(main, ["serve", "status", "web", "-o", "json"], obj=remote)
-    assert result.exit_code == 0, result.stderr
-    (service,) = json.loads(result.stdout)["services"]
-    assert service["endpoints"] == [{"url": "http://127.0.0.2:30001", "live": True},
-                                    {"url": "http://127.0.0.3:30001", "live": False}]
-    text = CliRunner().invoke(main, ["serve", "status"], obj=remote).stdout
-    assert "Endpoints of web: http://127.0.0.2:30001 (live), http://127.0.0.3:30001 (not live)" in text
+def test_serve_status_shows_every_endpoint_and_which_are_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live is answering as the service: the host whose loop stopped a minute ago still has its load balancer
+    (they read the database and hold no state), the host whose controller renews has none at the port yet."""
+    install_fake_crontab(tmp_path, monkeypatch)
+    identity: list[bytes] = []
+
+    class LoadBalancer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            assert self.path == "/.sky-lite/identity"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(identity[0])))
+            self.end_headers()
+            self.wfile.write(identity[0])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.3", 0), LoadBalancer)
+    port = server.server_address[1]
+    home = tmp_path / "host-home"
+    store = Store.open(home)
+    now = time.time()
+    try:
+        store.create_service("web", SubmittedTask(text=TASK, source="/t.yaml", spec=parse_task(TASK)), port, now)
+        settings = LeaseSettings()
+        for loop, host_address, at in (("gone-1-aaaaaa", "127.0.0.3", now - 60), ("live-2-bbbbbb", "127.0.0.2", now)):
+            plan = plan_leases(store.list_leases(), at, loop, store.list_controllers(), settings)
+            store.apply_leases(loop, host_address, plan, at, settings.ttl_seconds)
+        identity.append(json.dumps({"service": "web", "controller_id": store.controller_id, "pid": 1}).encode())
+    finally:
+        store.close()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    remote = RemoteController(InProcessTransport(home))
+    try:
+        result = CliRunner().invoke(main, ["serve", "status", "web", "-o", "json"], obj=remote)
+        assert result.exit_code == 0, result.stderr
+        (service,) = json.loads(result.stdout)["services"]
+        assert service["endpoints"] == [
+            {"url": f"http://127.0.0.2:{port}", "live": False, "controller_live": True},
+            {"url": f"http://127.0.0.3:{port}", "live": True, "controller_live": False}]
+        text = CliRunner().invoke(main, ["serve", "status"], obj=remote).stdout
+        assert f"Endpoints of web: http://127.0.0.2:{port} (not live), http://127.0.0.3:{port} (live)" in text
+        identity[0] = identity[0].replace(b'"web"', b'"api"')  # another service's load balancer at the port
+        result = CliRunner().invoke(main, ["serve", "status", "web", "-o", "json"], obj=remote)
+        assert [e["live"] for e in json.loads(result.stdout)["services"][0]["endpoints"]] == [False, False]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def record(host: str) -> ControllerRecord:

@@ -123,7 +123,9 @@ def test_answers_are_the_local_controllers_values(harness: Harness, home: Path, 
     # The report also asks each READY endpoint who it is (``api.check_endpoints``); here nothing listens.
     [reported] = remote.get_status_report(["web"]).services
     assert reported.endpoint_problem is not None
-    assert (dataclasses.replace(reported, endpoint_problem=None),) == tuple(local.get_status(["web"]))
+    # And its endpoint on every controller host, which are live (``host_endpoints``): none here.
+    assert reported.endpoints and not any(endpoint.live for endpoint in reported.endpoints)
+    assert (dataclasses.replace(reported, endpoint_problem=None, endpoints=()),) == tuple(local.get_status(["web"]))
     assert remote.get_rollout_state("web") == local.get_rollout_state("web")
     task = load_task_file(_task_file(tmp_path / "tasks", TASK.format(replicas=3)))
     assert remote.plan_update("web", task, UpdateMode.ROLLING) == local.plan_update("web", task, UpdateMode.ROLLING)
