@@ -13,10 +13,9 @@ import skyserve_lite.state.store as store_module
 from skyserve_lite.api import LocalController
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.plan.canary import CanaryPhase, CanarySettings, CanaryState, Command
-from skyserve_lite.spec.parse import load_task_file
-from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store, _upsert_canary
 
+from .homes import home_with_service, write
 from .runner import Cli
 
 V1 = "resources:\n  infra: local\n  image_id: img-1\nservice:\n  replicas: 4\nrun: python serve.py\n"
@@ -25,27 +24,12 @@ V2 = V1.replace("img-1", "img-2")
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    task = tmp_path / "svc.yaml"
-    task.write_text(V1)
-    LocalController(home, FakeClock(), start_daemon=False).create_service("svc", load_task_file(task))
-    store = Store.open(home)
-    template = ReplicaRecord(service="svc", replica_id=0, version=1, status=ReplicaStatus.READY, cloud="local",
-                             launched_at=0.0, status_since=0.0, launch_token="t")
-    store.add_replicas("svc", 4, template)
-    store.close()
-    return home
+    return home_with_service(tmp_path, V1, replicas=4)
 
 
 @pytest.fixture
 def cli(home: Path) -> Cli:
     return Cli(LocalController(home, FakeClock(), start_daemon=False))
-
-
-def write(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "new.yaml"
-    path.write_text(text)
-    return str(path)
 
 
 def stored(home: Path) -> tuple[list[int], dict[str, CanaryState]]:

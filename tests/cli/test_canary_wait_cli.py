@@ -4,7 +4,7 @@ fail is rolled back and the wait exits 1 with the rollback line; a good one is p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -29,16 +29,6 @@ class ServedController(PassingController):
             bad = self.new_5xx if version == 2 else 0
             store.record_version_counts("svc", {(version, second, "2xx"): 30 - bad, (version, second, "5xx"): bad})
         return super().get_status(names, events=events)
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(tmp_path / "home")
-    h.create(replicas=2)
-    h.tick()
-    h.tick()
-    yield h
-    h.store.close()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from skyserve_lite.spec.parse import load_task_file
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, VersionRecord
 from skyserve_lite.state.store import Store
 
+from .homes import home_with_service, write
 from .runner import Cli
 
 V1 = "resources:\n  infra: local\n  image_id: img-1\nservice:\n  replicas: 2\nrun: python serve.py\n"
@@ -29,22 +30,7 @@ def cli(home: Path) -> Cli:
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    task = tmp_path / "svc.yaml"
-    task.write_text(V1)
-    LocalController(home, FakeClock(), start_daemon=False).create_service("svc", load_task_file(task))
-    store = Store.open(home)
-    template = ReplicaRecord(service="svc", replica_id=0, version=1, status=ReplicaStatus.READY, cloud="local",
-                             launched_at=0.0, status_since=0.0, launch_token="t")
-    store.add_replicas("svc", 2, template)
-    store.close()
-    return home
-
-
-def write(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "new.yaml"
-    path.write_text(text)
-    return str(path)
+    return home_with_service(tmp_path, V1, replicas=2)
 
 
 def versions(home: Path) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -35,16 +35,6 @@ class PassingController(LocalController):
                 raise KeyboardInterrupt  # what Ctrl-C raises in the wait loop
         self.harness.tick()
         return super().get_status(names, events=events)
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(tmp_path / "home")
-    h.create(replicas=2)
-    h.tick()
-    h.tick()
-    yield h
-    h.store.close()
 
 
 @pytest.fixture
