@@ -22,6 +22,7 @@ from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import ReplicaRecord, ServiceRecord
 from skyserve_lite.state.store import Store
+from tests.postgres import PostgresServer
 
 TASK = """\
 service:
@@ -79,6 +80,20 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     h.store.close()
 
 
+@pytest.fixture
+def postgres_harness(tmp_path: Path, postgres_server: PostgresServer,
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """A ``Harness`` whose store is a database of its own on the session's PostgreSQL server (through
+    ``SKY_LITE_DB_URL``, as a controller finds it), dropped after the test."""
+    database = postgres_server.create_database()
+    monkeypatch.setenv("SKY_LITE_DB_URL", postgres_server.url(database))
+    h = Harness(tmp_path / "home")
+    assert h.store.engine == "postgresql"
+    yield h
+    h.store.close()
+    postgres_server.drop_database(database)
+
+
 @pytest.fixture(autouse=True)
 def settled_services_plan_what_a_whole_pass_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     """In every controller test, each service's plan as the controller makes it (skipping what a settled
@@ -111,3 +126,32 @@ def snapshots_handed_back_equal_what_a_fresh_read_reads(monkeypatch: pytest.Monk
         return made
 
     monkeypatch.setattr(reconcile_module, "read_snapshot", checked)
+
+
+@pytest.fixture
+def carried(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The names of the services found settled (not planned whole), pass after pass."""
+    names: list[str] = []
+    carry = ServiceMemos.carry
+
+    def recording(self: ServiceMemos, snapshot: ServiceSnapshot) -> None:
+        names.append(snapshot.service.name)
+        carry(self, snapshot)
+
+    monkeypatch.setattr(ServiceMemos, "carry", recording)
+    yield names
+
+
+@pytest.fixture
+def read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ServiceSnapshot]]:
+    """Every snapshot the passes were handed, in order."""
+    snapshots: list[ServiceSnapshot] = []
+    read_snapshot = vars(reconcile_module)["read_snapshot"]  # as the autouse check above wraps it
+
+    def recording(*args: object, **kwargs: object) -> ServiceSnapshot:
+        snapshot: ServiceSnapshot = read_snapshot(*args, **kwargs)
+        snapshots.append(snapshot)
+        return snapshot
+
+    monkeypatch.setattr(reconcile_module, "read_snapshot", recording)
+    yield snapshots

@@ -11,27 +11,19 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite.autoscalers.base import AutoscalerState
-from skyserve_lite.controller import reconcile as reconcile_module
 from skyserve_lite.controller.pass_types import ServiceSnapshot
-from skyserve_lite.controller.settled import ServiceMemos
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import AutoscalerObservation, ReplicaStatus, ServiceStatus, replace_replica
 from skyserve_lite.state.store import Store
-from tests.postgres import PostgresServer
 
 from .conftest import TASK, Harness
 
 
 @pytest.fixture
-def harness(tmp_path: Path, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    database = postgres_server.create_database()
-    monkeypatch.setenv("SKY_LITE_DB_URL", postgres_server.url(database))
-    h = Harness(tmp_path / "home")
-    assert h.store.engine == "postgresql"
-    yield h
-    h.store.close()
-    postgres_server.drop_database(database)
+def harness(postgres_harness: Harness) -> Harness:
+    """Every test of this module on PostgreSQL."""
+    return postgres_harness
 
 
 @pytest.fixture
@@ -41,35 +33,6 @@ def other(harness: Harness, tmp_path: Path) -> Iterator[Store]:
     assert store.engine == "postgresql" and store.location == harness.store.location
     yield store
     store.close()
-
-
-@pytest.fixture
-def carried(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The services each pass found settled (not planned whole)."""
-    names: list[str] = []
-    carry = ServiceMemos.carry
-
-    def recording(self: ServiceMemos, snapshot: ServiceSnapshot) -> None:
-        names.append(snapshot.service.name)
-        carry(self, snapshot)
-
-    monkeypatch.setattr(ServiceMemos, "carry", recording)
-    yield names
-
-
-@pytest.fixture
-def read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ServiceSnapshot]]:
-    """Every snapshot the passes were handed, in order."""
-    snapshots: list[ServiceSnapshot] = []
-    read_snapshot = vars(reconcile_module)["read_snapshot"]
-
-    def recording(*args: object, **kwargs: object) -> ServiceSnapshot:
-        snapshot: ServiceSnapshot = read_snapshot(*args, **kwargs)
-        snapshots.append(snapshot)
-        return snapshot
-
-    monkeypatch.setattr(reconcile_module, "read_snapshot", recording)
-    yield snapshots
 
 
 def _replica_failed(store: Store) -> None:

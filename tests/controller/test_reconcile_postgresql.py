@@ -5,29 +5,20 @@ seen; a steady pass writes nothing. The store's own tests cover both engines sta
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from skyserve_lite.providers.base import InstanceState
 from skyserve_lite.providers.fake import Call
 from skyserve_lite.state.models import ReplicaStatus, ServiceStatus
 from skyserve_lite.state.store import Store
-from tests.postgres import PostgresServer
 
 from .conftest import TASK, Harness
 
 
 @pytest.fixture
-def harness(tmp_path: Path, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    database = postgres_server.create_database()
-    monkeypatch.setenv("SKY_LITE_DB_URL", postgres_server.url(database))
-    h = Harness(tmp_path / "home")
-    assert h.store.engine == "postgresql"
-    yield h
-    h.store.close()
-    postgres_server.drop_database(database)
+def harness(postgres_harness: Harness) -> Harness:
+    """Every test of this module on PostgreSQL."""
+    return postgres_harness
 
 
 def test_a_small_fleet_is_launched_made_ready_updated_and_taken_down(harness: Harness) -> None:

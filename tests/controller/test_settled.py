@@ -5,49 +5,18 @@ plan against the whole pass's: ``conftest.settled_services_plan_what_a_whole_pas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from skyserve_lite.autoscalers.base import AutoscalerState
-from skyserve_lite.controller import reconcile as reconcile_module
 from skyserve_lite.controller.pass_types import ServiceSnapshot
 from skyserve_lite.controller.replica_rules import ProbeResult
-from skyserve_lite.controller.settled import ServiceMemos
 from skyserve_lite.controller.snapshots import REPORT_STALE_SECONDS
 from skyserve_lite.providers.base import InstanceState
 from skyserve_lite.state.models import AutoscalerObservation, LbReport, ReplicaStatus, ServiceStatus
 
 from .conftest import TASK, Harness
-
-
-@pytest.fixture
-def carried(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The names of the services found settled (not planned whole), pass after pass."""
-    names: list[str] = []
-    carry = ServiceMemos.carry
-
-    def recording(self: ServiceMemos, snapshot: ServiceSnapshot) -> None:
-        names.append(snapshot.service.name)
-        carry(self, snapshot)
-
-    monkeypatch.setattr(ServiceMemos, "carry", recording)
-    yield names
-
-
-@pytest.fixture
-def read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ServiceSnapshot]]:
-    """Every snapshot the passes read, in order."""
-    snapshots: list[ServiceSnapshot] = []
-    read_snapshot = vars(reconcile_module)["read_snapshot"]  # as the autouse check wraps it
-
-    def recording(*args: object, **kwargs: object) -> ServiceSnapshot:
-        snapshot: ServiceSnapshot = read_snapshot(*args, **kwargs)
-        snapshots.append(snapshot)
-        return snapshot
-
-    monkeypatch.setattr(reconcile_module, "read_snapshot", recording)
-    yield snapshots
 
 
 def of(snapshots: list[ServiceSnapshot], name: str) -> list[ServiceSnapshot]:
