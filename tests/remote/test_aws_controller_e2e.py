@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -17,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite.remote.config import load_record
+from tests.controller.fake_crontab import write_fake_crontab
 from tests.e2e.conftest import SkyLite
 from tests.e2e.test_aws_e2e import REGION, moto  # noqa: F401 (the moto server fixture)
 from tests.remote.sshd import SSHD
-from tests.remote.test_ssh_e2e import CRONTAB, serve_one_through_the_host
+from tests.remote.test_ssh_e2e import serve_one_through_the_host
 
 boto3 = pytest.importorskip("boto3")
 
@@ -35,8 +35,7 @@ def sky(tmp_path: Path, moto: str) -> Iterator[SkyLite]:  # noqa: F811
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     crontab = tmp_path / "crontab.txt"
-    (fake_bin / "crontab").write_text(CRONTAB.format(store=shlex.quote(str(crontab))))
-    (fake_bin / "crontab").chmod(0o755)
+    write_fake_crontab(fake_bin, crontab)
     instance = SkyLite(tmp_path / "home")
     instance.env |= {"SKY_LITE_EMULATE_INSTANCES": "1", "PATH": f"{fake_bin}:{os.environ['PATH']}"}
     yield instance

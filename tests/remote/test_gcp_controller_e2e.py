@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +20,11 @@ import pytest
 pytest.importorskip("google.cloud.compute_v1")
 
 from skyserve_lite.remote.config import load_record
+from tests.controller.fake_crontab import write_fake_crontab
 from tests.e2e.conftest import SkyLite, answering_run, http_get
 from tests.providers.gce_fake import FakeCompute, serve_fake_compute, write_service_account_key
 from tests.remote.sshd import SSHD
-from tests.remote.test_ssh_e2e import CRONTAB, serve_one_through_the_host
+from tests.remote.test_ssh_e2e import serve_one_through_the_host
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.skipif(SSHD is None, reason="needs OpenSSH's sshd (.ci/run installs it)")]
@@ -50,8 +50,7 @@ def cloud(tmp_path: Path) -> Iterator[tuple[SkyLite, FakeCompute]]:
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     crontab = tmp_path / "crontab.txt"
-    (fake_bin / "crontab").write_text(CRONTAB.format(store=shlex.quote(str(crontab))))
-    (fake_bin / "crontab").chmod(0o755)
+    write_fake_crontab(fake_bin, crontab)
     with serve_fake_compute() as (fake, endpoint):
         sky = SkyLite(tmp_path / "home")
         sky.env |= {"SKY_LITE_EMULATE_INSTANCES": "1", "PATH": f"{fake_bin}:{os.environ['PATH']}",

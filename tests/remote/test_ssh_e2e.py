@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -32,18 +31,11 @@ from skyserve_lite.remote.connect import record_shell, ssh_transport
 from skyserve_lite.remote.transport import Channel
 from skyserve_lite.spec.parse import load_task_file
 from skyserve_lite.state.store import Store
+from tests.controller.fake_crontab import write_fake_crontab
 from tests.e2e.conftest import SkyLite, http_get, wait_until
 from tests.remote.sshd import SSHD, Sshd, start_sshd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(SSHD is None, reason="needs OpenSSH's sshd (.ci/run installs it)")]
-
-CRONTAB = """\
-#!/bin/sh
-case "$1" in
-  -l) if [ -f {store} ]; then cat {store}; else echo "no crontab for $(id -un)" >&2; exit 1; fi ;;
-  -) cat > {store} ;;
-esac
-"""
 
 TASK = """\
 name: web
@@ -102,9 +94,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     server = start_sshd(folder / "sshd", session_env={"SKY_LITE_CONTROLLER_INTERVAL_SECONDS": "0.5",
                                                       "SKY_LITE_DRAIN_SECONDS": "1"})
     crontab = folder / "crontab.txt"
-    script = server.bin_dir / "crontab"
-    script.write_text(CRONTAB.format(store=shlex.quote(str(crontab))))
-    script.chmod(0o755)
+    write_fake_crontab(server.bin_dir, crontab)
     local, remote = SkyLite(folder / "local-home"), SkyLite(folder / "remote-home")
     result = local.run("controller", "up", "--ssh", server.target, "-i", str(server.client_key),
                        "--remote-home", str(remote.home), "--remote-python", _base_python(), timeout=600)

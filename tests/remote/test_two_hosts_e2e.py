@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import signal
 import stat
 import subprocess
@@ -34,7 +33,8 @@ import pytest
 
 from skyserve_lite.controller.pidfile import read_controller_pid
 from skyserve_lite.remote.config import load_records
-from tests.e2e.conftest import SkyLite, http_get, wait_until
+from tests.controller.fake_crontab import write_fake_crontab
+from tests.e2e.conftest import SkyLite, answering_run, http_get, wait_until
 from tests.postgres import PASSWORD, PASSWORD_USER, PostgresServer
 from tests.remote.sshd import SSHD, Sshd, start_sshd
 
@@ -44,34 +44,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(SSHD is None, reason="needs Op
 TTL_SECONDS = 4
 SESSION_ENV = {"SKY_LITE_CONTROLLER_INTERVAL_SECONDS": "0.5", "SKY_LITE_DRAIN_SECONDS": "1",
                "SKY_LITE_LEASE_TTL_SECONDS": str(TTL_SECONDS), "SKY_LITE_LEASE_RENEW_SECONDS": "1"}
-CRONTAB = """\
-#!/bin/sh
-case "$1" in
-  -l) if [ -f {store} ]; then cat {store}; else echo "no crontab for $(id -un)" >&2; exit 1; fi ;;
-  -) cat > {store} ;;
-esac
-"""
 TASK = """\
 name: web
 service:
   readiness_probe: /
   replicas: 1
-run: |
-  exec python3 -u -c '
-  import http.server, os
-  replica = os.environ["SKY_LITE_REPLICA_ID"]
-  class Handler(http.server.BaseHTTPRequestHandler):
-      def do_GET(self):
-          body = f"hello from replica {replica}\\n".encode()
-          self.send_response(200)
-          self.send_header("Content-Length", str(len(body)))
-          self.end_headers()
-          self.wfile.write(body)
-      def log_message(self, fmt, *args):
-          pass
-  http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
-  '
-"""
+""" + answering_run('"hello from replica " + os.environ["SKY_LITE_REPLICA_ID"]')
 
 
 @dataclass
@@ -129,9 +107,7 @@ def setup(tmp_path: Path, postgres_server: PostgresServer) -> Iterator[Setup]:
         server = start_sshd(folder / "sshd", session_env={**SESSION_ENV, "SKY_LITE_LOCAL_REPLICAS_DIR": str(replicas)},
                             address=address)
         crontab = folder / "crontab.txt"
-        script = server.bin_dir / "crontab"
-        script.write_text(CRONTAB.format(store=shlex.quote(str(crontab))))
-        script.chmod(0o755)
+        write_fake_crontab(server.bin_dir, crontab)
         hosts[address] = Host(server, folder / "state", crontab)
     found = Setup(SkyLite(tmp_path / "local-home"), hosts,
                   postgres_server.url(database, PASSWORD_USER, PASSWORD))
