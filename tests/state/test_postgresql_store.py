@@ -22,7 +22,7 @@ from skyserve_lite.errors import (
     StateUnwritableError,
 )
 from skyserve_lite.state import pg
-from skyserve_lite.state.dialect import LOCK_CLASS, WRITE_LOCK
+from skyserve_lite.state.dialect import LOCK_CLASS, MIGRATION_LOCK, WRITE_LOCK
 from skyserve_lite.state.models import ServiceStatus
 from skyserve_lite.state.schema import MIGRATIONS
 from skyserve_lite.state.store import UNFENCED, Store
@@ -84,6 +84,21 @@ def test_four_processes_opening_a_fresh_database_at_once_migrate_it_once(
         assert sorted(ran for ran, _, _ in outcomes) == [0, 0, 0, len(MIGRATIONS)], outcomes
         assert len({controller_id for _, controller_id, _ in outcomes}) == 1, outcomes
         assert {version for _, _, version in outcomes} == {len(MIGRATIONS)}
+
+
+def test_a_migration_waits_for_the_migration_lock_and_migrates_nothing_without_it(
+        tmp_path: Path, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What makes one migrator of many, whatever else serializes the writers: the session advisory lock.
+    monkeypatch.setattr(pg, "LOCK_TIMEOUT_MS", 300)
+    with postgres_server.admin(database()) as other:
+        other.execute(f"SELECT pg_advisory_lock({LOCK_CLASS}, {MIGRATION_LOCK})")  # another opener migrating
+        with pytest.raises(StateBusyError, match="stayed locked by another process"):
+            Store.open(tmp_path)
+        assert other.execute("SELECT to_regclass('schema_version')").fetchone() == (None,)  # nothing ran
+        other.execute(f"SELECT pg_advisory_unlock({LOCK_CLASS}, {MIGRATION_LOCK})")
+    store = Store.open(tmp_path)
+    assert store.schema_version == len(MIGRATIONS)
+    store.close()
 
 
 def _open_and_create(home: str, barrier: Any, results: Any) -> None:
