@@ -16,6 +16,8 @@ from packaging.version import Version
 
 from skyserve_lite.lb.http1 import new_stream
 
+from .recording_flow import RecordingFlow
+
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 LB = Path(__file__).resolve().parents[2] / "skyserve_lite" / "lb"
 
@@ -54,23 +56,6 @@ def test_the_load_balancer_uses_only_names_aiohttp_exports() -> None:
     uses = {f"{path.name}: {use}" for path in sorted(LB.glob("*.py")) for use in aiohttp_uses(path)}
     assert uses, "the scan found no use of aiohttp at all: it no longer looks where the load balancer is"
     assert {use for use in uses if use.split(": ", 1)[1] not in public} == set()
-
-
-class RecordingFlow:
-    """A ``FlowControl`` and nothing more: records the calls the stream makes."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    @property
-    def connected(self) -> bool:
-        return True
-
-    def pause_reading(self) -> None:
-        self.calls.append("pause")
-
-    def resume_reading(self, resume_parser: bool = True) -> None:
-        self.calls.append("resume")
 
 
 def test_a_stream_pauses_above_twice_its_limit_and_resumes_below_it_on_a_flow_control_protocol() -> None:

@@ -11,22 +11,7 @@ import pytest
 
 from skyserve_lite.lb.http1 import MAX_HEAD_BYTES, RequestParser, ResponseParser, compute_origin_form
 
-
-class Flow:
-    """A ``FlowControl`` that records the pauses the body streams ask for."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    @property
-    def connected(self) -> bool:
-        return True
-
-    def pause_reading(self) -> None:
-        self.calls.append("pause")
-
-    def resume_reading(self, resume_parser: bool = True) -> None:
-        self.calls.append("resume")
+from .recording_flow import RecordingFlow
 
 
 def _run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -73,7 +58,7 @@ REQUEST_CASES: dict[str, tuple[Sequence[bytes], list[tuple[str, str, bool, bool,
 def test_requests_as_parsed(reads: Sequence[bytes], expected: list[tuple[str, str, bool, bool, bytes | None]],
                             error: str | None, done: bool) -> None:
     async def run() -> None:
-        parser = RequestParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser = RequestParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
         found, errors = [], []
         for read in reads:
             feed = parser.feed(read)
@@ -92,7 +77,7 @@ def test_requests_as_parsed(reads: Sequence[bytes], expected: list[tuple[str, st
 
 def test_the_bytes_after_a_websocket_handshake_are_the_tunnels() -> None:
     async def run() -> None:
-        parser = RequestParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser = RequestParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
         feed = parser.feed(b"GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n\x81\x05hello")
         assert feed.tunnel == b"\x81\x05hello"
         assert parser.feed(b"more").requests == []  # nothing is parsed after the switch
@@ -102,7 +87,7 @@ def test_the_bytes_after_a_websocket_handshake_are_the_tunnels() -> None:
 
 def test_a_body_already_handed_over_fails_when_its_bytes_are_malformed() -> None:
     async def run() -> None:
-        parser = RequestParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser = RequestParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
         feed = parser.feed(b"POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
         (_, body), = feed.requests
         assert body is not None
@@ -115,7 +100,7 @@ def test_a_body_already_handed_over_fails_when_its_bytes_are_malformed() -> None
 
 def test_a_large_body_pauses_reading_until_it_is_read() -> None:
     async def run() -> None:
-        flow = Flow()
+        flow = RecordingFlow()
         parser = RequestParser(flow, asyncio.get_running_loop(), 100)
         feed = parser.feed(b"POST /p HTTP/1.1\r\nContent-Length: 300\r\n\r\n" + b"a" * 250)
         (_, body), = feed.requests
@@ -164,7 +149,7 @@ RESPONSE_CASES: dict[str, tuple[Sequence[bytes], bool, int, bytes, bool]] = {
                          ids=RESPONSE_CASES.keys())
 def test_responses_as_parsed(reads: Sequence[bytes], has_body: bool, status: int, body: bytes, reusable: bool) -> None:
     async def run() -> None:
-        parser = ResponseParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser = ResponseParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
         for _ in range(2):  # the same parser for the next request when the first left it reusable
             parser.begin(has_body, upgrade=False)
             found = None
@@ -186,7 +171,7 @@ def test_responses_as_parsed(reads: Sequence[bytes], has_body: bool, status: int
 def test_a_body_until_the_connection_ends_ends_with_it_and_a_short_one_is_an_error() -> None:
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        parser = ResponseParser(Flow(), loop, 2**16)
+        parser = ResponseParser(RecordingFlow(), loop, 2**16)
         parser.begin(True, upgrade=False)
         found = parser.feed(b"HTTP/1.1 200 OK\r\n\r\nuntil the end").response
         assert found is not None and isinstance(found[1], aiohttp.StreamReader)  # not whole until the end
@@ -194,7 +179,7 @@ def test_a_body_until_the_connection_ends_ends_with_it_and_a_short_one_is_an_err
         assert await found[1].read() == b"until the end"
         assert not parser.reusable
 
-        parser = ResponseParser(Flow(), loop, 2**16)
+        parser = ResponseParser(RecordingFlow(), loop, 2**16)
         parser.begin(True, upgrade=False)
         assert parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort").response is not None
         assert parser.feed_eof() == "the response body broke off: connection lost"
@@ -212,7 +197,7 @@ def test_a_body_until_the_connection_ends_ends_with_it_and_a_short_one_is_an_err
 ], ids=["asked-for", "not-asked-for", "naming-no-protocol", "invalid"])
 def test_protocol_switches_and_invalid_answers(data: bytes, upgrade: bool, error: str | None) -> None:
     async def run() -> None:
-        parser = ResponseParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser = ResponseParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
         parser.begin(True, upgrade=upgrade)
         feed = parser.feed(data)
         assert (feed.error is None) if error is None else (feed.error or "").startswith(error)
@@ -231,7 +216,7 @@ def _trickle(data: bytes, size: int) -> list[bytes]:
                          ids=["60-KiB-head", "over-the-bound"])
 def test_a_request_head_larger_than_the_bound_is_refused(header_bytes: int, refused: bool) -> None:
     async def run() -> None:
-        parser = RequestParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser = RequestParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
         data = b"GET / HTTP/1.1\r\nX-Big: " + b"a" * header_bytes + b"\r\n\r\n"
         feeds = [parser.feed(read) for read in _trickle(data, 4096)]
         errors = [feed.error for feed in feeds if feed.error is not None]
@@ -244,7 +229,7 @@ def test_a_request_head_larger_than_the_bound_is_refused(header_bytes: int, refu
 @pytest.mark.parametrize("has_body", [True, False], ids=["get", "head"])
 def test_a_response_head_larger_than_the_bound_is_invalid(has_body: bool) -> None:
     async def run() -> None:
-        parser = ResponseParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser = ResponseParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
         parser.begin(has_body, upgrade=False)
         data = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 8 * 1024) + b"\r\nContent-Length: 0\r\n\r\n"
         errors = [feed.error for feed in map(parser.feed, _trickle(data, 4096)) if feed.error is not None]
@@ -255,7 +240,7 @@ def test_a_response_head_larger_than_the_bound_is_invalid(has_body: bool) -> Non
 
 def test_a_body_whole_with_its_head_comes_as_bytes_and_one_still_arriving_as_a_stream() -> None:
     async def run() -> None:
-        parser = ResponseParser(Flow(), asyncio.get_running_loop(), 2**16)
+        parser = ResponseParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
         parser.begin(True, upgrade=False)
         found = parser.feed(OK).response
         assert found is not None and found[1] == b"ok"
