@@ -157,6 +157,25 @@ def update_watched(h: Harness, mode: str = "rolling") -> int:
     return version
 
 
+# The verdict on a watched version's window of 80 2xx and 20 5xx (count(ok=80, errors=20)).
+WATCHED_5XX_VERDICT = "version 2 rolled back: 5xx 20% (20/100) over 30s after taking traffic, limit 2%"
+
+
+def bake_watched_with_one_new_ready(h: Harness) -> tuple[int, list[int], float, set[int]]:
+    """A watched rolling update of 4 replicas whose first new replica becomes READY while the other three
+    stay STARTING (inside their initial delay), so rolling has replaced one old replica when the window
+    starts: (the version, its replicas, the window's start, the 3 old READY ones kept)."""
+    old = start(h)
+    version = update_watched(h)
+    h.tick()
+    new = new_rows(h, version)
+    h.prober.set({("svc", rid): ProbeResult(ok=False, detail="HTTP 503") for rid in new[1:]})
+    window = bake_step(h, version)
+    kept = {r.replica_id for r in h.replicas() if r.version == 1 and r.status is ReplicaStatus.READY}
+    assert len(kept) == 3 and kept < old
+    return version, new, window, kept
+
+
 def test_a_watched_rolling_update_with_errors_after_taking_traffic_is_rolled_back(harness: Harness) -> None:
     start(harness)
     version = update_watched(harness)
@@ -167,7 +186,7 @@ def test_a_watched_rolling_update_with_errors_after_taking_traffic_is_rolled_bac
     # Rolling replaced all 4 old replicas before the window was judged: none is READY to take traffic back.
     assert not any(r.status is ReplicaStatus.READY for r in harness.replicas() if r.version == 1)
     harness.tick(31)
-    reason = "version 2 rolled back: 5xx 20% (20/100) over 30s after taking traffic, limit 2%"
+    reason = WATCHED_5XX_VERDICT
     assert harness.store.list_canaries("svc")["svc"].state.verdict == reason
     assert harness.service().current_version == 3
     assert harness.store.get_version("svc", 3).note == reason
@@ -187,19 +206,11 @@ def test_a_watched_rolling_update_with_errors_after_taking_traffic_is_rolled_bac
 
 
 def test_a_watched_rollback_sends_the_traffic_back_to_the_old_replicas_at_once(harness: Harness) -> None:
-    old = start(harness)
-    version = update_watched(harness)
-    harness.tick()
-    new = new_rows(harness, version)
-    # One new replica becomes READY, three stay STARTING (inside their initial delay): rolling replaces one old.
-    harness.prober.set({("svc", rid): ProbeResult(ok=False, detail="HTTP 503") for rid in new[1:]})
-    window = bake_step(harness, version)
-    kept = {r.replica_id for r in harness.replicas() if r.version == 1 and r.status is ReplicaStatus.READY}
-    assert len(kept) == 3 and kept < old
+    version, new, window, kept = bake_watched_with_one_new_ready(harness)
     count(harness, window, version, ok=80, errors=20)
     count(harness, window, 1, ok=300, errors=0)
     harness.tick(31)
-    reason = "version 2 rolled back: 5xx 20% (20/100) over 30s after taking traffic, limit 2%"
+    reason = WATCHED_5XX_VERDICT
     assert harness.service().current_version == 3
     # In the very pass that rolled it back: only the old replicas serve, every new one drains with the reason.
     view = harness.store.get_lb_view("svc")
@@ -296,17 +307,10 @@ def test_a_person_aborts_a_paused_canary(harness: Harness) -> None:
 
 
 def test_a_watched_rollback_cut_short_after_its_verdict_is_carried_out_by_the_next_pass(harness: Harness) -> None:
-    old = start(harness)
-    version = update_watched(harness)
-    harness.tick()
-    new = new_rows(harness, version)
-    harness.prober.set({("svc", rid): ProbeResult(ok=False, detail="HTTP 503") for rid in new[1:]})
-    bake_step(harness, version)
-    kept = {r.replica_id for r in harness.replicas() if r.version == 1 and r.status is ReplicaStatus.READY}
-    assert len(kept) == 3 and kept < old
+    version, new, _, _ = bake_watched_with_one_new_ready(harness)
     # The pass that judged it stored the verdict (the executor's first write) and stopped there: no drain, no
     # rollback version. The next pass, by this or another controller, carries both out.
-    reason = "version 2 rolled back: 5xx 20% (20/100) over 30s after taking traffic, limit 2%"
+    reason = WATCHED_5XX_VERDICT
     harness.store.put_canary("svc", CanaryState(version=version, settings=SETTINGS, phase=CanaryPhase.ROLLED_BACK,
                                                 verdict=reason), 0)
     harness.reconciler = Reconciler(harness.store, {"local": harness.provider}, harness.prober, harness.lbs,
