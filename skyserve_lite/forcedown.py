@@ -8,7 +8,8 @@ what                            found by
 ==============================  =====================================================================
 the controller loop             ``controller.pid`` (pid and start time: a reused pid is not taken for it)
 load balancers                  their argv: ``python -m skyserve_lite.lb --home HOME --service NAME``
-local and emulated replicas,    the ``SKY_LITE_REPLICA_DIR`` tag below HOME in ``/proc/PID/environ``,
+local and emulated replicas,    the ``SKY_LITE_REPLICA_DIR`` tag below HOME (or below the directory
+                                ``SKY_LITE_LOCAL_REPLICAS_DIR`` names) in ``/proc/PID/environ``,
 with their descendants          and ``pid`` files whose process still is that replica's (its start time;
                                 replicas started before processes were tagged)
 cloud instances                 the controller tag (``sky-lite:controller``): the id from
@@ -44,6 +45,7 @@ from skyserve_lite.providers.local import (
     PID_FILE,
     find_recorded_process,
     find_replica_processes,
+    find_replicas_dir,
     stop_replica_processes,
 )
 from skyserve_lite.state.dburl import DatabaseUrl, find_database_url
@@ -120,7 +122,8 @@ def force_down(home: Path, *, regions: Sequence[str] = (), clouds: CloudProvider
     for process in procs.stop_processes([p for p, _service in load_balancers], _LB_GRACE_SECONDS):
         service = dict((p.pid, s) for p, s in load_balancers)[process.pid]
         stopped.append(StoppedProcesses(f"the load balancer of {service}", (process.pid,)))
-    replicas = stop_replica_processes(lambda tag: tag.is_relative_to(home), find_recorded_replica_pids(home),
+    is_ours = find_replica_tag_test(home)
+    replicas = stop_replica_processes(is_ours, find_recorded_replica_pids(home),
                                       grace_seconds)
     by_replica: dict[Path, list[int]] = {}
     for process, tag in replicas:
@@ -180,18 +183,41 @@ def find_recorded_replica_pids(home: Path) -> list[int]:
     (``find_recorded_process``: its start time, or for an older file its argv): a replica started before
     processes were tagged."""
     pids = []
-    for pid_file in [*home.glob(f"replicas/*/*/{PID_FILE}"), *home.glob(f"emulated/*/replicas/*/*/{PID_FILE}")]:
+    named = _find_named_replicas_dir(home)
+    for pid_file in [*home.glob(f"replicas/*/*/{PID_FILE}"), *home.glob(f"emulated/*/replicas/*/*/{PID_FILE}"),
+                     *(named.glob(f"*/*/{PID_FILE}") if named is not None else ())]:
         found = find_recorded_process(pid_file.parent)
         if found is not None:
             pids.append(found.pid)
     return pids
 
 
+def _find_named_replicas_dir(home: Path) -> Path | None:
+    """The local replicas directory ``SKY_LITE_LOCAL_REPLICAS_DIR`` names when it is outside ``home`` (the
+    controllers of several homes on one machine sharing a database name one), else None."""
+    try:
+        named = find_replicas_dir(home, os.environ)
+    except SkyLiteError:
+        return None  # a relative path: no controller could have started with it
+    return None if named.is_relative_to(home) else named
+
+
+def find_replica_tag_test(home: Path) -> Callable[[Path], bool]:
+    """Whether a replica's tag (its directory) is one ``home``'s controller launched: below ``home``, or below
+    the local replicas directory it names. That directory may be shared by the controllers of several homes
+    on one database: their replicas are that database's services, stopped with the rest (``--all``)."""
+    named = _find_named_replicas_dir(home)
+    roots = (home,) if named is None else (home, named)
+    return lambda tag: any(tag.is_relative_to(root) for root in roots)
+
+
 def describe_replica(home: Path, tag: Path) -> str:
     """``replica 2 of web`` for ``HOME/replicas/web/2-NONCE``, ``emulated aws instance of replica 2 of web``
     for ``HOME/emulated/aws/replicas/web/2-NONCE``."""
-    parts = tag.relative_to(home).parts
     replica = f"replica {tag.name.split('-', 1)[0]} of {tag.parent.name}"
+    if not tag.is_relative_to(home):  # below the SKY_LITE_LOCAL_REPLICAS_DIR the home's controller names
+        return replica
+    parts = tag.relative_to(home).parts
     if len(parts) == 5 and parts[0] == "emulated":
         return f"emulated {parts[1]} instance of {replica}"
     return replica
@@ -270,7 +296,7 @@ def _find_survivors(home: Path) -> list[str]:
         survivors.append(f"the controller (pid {controller.pid})")
     survivors += [f"the load balancer of {service} (pid {p.pid})" for p, service in find_load_balancers(home)]
     survivors += [f"{describe_replica(home, tag)} (pid {p.pid})"
-                  for p, tag in find_replica_processes(lambda tag: tag.is_relative_to(home))]
+                  for p, tag in find_replica_processes(find_replica_tag_test(home))]
     return [f"still running after SIGKILL: {survivor}" for survivor in survivors]
 
 

@@ -211,3 +211,27 @@ def test_force_down_with_the_state_in_postgresql_reads_the_controller_id_from_th
             f"postgresql://{PASSWORD_USER}:***@127.0.0.1:{postgres_server.port}/{database} cannot be read)"
             in stdout.replace("\n", " "))
     assert PASSWORD not in stdout
+
+
+def test_force_down_stops_the_replicas_in_the_local_replicas_directory_the_home_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Several controllers on one machine sharing a database name one replicas directory outside their homes
+    # (SKY_LITE_LOCAL_REPLICAS_DIR): a force-down that looked below the home alone left these running.
+    shared = tmp_path / "shared-replicas"
+    monkeypatch.setenv("SKY_LITE_LOCAL_REPLICAS_DIR", str(shared))
+    home = tmp_path / "home"
+    home.mkdir()
+    local = LocalProvider(home, SystemClock(), grace_seconds=2, replicas_dir=shared)
+    local.launch([web(ESCAPING, 1), web("sleep 300", 2)])
+    started = wait_for_processes(shared, 6 + 4)
+    try:
+        code, stdout, stderr = Cli(FakeCloudController(home, FakeProvider(name="aws")))(
+            "serve", "down", "--all", "--force", "-y")
+        assert (code, stderr) == (0, ""), stdout
+        assert [line.split(" (")[0] for line in stdout.splitlines()[:2]] == ["Stopped replica 1 of web",
+                                                                             "Stopped replica 2 of web"]
+        assert alive(started) == []
+    finally:
+        for process in alive(started):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
