@@ -5,7 +5,6 @@ an endpoint says whose it is."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,19 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from skyserve_lite.procs import find_free_port
+
 from .conftest import SkyLite, answering_run, http_get
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 TASK = "service:\n  readiness_probe: /\n  replicas: 1\n" + answering_run('os.environ["SKY_LITE_HOME"]')
 READY = re.compile(r"Service svc is READY at (http://127\.0\.0\.1:\d+)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -53,7 +47,7 @@ def test_a_pinned_port_both_homes_chose_is_ready_only_for_the_home_whose_load_ba
     # Both homes pin the same free port: both are accepted (nothing listens yet), one load balancer binds
     # it, and the other home's waits for it (pinned ports never move). Its replica is READY all the same.
     (tmp_path / "svc.yaml").write_text(TASK)
-    port = _free_port()
+    port = find_free_port()
     results = _up_at_once(two, tmp_path / "svc.yaml", "--endpoint-port", str(port), "--timeout", "60")
     ready = [(sky, result) for sky, result in zip(two, results, strict=True) if result.returncode == 0]
     assert len(ready) == 1, [(r.returncode, r.stdout, r.stderr) for r in results]

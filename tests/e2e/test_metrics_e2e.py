@@ -5,12 +5,13 @@ and the controller's passes; nothing of it is on the service's endpoint."""
 from __future__ import annotations
 
 import re
-import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from skyserve_lite.procs import find_free_port
 
 from .conftest import SkyLite, answering_run, http_get, wait_until
 
@@ -22,13 +23,6 @@ REQUESTS = 20
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _scrape(url: str) -> Samples:
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
@@ -37,7 +31,7 @@ def _scrape(url: str) -> Samples:
 
 
 def test_requests_through_the_endpoint_are_counted_in_the_controller_metrics(sky: SkyLite, tmp_path: Path) -> None:
-    port = _free_port()
+    port = find_free_port()
     sky.env["SKY_LITE_METRICS_ADDR"] = f"127.0.0.1:{port}"
     (tmp_path / "hello.yaml").write_text(TASK)
     result = sky.run("serve", "up", str(tmp_path / "hello.yaml"), "--name", "hello")

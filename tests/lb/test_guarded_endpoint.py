@@ -25,6 +25,7 @@ from skyserve_lite.clock import FakeClock
 from skyserve_lite.errors import StateConflictError
 from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
 from skyserve_lite.lb.proxy import LbView, LoadBalancer, compute_upstream_headers
+from skyserve_lite.procs import find_free_port
 from skyserve_lite.spec.inputs import with_inputs
 from skyserve_lite.spec.model import Secret
 from skyserve_lite.spec.parse import read_task
@@ -117,13 +118,6 @@ def add_ready_replica(home: Path, port: int) -> None:
         store.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def run_lb(home: Path, port: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "skyserve_lite.lb", "--home", str(home), "--service", "svc", "--port", str(port)],
@@ -154,7 +148,7 @@ class Endpoint:
 
 def start(home: Path) -> Endpoint:
     """A load balancer for svc in ``home``, once it answers HTTP (at most 30 s)."""
-    port = free_port()
+    port = find_free_port()
     endpoint = Endpoint(home, port, run_lb(home, port))
     deadline = time.monotonic() + 30
     while True:
@@ -256,7 +250,7 @@ def test_a_key_that_cannot_be_read_at_start_stops_the_load_balancer_naming_the_k
     submit(home, AUTH_TASK, (KEY_1, KEY_2))
     secrets = SecretStore(home)
     (secrets.directory / secrets.digest(Secret(KEY_2))).unlink()  # PARTNER_KEY's value is gone from the store
-    process = run_lb(home, free_port())
+    process = run_lb(home, find_free_port())
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1
     assert "cannot read its API keys" in stderr and "PARTNER_KEY" in stderr

@@ -13,7 +13,6 @@ import logging
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from aiohttp import web
 
 from skyserve_lite.lb.listener import IntervalTally, compute_raised_open_file_limit
 from skyserve_lite.lb.settings import ConnectionLimits
+from skyserve_lite.procs import find_free_port
 
 from .serving import serving
 
@@ -305,13 +305,6 @@ _OPEN_FILE_LIMIT = 64
 _IDLE_CLIENTS = 150
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def _wait_until_listening(port: int, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 20
     while True:
@@ -347,7 +340,7 @@ def test_at_the_open_file_limit_it_backs_off_logs_little_and_keeps_serving(tmp_p
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         log_path = tmp_path / "lb.log"
-        port = _free_port()
+        port = find_free_port()
         idle: list[asyncio.StreamWriter] = []
         try:
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -502,7 +495,7 @@ def test_a_client_holding_2000_idle_connections_cannot_lock_another_client_out(t
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         log_path = tmp_path / "lb.log"
-        port = _free_port()
+        port = find_free_port()
         try:
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

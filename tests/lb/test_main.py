@@ -23,6 +23,7 @@ from skyserve_lite.lb.settings import (
     hold_seconds_from_env,
     max_connections_from_env,
 )
+from skyserve_lite.procs import find_free_port
 from skyserve_lite.state.store import Store
 
 START = 1_767_225_600.25  # 2026-01-01T00:00:00.25Z
@@ -34,13 +35,6 @@ def _keep_open_file_limit() -> Iterator[None]:
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     yield
     resource.setrlimit(resource.RLIMIT_NOFILE, limits)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.mark.timeout(60)
@@ -56,7 +50,7 @@ def test_main_exits_1_with_a_message_when_the_port_is_taken(tmp_path: Path, caps
 
 
 def test_main_never_creates_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = lb_main.main(["--home", str(tmp_path / "home"), "--service", "svc", "--port", str(_free_port())])
+    code = lb_main.main(["--home", str(tmp_path / "home"), "--service", "svc", "--port", str(find_free_port())])
     assert code == 1
     assert "no state store at" in capsys.readouterr().err
     assert not (tmp_path / "home").exists()
@@ -65,7 +59,7 @@ def test_main_never_creates_a_store(tmp_path: Path, capsys: pytest.CaptureFixtur
 @pytest.mark.timeout(60)
 def test_main_exits_0_when_the_service_does_not_exist(tmp_path: Path) -> None:
     Store.open(tmp_path).close()
-    code = lb_main.main(["--home", str(tmp_path), "--service", "nosuch", "--port", str(_free_port())])
+    code = lb_main.main(["--home", str(tmp_path), "--service", "nosuch", "--port", str(find_free_port())])
     assert code == 0
 
 
@@ -86,7 +80,7 @@ def test_main_exits_2_naming_an_invalid_hold_setting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SKY_LITE_LB_HOLD_SECONDS", "soon")
-    code = lb_main.main(["--home", str(tmp_path), "--service", "svc", "--port", str(_free_port())])
+    code = lb_main.main(["--home", str(tmp_path), "--service", "svc", "--port", str(find_free_port())])
     assert code == 2
     assert "SKY_LITE_LB_HOLD_SECONDS must be a number of seconds, got 'soon'" in capsys.readouterr().err
 
@@ -212,7 +206,7 @@ def test_main_exits_2_naming_an_invalid_connection_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SKY_LITE_LB_MAX_CONNECTIONS", "lots")
-    code = lb_main.main(["--home", str(tmp_path), "--service", "svc", "--port", str(_free_port())])
+    code = lb_main.main(["--home", str(tmp_path), "--service", "svc", "--port", str(find_free_port())])
     assert code == 2
     assert "SKY_LITE_LB_MAX_CONNECTIONS must be a whole number, got 'lots'" in capsys.readouterr().err
 
@@ -228,7 +222,7 @@ def test_the_process_raises_its_open_file_limit_to_the_hard_limit_and_derives_th
     environ = {key: value for key, value in os.environ.items() if not key.startswith("SKY_LITE_LB_")}
     command = [sys.executable, "-m", "skyserve_lite.lb", "--home", str(tmp_path), "--service", "nosuch"]
     result = subprocess.run(
-        [*command, "--port", str(_free_port())],
+        [*command, "--port", str(find_free_port())],
         capture_output=True,
         text=True,
         timeout=30,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 import aiohttp
 from aiohttp import web
@@ -22,17 +21,10 @@ from skyserve_lite.endpoint_identity import (
 from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
 from skyserve_lite.lb.outcomes import Failure, Outcome, RecordingSink
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
+from skyserve_lite.procs import find_free_port
 from skyserve_lite.spec.model import RateLimit
 
 from .serving import StaticSource, serve_app, serve_lb
-
-
-def _closed_port() -> int:
-    """A port on 127.0.0.1 nobody listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _answer(request: web.Request) -> web.Response:
@@ -84,7 +76,7 @@ def dataclass_without_seconds(outcome: Outcome, replica: str) -> Outcome:
 def test_a_refused_attempt_and_its_retry_are_two_outcomes() -> None:
     async def body() -> tuple[list[Outcome], str, str]:
         sink = RecordingSink()
-        dead = f"http://127.0.0.1:{_closed_port()}"
+        dead = f"http://127.0.0.1:{find_free_port()}"
         async with _replica() as replica, \
                 _lb(LbView((dead, replica), "round_robin", versions=(3, 4)), sink) as lb, \
                 aiohttp.ClientSession() as session:
@@ -102,7 +94,7 @@ def test_a_refused_attempt_and_its_retry_are_two_outcomes() -> None:
 def test_answers_without_a_replica_are_outcomes_without_one() -> None:
     async def body() -> list[Outcome]:
         sink = RecordingSink()
-        dead = f"http://127.0.0.1:{_closed_port()}"
+        dead = f"http://127.0.0.1:{find_free_port()}"
         # One request per 100 s: the second request in a row is refused with 429.
         guard = Guard(GuardConfig(keys=None, rate_limits=(RateLimit(rps=0.01),)))
         async with _lb(LbView((dead,), "round_robin", versions=(1,)), sink, guard) as lb, \
@@ -157,5 +149,5 @@ def test_the_endpoint_identity_is_read_over_http_and_judged() -> None:
     assert find_identity_problem(ours, "svc", "c2", "E") == \
         "E is the endpoint of service 'svc' of controller c1 (pid 7), not of this service yet"
     assert isinstance(stranger, str) and "answered 404" in stranger
-    refused = read_endpoint_identity(f"http://127.0.0.1:{_closed_port()}")
+    refused = read_endpoint_identity(f"http://127.0.0.1:{find_free_port()}")
     assert isinstance(refused, str) and refused.startswith("nothing answers at")

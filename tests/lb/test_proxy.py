@@ -32,6 +32,7 @@ from skyserve_lite.lb.proxy import (
     strip_hop_by_hop,
 )
 from skyserve_lite.lb.server import serve
+from skyserve_lite.procs import find_free_port
 
 from .scripted import CLOSE, scripted_backend
 from .serving import serve_app, serve_lb
@@ -116,14 +117,7 @@ def _backend_app(backend: Backend) -> web.Application:
 
 def _dead_url() -> str:
     """A url on which nothing listens: a port the kernel just handed out and that is closed again."""
-    return f"http://127.0.0.1:{_free_port()}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return f"http://127.0.0.1:{find_free_port()}"
 
 
 # -- fakes ------------------------------------------------------------------------------------------------
@@ -829,7 +823,7 @@ def test_source_returning_none_stops_serve_and_answers_held_requests() -> None:
         sink = RecordingSink()
         clock = FakeClock(START)
         lb = LoadBalancer("svc", source, sink, clock, refresh_seconds=0.02)  # holds for the default 30 s
-        port = _free_port()
+        port = find_free_port()
         task = asyncio.create_task(serve(lb, "127.0.0.1", port, asyncio.Event()))
         await _wait_for_port(port)
         async with aiohttp.ClientSession() as client:
@@ -852,7 +846,7 @@ def test_source_returning_none_stops_serve_and_answers_held_requests() -> None:
 def test_held_requests_get_503_when_serve_is_stopped() -> None:
     async def body() -> None:
         lb = LoadBalancer("svc", MutableSource(LbView((), "round_robin")), None, FakeClock(START))
-        port = _free_port()
+        port = find_free_port()
         stop = asyncio.Event()
         task = asyncio.create_task(serve(lb, "127.0.0.1", port, stop))
         await _wait_for_port(port)
@@ -875,7 +869,7 @@ def test_serve_proxies_until_the_stop_event_is_set() -> None:
         backend = Backend("only")
         async with serve_app(_backend_app(backend)) as backend_url:
             lb = LoadBalancer("svc", MutableSource(LbView((backend_url,), "round_robin")), None, FakeClock(START))
-            port = _free_port()
+            port = find_free_port()
             stop = asyncio.Event()
             task = asyncio.create_task(serve(lb, "127.0.0.1", port, stop))
             async with aiohttp.ClientSession() as client:

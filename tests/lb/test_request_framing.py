@@ -21,6 +21,8 @@ from typing import ClassVar
 
 import pytest
 
+from skyserve_lite.procs import find_free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A complete request the load balancer's replica would answer, smuggled after an ambiguous body.
@@ -93,12 +95,6 @@ def replica() -> Iterator[str]:
     server.server_close()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _wait_until_listening(port: int, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -113,7 +109,7 @@ def _wait_until_listening(port: int, process: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="module")
 def lb_port(replica: str) -> Iterator[int]:
-    port = _free_port()
+    port = find_free_port()
     process = subprocess.Popen([sys.executable, "-m", "tests.lb.serve_static", str(port), "100", replica],
                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

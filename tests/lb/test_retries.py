@@ -14,7 +14,6 @@ import collections
 import contextlib
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,17 +31,11 @@ from skyserve_lite.lb.metrics import LbMetrics
 from skyserve_lite.lb.outcomes import OutcomeSink
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
 from skyserve_lite.lb.server import HttpServer
+from skyserve_lite.procs import find_free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EJECT_AFTER = 3
 EJECT_SECONDS = 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager
@@ -102,7 +95,7 @@ def test_a_replica_killed_mid_request_gets_its_requests_retried_elsewhere_then_e
 ) -> None:
     async def body() -> None:
         caplog.set_level(logging.INFO, logger="skyserve_lite.lb.proxy")
-        port_a, port_b = _free_port(), _free_port()
+        port_a, port_b = find_free_port(), find_free_port()
         name_a, name_b = f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"
         url_a = f"http://{name_a}"
         metrics = LbMetrics("svc")
@@ -171,7 +164,7 @@ def test_a_replica_killed_mid_request_gets_its_requests_retried_elsewhere_then_e
 @pytest.mark.timeout(60)
 def test_the_last_replica_is_never_ejected(caplog: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
-        port = _free_port()  # nothing listens there: every attempt is refused
+        port = find_free_port()  # nothing listens there: every attempt is refused
         async with _lb((f"http://127.0.0.1:{port}",)) as (lb_url, lb), aiohttp.ClientSession() as session:
             for _ in range(2 * EJECT_AFTER):
                 status, text = await _ask(session, "GET", f"{lb_url}/ok")
