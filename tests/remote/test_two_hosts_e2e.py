@@ -185,6 +185,12 @@ def test_two_hosts_share_one_database(setup: Setup) -> None:
     print(f"takeover after kill -9: {took:.1f}s (lease TTL {TTL_SECONDS}s)")
     assert set(answers) == {200}, answers
     assert [r["replica_id"] for r in setup.service()["replicas"]] == [replica]
+    # The killed loop's load balancer serves on (it reads the database): its endpoint is live, its controller
+    # is not.
+    assert answer(f"http://{owner.address}:{port}") == 200
+    wait_until(lambda: sorted((e["url"], e["live"], e["controller_live"]) for e in setup.service()["endpoints"]) == [
+        (f"http://{address}:{port}", True, address == survivor.address) for address in sorted(setup.hosts)], 30,
+        "the killed host's endpoint live with its controller not")
 
     # The first recorded host is gone for good: the CLI moves to the other and says so.
     owner.sshd.stop()
