@@ -307,7 +307,8 @@ def plan_canary_step(state: CanaryState, inputs: CanaryInputs, now: float) -> Ca
     Before a step's window starts the new version keeps the share of the step before (0 at the first), so a
     replica still starting is never sent the new share. A readiness failure rolls back at once; the window
     is judged only once it is over (``judge_canary``). A person's command comes first: promote and abort
-    act at once, pause holds the split where it is, resume continues with a fresh window.
+    act at once, pause holds the split where it is, resume continues with a fresh window (from this pass
+    when the step's replicas are READY, so the share never drops).
     """
     version = state.version
     settings = state.settings
@@ -327,8 +328,14 @@ def plan_canary_step(state: CanaryState, inputs: CanaryInputs, now: float) -> Ca
         paused = replace(state, paused=True)
         return _stepping(CanaryAction.PAUSED, paused, inputs, f"version {version} paused at {state.percent}%")
     if command is Command.RESUME and state.paused:
-        resumed = replace(state, paused=False, window_start=None, extensions=0)
-        return _stepping(CanaryAction.WAIT_READY, resumed, inputs, f"version {version} resumed at {state.percent}%")
+        # The fresh window starts in this very pass when the step's replicas are READY: restarting it a pass
+        # later would hand the share of the step before (0% at the first step, 10% at a 50% one) for that
+        # pass, so a resume would take the new version out of traffic that a pause held.
+        ready = inputs.new_ready >= compute_step_replicas(inputs.target, state.percent)
+        resumed = replace(state, paused=False, window_start=now if ready else None, extensions=0)
+        fresh = f"; a fresh window of {format_seconds(settings.bake_seconds)}" if ready else ""
+        return _stepping(CanaryAction.START_BAKE if ready else CanaryAction.WAIT_READY, resumed, inputs,
+                         f"version {version} resumed at {state.percent}%{fresh}")
     if inputs.readiness_failures:
         verdict = judge_canary(version, inputs.new_counts, inputs.old_counts, inputs.readiness_failures, settings,
                                state.percent, 0.0, state.extensions)

@@ -284,8 +284,11 @@ def test_a_person_resumes_a_paused_canary_with_a_fresh_window(harness: Harness) 
     harness.tick()
     resumed = harness.store.list_canaries("svc")["svc"]
     assert not resumed.state.paused and resumed.command is None and resumed.state.extensions == 0
-    window = bake_step(harness, version)
-    assert window == harness.clock.now()  # a new window, from the resume on
+    # A new window from the resume pass on, and the 10% the pause held is kept through it: the new version
+    # stays among the versions the load balancer sends to.
+    window = resumed.state.window_start
+    assert window == harness.clock.now() and resumed.percent == 10
+    assert version in (harness.service().active_versions or ())
     count(harness, window, version, ok=40, errors=0)
     harness.tick(31)
     assert harness.store.list_canaries("svc")["svc"].state.step == 1
