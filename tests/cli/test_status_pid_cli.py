@@ -72,7 +72,7 @@ def test_pid_of_a_terminated_replica_names_no_one(home: Path, provider: LocalPro
 
     assert (code, stdout) == (1, "")
     assert stderr == (f"Error: replica 1 of web has no running process on this machine (--pid reads the local "
-                      f"replicas of {home.resolve()})\n")
+                      f"replicas in {home.resolve() / 'replicas'})\n")
 
 
 def test_pid_of_a_replica_whose_pid_another_process_took_names_no_one(home: Path, provider: LocalProvider) -> None:
