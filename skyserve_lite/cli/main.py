@@ -28,14 +28,14 @@ from skyserve_lite.cli.common import stderr as _stderr
 from skyserve_lite.cli.completion import complete_replica_ids, complete_service_names
 from skyserve_lite.cli.params import FiniteFloatRange
 from skyserve_lite.defaults import DEFAULT_EVENTS, UPDATE_MODES
-from skyserve_lite.errors import StateConflictError, UsageError
+from skyserve_lite.errors import NotFoundError, StateConflictError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from skyserve_lite import api, waits
     from skyserve_lite.host_endpoints import EndpointView
-    from skyserve_lite.plan.canary import CanarySettings
+    from skyserve_lite.plan.canary import CanarySettings, Command
     from skyserve_lite.plan.rollout import UpdateMode
     from skyserve_lite.spec.model import SubmittedTask
     from skyserve_lite.state.models import ReplicaRecord
@@ -278,9 +278,31 @@ def serve_rollout(name: str, action: str) -> None:
     from skyserve_lite.plan.canary import Command
 
     with _errors():
-        _controller().request_rollout(name, Command(action))
-        click.echo(f"Asked the controller to {action} the canary rollout of {name}; `sky-lite serve wait {name}` "
-                   "follows it.")
+        controller = _controller()
+        command = Command(action)
+        # A command the controller has not acted on yet is replaced by this one: an `abort` followed within a
+        # pass (2 s) by a `pause` is never carried out, so the person is told which one was dropped.
+        pending = _pending_rollout_command(controller, name)
+        controller.request_rollout(name, command)
+        follow = f"`sky-lite serve wait {name}` follows it."
+        if pending is command:
+            click.echo(f"The controller was asked to {action} the canary rollout of {name} already and has not "
+                       f"done it yet; {follow}")
+        elif pending is not None:
+            click.echo(f"Asked the controller to {action} the canary rollout of {name} instead of the "
+                       f"`{pending.value}` asked before, which it had not done yet and now will not; {follow}")
+        else:
+            click.echo(f"Asked the controller to {action} the canary rollout of {name}; {follow}")
+
+
+def _pending_rollout_command(controller: api.Controller, name: str) -> Command | None:
+    """The `serve rollout` command of ``name``'s canary not acted on yet; None when there is none, or no such
+    service (``request_rollout`` then says what is wrong)."""
+    try:
+        (view,) = controller.get_status([name], events=0)
+    except NotFoundError:
+        return None
+    return view.canary.command if view.canary is not None else None
 
 
 @serve.command("rollback")
