@@ -340,6 +340,11 @@ def serve_wait(name: str, version: int | None, timeout: float) -> None:
     """Wait until service NAME's rollout (of its current version, or --version N) is done, as
     `update --wait` does: a live view on stderr, exit 1 naming what is stuck when it fails or times out."""
     with _errors():
+        # Killed or never restarted (after a reboot), no controller moves the rollout: say so rather than wait
+        # the whole --timeout (10 minutes by default) in silence. `update --wait` has just started one.
+        if not _controller().get_status_report([name], events=0).controller.running:
+            click.echo("Warning: no controller is running, so the rollout does not move while this waits. Start "
+                       "it with `sky-lite controller start`.", err=True)
         _wait_for_rollout(name, version, timeout)
 
 
