@@ -124,7 +124,11 @@ def plan_watch_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: fl
     new_counts, old_counts = compute_counts(snapshot.canary_counts, version)
     decision = plan_watch_step(stored.state, WatchInputs(taking_traffic, failures, launch_blocked, new_counts,
                                                          old_counts), now)
-    update = None if decision.state == stored.state else CanaryUpdate(service.name, decision.state, 0)
+    # The share stored is the decision's (100 while the mode's own traffic flows, 0 once rolled back), as
+    # `serve status` shows it: storing 0 with the window's start made a watched version taking every request
+    # read "0%".
+    update = (None if decision.state == stored.state and decision.percent == stored.percent
+              else CanaryUpdate(service.name, decision.state, decision.percent))
     rollback = None
     version_target = target
     if decision.state.phase is CanaryPhase.ROLLED_BACK:

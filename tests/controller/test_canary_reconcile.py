@@ -181,13 +181,16 @@ def test_a_watched_rolling_update_with_errors_after_taking_traffic_is_rolled_bac
     version = update_watched(harness)
     harness.tick()
     window = bake_step(harness, version)  # its first replica READY and serving: the window starts
+    # The mode's own traffic, as `serve status` shows the share: 100, not the 0 of a canary before its split.
+    assert harness.store.list_canaries("svc")["svc"].percent == 100
     count(harness, window, version, ok=80, errors=20)
     count(harness, window, 1, ok=300, errors=0)
     # Rolling replaced all 4 old replicas before the window was judged: none is READY to take traffic back.
     assert not any(r.status is ReplicaStatus.READY for r in harness.replicas() if r.version == 1)
     harness.tick(31)
     reason = WATCHED_5XX_VERDICT
-    assert harness.store.list_canaries("svc")["svc"].state.verdict == reason
+    rolled = harness.store.list_canaries("svc")["svc"]
+    assert (rolled.state.verdict, rolled.percent) == (reason, 0)
     assert harness.service().current_version == 3
     assert harness.store.get_version("svc", 3).note == reason
     # Never 0 capacity: version 2 keeps serving, and the event says why, until version 3's replicas are READY.
