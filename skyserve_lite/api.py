@@ -48,7 +48,6 @@ from skyserve_lite.plan.canary import (
     compute_counts,
     format_percent,
     format_seconds,
-    plan_canary_preview,
 )
 from skyserve_lite.spec.inputs import BoundInputs, bind, find_missing, merge_envs
 from skyserve_lite.spec.model import Cloud, Secret, ServiceSpec, SubmittedTask, TaskInputs, TaskSpec
@@ -621,10 +620,8 @@ class LocalController:
         finally:
             store.close()
         plan = forecast_update(snapshot, service.current_version + 1, task.spec, mode, now, settings,
-                               reuse_identical_files=reuse_identical_files)
-        if canary is not None and mode.value == "canary":
-            plan = dataclasses.replace(plan, canary=plan_canary_preview(plan.target_replicas, canary))
-        return dataclasses.replace(plan, notes=tuple(notes))
+                               reuse_identical_files=reuse_identical_files, canary=canary)
+        return dataclasses.replace(plan, notes=plan.notes + tuple(notes))
 
     def get_rollout_state(self, name: str) -> RolloutState:
         store = self._open()
@@ -685,13 +682,21 @@ class LocalController:
             if stored.state.is_done:
                 raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} is "
                                          f"over ({stored.state.phase.value}); nothing to {command.value}")
-            # Asked of a rollout in the other state, the command would be dropped by the next pass unsaid.
-            if command is Command.RESUME and not stored.state.paused:
-                raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} is "
-                                         "not paused; nothing to resume")
-            if command is Command.PAUSE and stored.state.paused:
-                raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} is "
-                                         "paused already; `resume`, `promote` or `abort` decides")
+            # Asked of a rollout in the other state, the command would be dropped by the next pass unsaid. A
+            # pause or resume not acted on yet counts as done: the later command replaces it (the store's
+            # contract), so `resume` then `pause` within a pass leaves it paused, as the person last asked.
+            paused = stored.state.paused
+            if stored.command is Command.PAUSE:
+                paused = True
+            elif stored.command is Command.RESUME:
+                paused = False
+            if command is not stored.command:  # the same one again is stored again, and the CLI says so
+                if command is Command.RESUME and not paused:
+                    raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} "
+                                             "is not paused; nothing to resume")
+                if command is Command.PAUSE and paused:
+                    raise StateConflictError(f"the canary rollout of version {stored.state.version} of {name!r} "
+                                             "is paused already; `resume`, `promote` or `abort` decides")
             store.request_canary_command(name, command)
         finally:
             store.close()

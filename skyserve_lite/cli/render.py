@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -205,10 +205,21 @@ def plan_renderable(plan: UpdatePlan, rollback_to: int | None = None) -> Group:
         table.add_row("-", "-", "-", "no live replica")
     parts: list[FitTable | Trimmed] = [_paragraph(title, "bold"), table]
     if plan.canary:
-        lines = [f" {number}. {step.describe()}, then judged" for number, step in enumerate(plan.canary, start=1)]
-        lines.append(f" {len(plan.canary) + 1}. 100% (promoted): the old replicas drain as below")
+        # One plan: the canary's steps with what each launches, then the promotion (the rest of the launches,
+        # and the old replicas drain as in rolling). The forecast's rolling passes would launch every replica
+        # in its first step, which a canary does not.
+        lines = [f" {number}. {step.describe()}, then judged"
+                 + (f" (launch {_ids(step.launch)})" if step.launch else "")
+                 for number, step in enumerate(plan.canary, start=1)]
+        stepped = {rid for step in plan.canary for rid in step.launch}
+        rest = [launch.replica_id for launch in plan.launches if launch.replica_id not in stepped]
+        drained = sorted({rid for step in plan.steps for rid in step.drain})
+        then = ([f"launch {_ids(rest)}"] if rest else []) + (
+            [f"drain {_ids(drained)} as the new replicas are READY"] if drained else [])
+        lines.append(f" {len(plan.canary) + 1}. 100% (promoted)" + (": " + "; ".join(then) if then else "")
+                     + f" (traffic: version {plan.to_version})")
         parts.append(_paragraph("Canary steps (each rolls back at once when judged bad):\n" + "\n".join(lines)))
-    if plan.steps:
+    elif plan.steps:
         lines = [f" {number}. {step.describe()}" for number, step in enumerate(plan.steps, start=1)]
         parts.append(_paragraph("Steps (each once the replicas launched before it are READY):\n" + "\n".join(lines)))
     if not plan.converged:
@@ -218,6 +229,10 @@ def plan_renderable(plan: UpdatePlan, rollback_to: int | None = None) -> Group:
         parts.append(_paragraph(f"Note: {note}", "yellow"))
     parts.append(_paragraph(plan.summary(), "bold"))
     return Group(*parts)
+
+
+def _ids(ids: Iterable[int]) -> str:
+    return ", ".join(map(str, ids))
 
 
 # MARKET gives way first: every try says its market too. In 80 columns REPLICA 7 + TRIES 62 + ZONES 58 does

@@ -24,7 +24,7 @@ from skyserve_lite.controller.pass_types import Observation, PassPlan, ServiceSn
 from skyserve_lite.controller.plan import InstanceIndex, find_probe_targets, plan_service_pass
 from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.plan.canary import CanarySettings, plan_canary_preview
+from skyserve_lite.plan.canary import CanaryPreview, CanarySettings, plan_canary_preview
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import LaunchDecision, PlanStep, ReplicaAction, ReplicaDecision, UpdatePlan
 from skyserve_lite.providers.base import Instance, InstanceState
@@ -40,10 +40,12 @@ _PROBE_OK = ProbeResult(ok=True, detail="HTTP 200")
 
 
 def forecast_update(snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSpec, mode: UpdateMode,
-                    now: float, settings: ControllerSettings, *, reuse_identical_files: bool = False) -> UpdatePlan:
+                    now: float, settings: ControllerSettings, *, reuse_identical_files: bool = False,
+                    canary: CanarySettings | None = None) -> UpdatePlan:
     """The plan of making ``new_spec`` version ``to_version`` of ``snapshot``'s service, rolled out with
-    ``mode`` (reusing replicas whose files are identical with ``reuse_identical_files``). See the module
-    docstring for the model."""
+    ``mode`` (reusing replicas whose files are identical with ``reuse_identical_files``; a canary with
+    ``canary``, else the task's `service.canary`, else the defaults). See the module docstring for the
+    model."""
     # A canary's passes wait on its bake windows and the load balancers' counts, which the model has not:
     # its replicas end as a rolling update's do once promoted, and its steps are the plan's ``canary``.
     run_mode = UpdateMode.ROLLING if mode is UpdateMode.CANARY else mode
@@ -62,15 +64,22 @@ def forecast_update(snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSp
             steps.append(step)
     policy = new_spec.service.replica_policy
     target = compute_target_replicas(policy, carry_over(world.snapshot.autoscaler, policy, to_version))
+    replicas = _decide_replicas(snapshot, new_spec, world.gone, target, reuse_identical_files)
+    launches = tuple(LaunchDecision(rid, is_spot, kept=rid not in world.gone)
+                     for rid, is_spot in world.launched.items())
+    preview = CanaryPreview()
+    if mode is UpdateMode.CANARY:
+        # The controller's own step planner, as its first pass would call it: a canary is judged only when a
+        # live replica runs another config (``controller.canary_steps``: reused ones count as the new version).
+        reused = sum(1 for d in replicas if d.action is ReplicaAction.REUSE)
+        preview = plan_canary_preview(to_version, target, canary or new_spec.service.canary or CanarySettings(),
+                                      config_changed=any(d.action is ReplicaAction.REPLACE for d in replicas),
+                                      reused=reused, launch_ids=tuple(d.replica_id for d in launches if d.kept))
     return UpdatePlan(
         service=snapshot.service.name, from_version=snapshot.service.current_version, to_version=to_version,
         mode=mode, target_replicas=target,
-        replicas=_decide_replicas(snapshot, new_spec, world.gone, target, reuse_identical_files),
-        launches=tuple(LaunchDecision(rid, is_spot, kept=rid not in world.gone)
-                       for rid, is_spot in world.launched.items()),
-        steps=tuple(steps), converged=converged,
-        canary=(plan_canary_preview(target, new_spec.service.canary or CanarySettings())
-                if mode is UpdateMode.CANARY else ()),
+        replicas=replicas, launches=launches, steps=tuple(steps), converged=converged, canary=preview.steps,
+        notes=() if preview.done is None else (preview.done,),
     )
 
 

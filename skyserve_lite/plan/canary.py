@@ -317,7 +317,8 @@ def plan_canary_step(state: CanaryState, inputs: CanaryInputs, now: float) -> Ca
     if not inputs.config_changed:
         done = replace(state, phase=CanaryPhase.NOTHING_TO_JUDGE, verdict="every replica reused: nothing to judge")
         return _decided(CanaryAction.DONE, done, inputs.target,
-                        f"version {version} reuses every replica (same replica config): nothing to judge, done")
+                        f"version {version} reuses every replica (same replica config): nothing to judge, it is "
+                        "current at once")
     command = inputs.command
     if command is Command.PROMOTE:
         return _promote(state, inputs, "promoted by an operator")
@@ -403,21 +404,67 @@ def _decided(action: CanaryAction, state: CanaryState, target: int, message: str
 @dataclass(frozen=True)
 class CanaryStepPreview:
     """One step of a canary as `serve update --dry-run` shows it: the share, the new version's replicas for
-    it, and its bake window (a good window each time; the last step is followed by 100%)."""
+    it, its bake window (a good window each time; the last step is followed by 100%) and the replicas the
+    step launches (ids; reused replicas and those of the steps before count towards ``new_replicas``)."""
 
     percent: int
     new_replicas: int
     bake_seconds: float
+    launch: tuple[int, ...] = ()
 
     def describe(self) -> str:
         noun = "replica" if self.new_replicas == 1 else "replicas"
         return f"{self.percent}% on {self.new_replicas} new {noun}, bake {format_seconds(self.bake_seconds)}"
 
 
-def plan_canary_preview(target: int, settings: CanarySettings) -> tuple[CanaryStepPreview, ...]:
-    """The steps of a canary to ``target`` replicas: target 4, steps 10, 50 -> 10% on 1, 50% on 2."""
-    return tuple(CanaryStepPreview(p, compute_step_replicas(target, p), settings.bake_seconds) for p in settings.steps)
+@dataclass(frozen=True)
+class CanaryPreview:
+    """What a canary will do, as ``plan_canary_step`` decides it pass after pass: its steps, or (no step)
+    the message of a rollout that is over at its first pass (every replica reused: nothing to judge)."""
 
+    steps: tuple[CanaryStepPreview, ...] = ()
+    done: str | None = None
+
+
+# Each step takes a few passes in the model (launch, READY and the window starts, judged): 4 per step
+# leaves room; the bound only stops a planner bug from looping forever.
+_PREVIEW_PASSES_PER_STEP = 4
+
+
+def plan_canary_preview(version: int, target: int, settings: CanarySettings, *, config_changed: bool = True,
+                        reused: int = 0, launch_ids: tuple[int, ...] = ()) -> CanaryPreview:
+    """The canary of ``version`` to ``target`` replicas as the controller runs it, when every replica is
+    READY a pass after its launch and every window is judged good: ``plan_canary_step`` itself, pass after
+    pass. Target 4, steps 10, 50 -> 10% on 1 (one launched), 50% on 2 (one more); with ``config_changed``
+    False (every replica reused) no step at all: nothing to judge. ``reused``: replicas of the new version
+    at the start; ``launch_ids``: the ids the launched replicas take, in launch order."""
+    state = CanaryState(version, settings)
+    have, launched = reused, 0
+    steps: list[CanaryStepPreview] = []
+    ids = iter(launch_ids)
+    now = 0.0
+    good = VersionCounts(requests=settings.min_requests)
+    for _ in range(_PREVIEW_PASSES_PER_STEP * (len(settings.steps) + 1)):
+        inputs = CanaryInputs(target=target, new_ready=have, readiness_failures=0, new_counts=good,
+                              config_changed=config_changed)
+        decision = plan_canary_step(state, inputs, now)
+        if decision.action is CanaryAction.DONE and not steps:
+            return CanaryPreview(done=decision.message)
+        if decision.action in (CanaryAction.DONE, CanaryAction.PROMOTE, CanaryAction.ROLL_BACK):
+            break
+        if decision.action is CanaryAction.START_BAKE:
+            taken = tuple(itertools.islice(ids, launched))
+            steps.append(CanaryStepPreview(decision.percent, decision.new_replicas, settings.bake_seconds, taken))
+            launched = 0
+        elif decision.action in (CanaryAction.BAKE, CanaryAction.EXTEND, CanaryAction.PAUSED):
+            break  # a good window in the model never extends or pauses; a bug rather than a loop
+        # Launched in this pass, READY in the next; a started window is judged a bake later.
+        launched += max(0, decision.new_replicas - have)
+        have = max(have, decision.new_replicas)
+        if decision.state.window_start is not None:
+            now = decision.state.window_start + settings.bake_seconds
+        state = decision.state
+    return CanaryPreview(steps=tuple(steps))
 
 
 # --- a rolling or blue-green update watched for an automatic rollback (`--auto-rollback`) ---------------

@@ -4,6 +4,7 @@ asked already."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,40 @@ def test_an_unknown_service_is_named_as_before(cli: Cli) -> None:
     code, stdout, stderr = cli("serve", "rollout", "nosuch", "pause")
     assert code == 1 and stdout == ""
     assert "no service named 'nosuch'" in stderr
+
+
+def paused(home: Path) -> None:
+    """The rollout as the controller leaves it after acting on a `pause`: paused, no command pending."""
+    store = Store.open(home)
+    try:
+        state = store.list_canaries("svc")["svc"].state
+        store.put_canary("svc", dataclasses.replace(state, paused=True, window_start=1000.0), 10)
+    finally:
+        store.close()
+
+
+def test_pause_after_a_pending_resume_replaces_it(cli: Cli, home: Path) -> None:
+    paused(home)
+    assert cli("serve", "rollout", "svc", "resume")[0] == 0
+    code, stdout, stderr = cli("serve", "rollout", "svc", "pause")
+    assert code == 0, stderr
+    assert ("Asked the controller to pause the canary rollout of svc instead of the `resume` asked before"
+            in " ".join(stdout.split()))
+    assert pending(home) is Command.PAUSE
+
+
+def test_resume_after_a_pending_pause_replaces_it(cli: Cli, home: Path) -> None:
+    assert cli("serve", "rollout", "svc", "pause")[0] == 0
+    code, stdout, stderr = cli("serve", "rollout", "svc", "resume")
+    assert code == 0, stderr
+    assert ("Asked the controller to resume the canary rollout of svc instead of the `pause` asked before"
+            in " ".join(stdout.split()))
+    assert pending(home) is Command.RESUME
+
+
+def test_a_paused_rollout_with_nothing_pending_still_refuses_pause(cli: Cli, home: Path) -> None:
+    paused(home)
+    code, stdout, stderr = cli("serve", "rollout", "svc", "pause")
+    assert code == 1 and stdout == ""
+    assert "is paused already" in " ".join(stderr.split())
+    assert pending(home) is None
