@@ -28,6 +28,8 @@ def parse_steps(text: str) -> tuple[int, ...]:
 def parse_duration(text: str) -> float:
     """``"2m"`` -> 120, ``"90s"`` or ``"90"`` -> 90, ``"1h"`` -> 3600."""
     found = _DURATION.fullmatch(text.strip())
+    if found is None and _DURATION.fullmatch(text.strip().removeprefix("-")) is not None:
+        raise UsageError(f"--bake: must be a positive duration, not {text!r}")
     if found is None:
         raise UsageError(f"--bake: {text!r} is not a duration, e.g. 2m, 90s or 120")
     return float(found["number"]) * _UNIT_SECONDS[found["unit"]]
@@ -42,6 +44,9 @@ def parse_rate(text: str) -> float:
         raise UsageError(f"--max-error-rate: {text!r} is not a rate, e.g. 0.02 or 2%") from None
     if not math.isfinite(rate):
         raise UsageError(f"--max-error-rate: {text!r} is not a rate, e.g. 0.02 or 2%")
+    # Checked here rather than by ``find_settings_problem``, which would name 150% as "1.5".
+    if not 0 <= rate < 1:
+        raise UsageError(f"--max-error-rate: must be a fraction from 0 to below 1 (0.02 or 2%), not {text!r}")
     return rate
 
 
