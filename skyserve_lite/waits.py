@@ -20,7 +20,7 @@ from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.endpoint_identity import EndpointIdentity, find_identity_problem, read_endpoint_identity
 from skyserve_lite.errors import WaitTimeoutError
-from skyserve_lite.plan.canary import CanaryPhase
+from skyserve_lite.plan.canary import CanaryPhase, CanarySettings
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, ServiceStatus
 
 
@@ -207,6 +207,33 @@ def _waiting_for(mine: Sequence[ReplicaRecord], old_live: Sequence[ReplicaRecord
 LB_REFRESH_MARGIN_SECONDS = 0.25
 
 
+# How long `update --wait` and `serve wait` wait when no --timeout is given: launching a version and its
+# replicas becoming READY (a probe's initial delay alone may be 20 minutes with a slow model, but most take
+# a few); a canary gets its bake windows on top (``compute_rollout_wait_seconds``).
+DEFAULT_ROLLOUT_WAIT_SECONDS = 600.0
+
+
+def compute_rollout_wait_seconds(settings: CanarySettings | None, *, watch: bool = False) -> float:
+    """The default wait for a rollout: ``DEFAULT_ROLLOUT_WAIT_SECONDS``, and for a canary its longest course
+    on top, every step's window extended as often as it may be (a paused one waits for a person, which no
+    default covers). Steps 10,50, bake 2m, 3 extensions: 2 x (1 + 3) x 120 = 960 s of windows + 600 = 1560 s
+    (26m), where 600 would time out a good canary whose windows are a little short of requests. A watched
+    rolling or blue-green update (``watch``) has one such window."""
+    if settings is None:
+        return DEFAULT_ROLLOUT_WAIT_SECONDS
+    steps = 1 if watch else len(settings.steps)
+    return DEFAULT_ROLLOUT_WAIT_SECONDS + steps * (1 + max(0, settings.max_extensions)) * settings.bake_seconds
+
+
+def find_rollout_wait_seconds(view: ServiceView, version: int | None) -> float:
+    """The default wait for ``version`` (None: the current one) of the service ``view`` shows: a canary's
+    longest course (``compute_rollout_wait_seconds``) while its rollout of that version is not over."""
+    canary = view.canary
+    if canary is None or canary.state.is_done or canary.state.version != (version or view.service.current_version):
+        return DEFAULT_ROLLOUT_WAIT_SECONDS
+    return compute_rollout_wait_seconds(canary.state.settings, watch=canary.state.phase is CanaryPhase.WATCHING)
+
+
 def wait_for_rollout(controller: StatusReader, name: str, version: int | None, timeout_seconds: float,
                      on_progress: Callable[[RolloutProgress, ServiceView], None] = lambda _p, _v: None,
                      poll_seconds: float = 0.5, clock: Clock | None = None) -> RolloutProgress:
@@ -242,8 +269,11 @@ def wait_for_rollout(controller: StatusReader, name: str, version: int | None, t
             raise WaitTimeoutError(f"{name}: stopped waiting for version {version}: {progress.detail}")
         if clock.now() >= deadline:
             of = f"{progress.ready}/{progress.target} READY" if progress.target is not None else "not started"
+            # Only the waiting stops: the controller carries on, and a person who reads "timed out" alone
+            # may think the version was abandoned or retry the update on top of it.
             raise WaitTimeoutError(f"{name}: version {version} is not rolled out after {timeout_seconds:g}s "
-                                   f"({of}); waiting for {progress.detail}")
+                                   f"({of}); waiting for {progress.detail}; the rollout goes on; follow it "
+                                   f"with `sky-lite serve wait {name}`")
         clock.sleep(poll_seconds)
 
 

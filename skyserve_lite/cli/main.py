@@ -126,8 +126,9 @@ def _with_inputs(task: SubmittedTask, infra: str | None, envs: tuple[str, ...], 
 
 def _rollout_wait_options(func: F) -> F:
     """``--wait/--no-wait`` and ``--timeout`` of the commands that start a rollout."""
-    func = click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
-                        help="Seconds to wait for the rollout.")(func)
+    func = click.option("--timeout", type=FiniteFloatRange(min=0), default=None,
+                        help="Seconds to wait for the rollout [default: 600; a canary: 600 plus its steps x "
+                        "(1 + extensions) x bake].")(func)
     return click.option("--wait/--no-wait", default=True, show_default=True,
                         help="Wait until the new version is rolled out (a live view on stderr); exit 1 when it "
                         "fails or the timeout passes.")(func)
@@ -241,12 +242,14 @@ def serve_up(task_file: Path, name: str | None, yes: bool, wait: bool, timeout: 
 @_inputs_options
 def serve_update(name: str, task_file: Path, mode: str, steps: str | None, bake: str | None,
                  max_error_rate: str | None, auto_rollback: bool, dry_run: bool, expect_version: int | None,
-                 reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float, infra: str | None,
+                 reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float | None,
+                 infra: str | None,
                  envs: tuple[str, ...], env_files: tuple[Path, ...], secrets: tuple[str, ...]) -> None:
     """Update service NAME to TASK_FILE, reusing replicas whose config is unchanged.
 
     Values of envs and secrets the file declares without a value are kept from the current version unless
     given again."""
+    from skyserve_lite import waits
     from skyserve_lite.cli.canary_options import compute_canary_settings
     from skyserve_lite.plan.rollout import UpdateMode
 
@@ -265,6 +268,8 @@ def serve_update(name: str, task_file: Path, mode: str, steps: str | None, bake:
         task = _with_inputs(_load_task(task_file), infra, envs, env_files, secrets)
         canary = (compute_canary_settings(task.spec.service.canary, steps, bake, max_error_rate)
                   if is_canary or auto_rollback else None)
+        if timeout is None:  # a canary's bake windows alone may be longer than the 600 s a rollout gets
+            timeout = waits.compute_rollout_wait_seconds(canary, watch=not is_canary)
         _update(name, task, update_mode, dry_run, expect_version, yes, output,
                 reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None, canary=canary)
 
@@ -318,15 +323,20 @@ def _pending_rollout_command(controller: api.Controller, name: str) -> Command |
 @_output_option
 @_rollout_wait_options
 def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, expect_version: int | None,
-                   reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float) -> None:
+                   reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float | None) -> None:
     """Update service NAME to an earlier version's stored task and files, with the same reuse rules."""
-    from skyserve_lite import api
+    from skyserve_lite import api, waits
+    from skyserve_lite.plan.canary import CanarySettings
     from skyserve_lite.plan.rollout import UpdateMode
 
     with _errors():
         state = _controller().get_rollout_state(name)
         task, target = api.rollback_task(state, to_version)
-        _update(name, task, UpdateMode(mode), dry_run, expect_version, yes, output, rollback_to=target,
+        update_mode = UpdateMode(mode)
+        if timeout is None:  # a canary rollback bakes as the task's `service.canary` (or the defaults) say
+            timeout = waits.compute_rollout_wait_seconds(
+                (task.spec.service.canary or CanarySettings()) if update_mode is UpdateMode.CANARY else None)
+        _update(name, task, update_mode, dry_run, expect_version, yes, output, rollback_to=target,
                 reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None)
 
 
@@ -334,17 +344,22 @@ def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, 
 @click.argument("name", shell_complete=complete_service_names)
 @click.option("--version", "version", type=click.IntRange(min=1), default=None,
               help="The version to wait for (default: the service's current one).")
-@click.option("--timeout", type=FiniteFloatRange(min=0), default=600.0, show_default=True,
-              help="Seconds to wait.")
-def serve_wait(name: str, version: int | None, timeout: float) -> None:
+@click.option("--timeout", type=FiniteFloatRange(min=0), default=None,
+              help="Seconds to wait [default: 600; a canary: 600 plus its steps x (1 + extensions) x bake].")
+def serve_wait(name: str, version: int | None, timeout: float | None) -> None:
     """Wait until service NAME's rollout (of its current version, or --version N) is done, as
     `update --wait` does: a live view on stderr, exit 1 naming what is stuck when it fails or times out."""
     with _errors():
         # Killed or never restarted (after a reboot), no controller moves the rollout: say so rather than wait
         # the whole --timeout (10 minutes by default) in silence. `update --wait` has just started one.
-        if not _controller().get_status_report([name], events=0).controller.running:
+        report = _controller().get_status_report([name], events=0)
+        if not report.controller.running:
             click.echo("Warning: no controller is running, so the rollout does not move while this waits. Start "
                        "it with `sky-lite controller start`.", err=True)
+        if timeout is None:  # a canary's bake windows alone may be longer than the 600 s a rollout gets
+            from skyserve_lite import waits
+
+            timeout = waits.find_rollout_wait_seconds(report.services[0], version)
         _wait_for_rollout(name, version, timeout)
 
 
