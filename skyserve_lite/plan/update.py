@@ -115,5 +115,5 @@ class UpdatePlan:
                       for s in self.steps],
             "launch": self.launch, "terminate": list(self.terminate), "summary": self.summary(),
             "converged": self.converged, "notes": list(self.notes),
-        } | ({"canary": [{"percent": c.percent, "new_replicas": c.new_replicas, "bake_seconds": c.bake_seconds}
-                         for c in self.canary]} if self.canary else {})
+        } | ({"canary": [{"percent": c.percent, "new_replicas": c.new_replicas, "bake_seconds": c.bake_seconds,
+                          "launch": list(c.launch)} for c in self.canary]} if self.canary else {})

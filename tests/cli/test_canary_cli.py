@@ -80,7 +80,7 @@ def test_the_dry_run_shows_the_steps(cli: Cli, home: Path, tmp_path: Path) -> No
     assert "3. 100% (promoted)" in text
     code, stdout, _ = cli("serve", "update", "--no-wait", "svc", new, "--mode", "canary", "--steps", "25",
                           "--dry-run", "-o", "json")
-    assert json.loads(stdout)["canary"] == [{"percent": 25, "new_replicas": 1, "bake_seconds": 120.0}]
+    assert json.loads(stdout)["canary"] == [{"percent": 25, "new_replicas": 1, "bake_seconds": 120.0, "launch": [5]}]
     assert stored(home) == ([1], {})
 
 
