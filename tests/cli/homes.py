@@ -10,6 +10,10 @@ from skyserve_lite.spec.parse import load_task_file
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
 
+# A service of 4 replicas on an image; the second version changes only the image, so every replica is replaced.
+IMAGE_V1 = "resources:\n  infra: local\n  image_id: img-1\nservice:\n  replicas: 4\nrun: python serve.py\n"
+IMAGE_V2 = IMAGE_V1.replace("img-1", "img-2")
+
 
 def home_with_service(tmp_path: Path, text: str, replicas: int) -> Path:
     """``tmp_path/home`` holding service ``svc`` created from ``text`` (its file ``tmp_path/svc.yaml``) and
@@ -31,3 +35,12 @@ def write(tmp_path: Path, text: str) -> str:
     path = tmp_path / "new.yaml"
     path.write_text(text)
     return str(path)
+
+
+def versions(home: Path) -> list[int]:
+    """The version numbers ``home`` holds of service ``svc``, oldest first."""
+    store = Store.open(home)
+    try:
+        return [v.version for v in store.list_versions("svc")]
+    finally:
+        store.close()

@@ -10,25 +10,12 @@ from typing import Any
 import pytest
 
 import skyserve_lite.waits as waits_module
-from skyserve_lite.api import LocalController
-from skyserve_lite.clock import FakeClock
 from skyserve_lite.errors import WaitTimeoutError
 
-from .homes import home_with_service, write
+from .homes import IMAGE_V1, IMAGE_V2, write
 from .runner import Cli
 
-V1 = "resources:\n  infra: local\n  image_id: img-1\nservice:\n  replicas: 4\nrun: python serve.py\n"
-V2 = V1.replace("img-1", "img-2")
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return home_with_service(tmp_path, V1, replicas=4)
-
-
-@pytest.fixture
-def cli(home: Path) -> Cli:
-    return Cli(LocalController(home, FakeClock(), start_daemon=False))
+V1, V2 = IMAGE_V1, IMAGE_V2
 
 
 @pytest.fixture

@@ -7,37 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-from skyserve_lite.api import LocalController
-from skyserve_lite.clock import FakeClock
-from skyserve_lite.state.store import Store
-
-from .homes import home_with_service, write
+from .homes import IMAGE_V1, IMAGE_V2, versions, write
 from .runner import Cli
 
-V1 = "resources:\n  infra: local\n  image_id: img-1\nservice:\n  replicas: 4\nrun: python serve.py\n"
-V2 = V1.replace("img-1", "img-2")
+V1, V2 = IMAGE_V1, IMAGE_V2
 # Only the service section changes: every replica is reused.
 SERVICE_ONLY = V1.replace("replicas: 4", "replicas: 4\n  canary: {steps: [20]}")
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return home_with_service(tmp_path, V1, replicas=4)
-
-
-@pytest.fixture
-def cli(home: Path) -> Cli:
-    return Cli(LocalController(home, FakeClock(), start_daemon=False))
-
-
-def versions(home: Path) -> list[int]:
-    store = Store.open(home)
-    try:
-        return [v.version for v in store.list_versions("svc")]
-    finally:
-        store.close()
 
 
 def test_a_canary_plan_shows_its_steps_with_their_launches_and_no_rolling_steps(cli: Cli, home: Path,

@@ -17,7 +17,7 @@ from skyserve_lite.spec.parse import load_task_file
 from skyserve_lite.state.models import ReplicaRecord, ReplicaStatus, VersionRecord
 from skyserve_lite.state.store import Store
 
-from .homes import home_with_service, write
+from .homes import home_with_service, versions, write
 from .runner import Cli
 
 V1 = "resources:\n  infra: local\n  image_id: img-1\nservice:\n  replicas: 2\nrun: python serve.py\n"
@@ -31,14 +31,6 @@ def cli(home: Path) -> Cli:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     return home_with_service(tmp_path, V1, replicas=2)
-
-
-def versions(home: Path) -> list[int]:
-    store = Store.open(home)
-    try:
-        return [v.version for v in store.list_versions("svc")]
-    finally:
-        store.close()
 
 
 def test_dry_run_json_is_the_plan_and_stores_nothing(cli: Cli, home: Path, tmp_path: Path) -> None:
