@@ -38,6 +38,14 @@ class EndpointIdentity:
     pid: int
 
 
+class TimedOut(str):
+    """``read_endpoint_identity``'s sentence for an endpoint whose host sent nothing back within the timeout
+    (packets dropped: a host gone), as opposed to one that refused at once or answered: a ``str`` like every
+    other reason, told apart by its type."""
+
+    __slots__ = ()
+
+
 def read_endpoint_identity(endpoint: str, timeout_seconds: float = 2.0) -> EndpointIdentity | str:
     """Ask ``endpoint`` (``http://HOST:PORT`` or ``https://``) who it is: its identity, or a sentence saying
     why there is none (nothing listens, it answered something else). Never raises for network trouble.
@@ -62,7 +70,8 @@ def read_endpoint_identity(endpoint: str, timeout_seconds: float = 2.0) -> Endpo
         response = connection.getresponse()
         body = response.read(64 * 1024)
     except (OSError, http.client.HTTPException) as exc:
-        return f"nothing answers at {endpoint} ({exc.__class__.__name__}: {exc})"
+        said = f"nothing answers at {endpoint} ({exc.__class__.__name__}: {exc})"
+        return TimedOut(said) if isinstance(exc, TimeoutError) else said
     finally:
         connection.close()
     if response.status != 200:

@@ -54,7 +54,9 @@ Ask = Callable[[str], "EndpointIdentity | str"]
 def is_unreachable(answer: EndpointIdentity | str) -> bool:
     """True for an answer saying the endpoint's host sent nothing back within the timeout (``TimeoutError``:
     packets dropped, a host gone), as opposed to one that refused the connection at once or answered."""
-    return isinstance(answer, str) and "(TimeoutError" in answer
+    from skyserve_lite.endpoint_identity import TimedOut
+
+    return isinstance(answer, TimedOut)
 
 
 def find_first_asks(urls: Iterable[str]) -> dict[str, str]:

@@ -25,7 +25,7 @@ def test_a_load_balancer_records_its_address_replaces_it_and_deletes_only_its_ow
     try:
         store.create_service("web", _task(), 30001, 0.0)
         store.record_lb_endpoint(LbEndpoint("web", "host-a", "127.0.0.1:30001", 100, 1.0))
-        store.record_lb_endpoint(LbEndpoint("web", "host-b", "10.0.0.2:30001", 200, 2.0))
+        store.record_lb_endpoint(LbEndpoint("web", "host-b", "127.0.0.2:30001", 200, 2.0))
         assert [e.host for e in store.list_lb_endpoints("web")] == ["host-a", "host-b"]
         # A load balancer of host-a that moved (another port, another pid) replaces host-a's row.
         moved = LbEndpoint("web", "host-a", "127.0.0.1:30002", 101, 3.0)
