@@ -54,6 +54,14 @@ class CanaryPass:
     is_watch: bool = False
 
 
+def count_readiness_failures(steps: list[ReplicaStep], version: int) -> int:
+    """Replicas of ``version`` that failed before they were ever READY. Every replica of the version was
+    launched by its rollout, so each is a readiness failure of the version; one the cloud could not provision
+    (``_NOT_THE_VERSIONS_FAULT``) is not."""
+    return sum(1 for s in steps if s.record.version == version and s.record.status.is_app_failure
+               and s.record.status not in _NOT_THE_VERSIONS_FAULT and s.record.first_ready_at is None)
+
+
 def find_settings(snapshot: ServiceSnapshot) -> CanarySettings:
     """The settings of a rollout not stored yet: the task's `service.canary` section, else the defaults."""
     return snapshot.spec.service.canary or CanarySettings()
@@ -72,10 +80,7 @@ def plan_canary_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: f
     live = [s.record for s in steps if s.record.status.is_live and not s.remove]
     current = [r for r in live if r.version == version]
     outdated = [r for r in live if r.version != version]
-    # Every replica of the version was launched by this rollout: one that failed before it was ever READY
-    # is a readiness failure of the version.
-    failures = sum(1 for s in steps if s.record.version == version and s.record.status.is_app_failure
-                   and s.record.status not in _NOT_THE_VERSIONS_FAULT and s.record.first_ready_at is None)
+    failures = count_readiness_failures(steps, version)
     new_counts, old_counts = compute_counts(snapshot.canary_counts, version)
     fresh = state.step == 0 and state.window_start is None and state.phase is CanaryPhase.STEPPING
     inputs = CanaryInputs(target=target, new_ready=sum(1 for r in current if r.status is ReplicaStatus.READY),
@@ -119,8 +124,7 @@ def plan_watch_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: fl
     serving = service.active_versions or (version,)
     taking_traffic = version in serving and any(
         s.record.version == version and s.record.status is ReplicaStatus.READY and not s.remove for s in steps)
-    failures = sum(1 for s in steps if s.record.version == version and s.record.status.is_app_failure
-                   and s.record.status not in _NOT_THE_VERSIONS_FAULT and s.record.first_ready_at is None)
+    failures = count_readiness_failures(steps, version)
     new_counts, old_counts = compute_counts(snapshot.canary_counts, version)
     decision = plan_watch_step(stored.state, WatchInputs(taking_traffic, failures, launch_blocked, new_counts,
                                                          old_counts), now)
