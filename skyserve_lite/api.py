@@ -182,13 +182,13 @@ class CanaryView:
                 return f"version {state.version}: watched for an automatic rollback once it takes traffic"
             return (f"version {state.version}: watched for an automatic rollback (window from "
                     f"{format_timestamp(state.window_start)}, bake "
-                    f"{format_seconds(settings.bake_seconds * (1 + state.extensions))}); {rates}")
+                    f"{format_seconds(state.window_seconds)}); {rates}")
         where = f"version {state.version}: step {state.step + 1} of {len(settings.steps)}, {self.percent}%"
         if state.window_start is None:
             where += f" (launching for {settings.steps[state.step]}%)"
         else:
             where += (f" (window from {format_timestamp(state.window_start)}, bake "
-                      f"{format_seconds(settings.bake_seconds * (1 + state.extensions))})")
+                      f"{format_seconds(state.window_seconds)})")
         if state.paused:
             where += ", PAUSED"
         if self.command is not None:

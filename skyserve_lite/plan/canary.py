@@ -232,6 +232,11 @@ class CanaryState:
     def is_done(self) -> bool:
         return self.phase not in (CanaryPhase.STEPPING, CanaryPhase.WATCHING)
 
+    @property
+    def window_seconds(self) -> float:
+        """The bake window of the step as planned, a whole bake longer per extension (2m extended twice: 6m)."""
+        return self.settings.bake_seconds * (1 + self.extensions)
+
 
 @dataclass(frozen=True)
 class CanaryStart:
@@ -353,7 +358,7 @@ def plan_canary_step(state: CanaryState, inputs: CanaryInputs, now: float) -> Ca
                          f"{format_seconds(settings.bake_seconds)}")
     # The window as planned (an extended one is a whole bake longer per extension), not as measured: a
     # pass that comes 1 s late should not make "over 2m" read "over 121s".
-    window = settings.bake_seconds * (1 + state.extensions)
+    window = state.window_seconds
     if now - state.window_start < window:
         return _stepping(CanaryAction.BAKE, state, inputs)
     verdict = judge_canary(version, inputs.new_counts, inputs.old_counts, 0, settings, state.percent, window,
@@ -504,7 +509,7 @@ def plan_watch_step(state: CanaryState, inputs: WatchInputs, now: float) -> Cana
         return CanaryDecision(CanaryAction.START_BAKE, replace(state, window_start=now), 0, 100,
                               f"version {version} takes traffic: watched for {format_seconds(settings.bake_seconds)},"
                               f" rolled back above {format_percent(settings.max_error_rate)} errors")
-    window = settings.bake_seconds * (1 + state.extensions)
+    window = state.window_seconds
     if now - state.window_start < window:
         return CanaryDecision(CanaryAction.BAKE, state, 0, 100)
     verdict = judge_canary(version, inputs.new_counts, inputs.old_counts, 0, settings, 100, window, state.extensions,
