@@ -89,10 +89,6 @@ class ServiceMemos:
         if gone or replicas:
             self._replicas = None
 
-    def replicas_of(self, service: str) -> tuple[ReplicaRecord, ...]:
-        memo = self._memos.get(service)
-        return memo.replicas if memo is not None else ()
-
     def all_replicas(self) -> tuple[ReplicaRecord, ...]:
         """Every service's replicas, by service name: the very same tuple while no memo started over."""
         if self._replicas is None:

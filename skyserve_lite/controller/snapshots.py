@@ -22,11 +22,12 @@ from skyserve_lite.state.models import (
     StoredCanary,
     VersionRecord,
 )
-from skyserve_lite.state.store import Store
+from skyserve_lite.state.store import LB_REPORT_STALE_SECONDS, Store
 
 # A load balancer report older than this belongs to a load balancer that is gone: its in-flight counts
-# mean nothing now.
-REPORT_STALE_SECONDS = 10.0
+# mean nothing now. The store's threshold for leaving one host's report out of the sum, so that the two
+# never disagree about which load balancers are gone.
+REPORT_STALE_SECONDS = LB_REPORT_STALE_SECONDS
 
 
 class VersionCache:

@@ -1247,7 +1247,7 @@ class ControllerRow:
 
 # A load balancer's report older than this, next to its service's newest, is of a load balancer that is gone
 # (a host down): it reports every 2 s while it runs (``lb.proxy.REPORT_HEARTBEAT_SECONDS``), so 10 s is five
-# missed reports (as ``controller.snapshots.REPORT_STALE_SECONDS``).
+# missed reports (``controller.snapshots`` drops a lone report by the same threshold).
 LB_REPORT_STALE_SECONDS = 10.0
 
 
