@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from skyserve_lite.codec import decode, encode
-from skyserve_lite.lb.outcomes import Outcome
+from skyserve_lite.lb.outcomes import Outcome, find_status_class
 
 __all__ = [
     "FORGET_SECONDS",
@@ -62,7 +62,6 @@ FORGET_SECONDS: Final = 600.0
 RequestKey = tuple[int | None, str | None, str]
 # (version or None, replica url or None, Failure value)
 FailureKey = tuple[int | None, str | None, str]
-_CLASSES: Final = ("0xx", "1xx", "2xx", "3xx", "4xx", "5xx")
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ class LbMetrics:
             failures = self._failures
             failures[key] = failures.get(key, 0) + 1
             return
-        request = (outcome.version, outcome.replica, _CLASSES[status // 100] if status < 600 else "5xx")
+        request = (outcome.version, outcome.replica, find_status_class(status))
         requests = self._requests
         requests[request] = requests.get(request, 0) + 1
         replica = outcome.replica

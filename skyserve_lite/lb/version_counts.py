@@ -2,10 +2,11 @@
 
 ``VersionCounter`` is an ``OutcomeSink`` (``lb.outcomes``): each finished attempt to a replica whose version
 the load balancer knows adds one to (version, second, class), class ``2xx`` ... ``5xx`` by the replica's
-status, or ``failed`` for an attempt that got no response. Answers the load balancer made itself (503, 502,
-429, 401) belong to no version and are not counted here; neither is an attempt the client abandoned first
-(``Failure.ABORTED``), which says nothing of the replica. ``flush_every`` writes the completed seconds to the
-store about once a second, as request counts are written; rows add up, so several load balancers sum.
+status, or ``failed`` for an attempt that got no response (``outcomes.find_status_class``, as the metrics).
+Answers the load balancer made itself (503, 502, 429, 401) belong to no version and are not counted here;
+neither is an attempt the client abandoned first (``Failure.ABORTED``), which says nothing of the replica.
+``flush_every`` writes the completed seconds to the store about once a second, as request counts are
+written; rows add up, so several load balancers sum.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from skyserve_lite.clock import Clock
-from skyserve_lite.lb.outcomes import Failure, Outcome
+from skyserve_lite.lb.outcomes import Failure, Outcome, find_status_class
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +25,6 @@ FLUSH_SECONDS = 1.0
 # Seconds kept in memory while the store cannot be written, then the oldest are dropped: 5 minutes is more
 # than a bake window, and bounds what a load balancer holds at ~5 classes x 2 versions x 300 s rows.
 MAX_UNFLUSHED_SECONDS = 300
-
-
-def find_status_class(outcome: Outcome) -> str:
-    """``"5xx"`` for 503, ``"failed"`` for an attempt without a response."""
-    return "failed" if outcome.status is None else f"{outcome.status // 100}xx"
 
 
 class VersionCounter:
@@ -43,7 +39,7 @@ class VersionCounter:
         version = outcome.version
         if version is None or outcome.failure is Failure.ABORTED:
             return
-        key = (version, int(self._clock.now()), find_status_class(outcome))
+        key = (version, int(self._clock.now()), find_status_class(outcome.status))
         counts = self._counts
         counts[key] = counts.get(key, 0) + 1
 

@@ -6,12 +6,13 @@ come from")."""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.controller.metrics import compute_lb_families, render_text
 from skyserve_lite.lb.metrics import LbMetrics
-from skyserve_lite.lb.outcomes import Failure, Outcome
+from skyserve_lite.lb.outcomes import Failure, Outcome, find_status_class
 from skyserve_lite.lb.version_counts import VersionCounter
 from skyserve_lite.plan.canary import VersionCounts, compute_counts
 
@@ -67,3 +68,22 @@ def test_the_judge_and_the_metrics_count_the_same_requests_per_version() -> None
     text = render_text(compute_lb_families([metrics.take_snapshot(_Idle(), 1, 1000.0)]))
     assert _from_metrics(text, "4") == new
     assert _from_metrics(text, "3") == old
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (None, "failed"), (101, "1xx"), (200, "2xx"), (204, "2xx"), (304, "3xx"), (429, "4xx"), (503, "5xx"),
+    (599, "5xx"), (600, "5xx"), (999, "5xx"),  # llhttp takes any three digits: outside HTTP is a server error
+])
+def test_the_status_class_of_an_outcome(status: int | None, expected: str) -> None:
+    assert find_status_class(status) == expected
+
+
+def test_a_status_outside_http_is_an_error_for_the_judge_as_for_the_metrics() -> None:
+    counter, metrics = VersionCounter(FakeClock(1000.0)), LbMetrics("web")
+    for outcome in [Outcome(4, "http://new", 200, 0.01, 1), Outcome(4, "http://new", 600, 0.01, 1)]:
+        counter.record(outcome)
+        metrics.record(outcome)
+    new, _ = compute_counts({4: {c: n for (_, _, c), n in counter.take_completed().items()}}, 4)
+    assert new == VersionCounts(requests=2, errors_5xx=1, failed=0)
+    text = render_text(compute_lb_families([metrics.take_snapshot(_Idle(), 1, 1000.0)]))
+    assert _from_metrics(text, "4") == new
