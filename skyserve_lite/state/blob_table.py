@@ -12,6 +12,7 @@ controller's writes off.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
+from contextlib import contextmanager
 
 from skyserve_lite.state.connection import StoreConnection
 
@@ -30,8 +31,7 @@ class BlobTable:
     def put(self, digest: str, size: int, chunks: Iterable[bytes], now: float) -> None:
         """Store the blob ``digest`` from its ``chunks`` in order (the caller computed the digest and size;
         chunks of at most ``CHUNK_BYTES`` each). Idempotent: a blob stored already is left as it is."""
-        self._db.execute("BEGIN")
-        try:
+        with self._transaction():
             count = 0
             for index, data in enumerate(chunks):
                 self._db.execute("INSERT INTO blob_chunks (digest, chunk, data) VALUES (?, ?, ?)"
@@ -39,11 +39,6 @@ class BlobTable:
                 count = index + 1
             self._db.execute("INSERT INTO blobs (digest, size, chunks, stored_at) VALUES (?, ?, ?, ?)"
                              " ON CONFLICT (digest) DO NOTHING", (digest, size, count, now))
-        except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def read(self, digest: str) -> Iterator[bytes]:
         """The blob's chunks in order, one query each (a blob is never held whole in memory). Raises
@@ -66,16 +61,22 @@ class BlobTable:
         doomed = [(str(digest),) for (digest,) in rows if str(digest) not in keep]
         if not doomed:
             return 0
-        self._db.execute("BEGIN")
-        try:
+        with self._transaction():
             self._db.executemany("DELETE FROM blobs WHERE digest = ?", doomed)
             self._db.executemany("DELETE FROM blob_chunks WHERE digest = ?", doomed)
+        return len(doomed)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One transaction of this table's own: committed when the block ends, rolled back when it raises."""
+        self._db.execute("BEGIN")
+        try:
+            yield
         except BaseException:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
-        return len(doomed)
 
     def close(self) -> None:
         self._db.close()

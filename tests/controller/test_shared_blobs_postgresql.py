@@ -100,3 +100,25 @@ def test_a_blob_is_written_to_the_database_once_and_collected_only_past_the_grac
     now[0] += SHARED_GRACE_SECONDS + 1
     assert a.collect_garbage(set) == 1  # now the database's copy goes too
     assert not blob_store_of(tmp_path / "c").has(digest)
+
+
+def test_a_blob_write_that_fails_midway_stores_nothing_and_the_next_one_stores_it(
+        tmp_path: Path, database: str) -> None:
+    Store.open(tmp_path / "a").close()  # the schema
+    url = find_database_url(tmp_path / "a", os.environ)
+    assert url is not None
+    table = BlobTable(pg.connect(url))
+    data = [b"first chunk", b"second chunk"]
+
+    def broken() -> Iterator[bytes]:
+        yield b"a stale first"  # kept, were the failed write's chunk left in place, over the retry's
+        raise OSError("the source file went away")
+
+    try:
+        with pytest.raises(OSError, match="went away"):
+            table.put("d" * 64, 23, broken(), 1000.0)
+        assert not table.has("d" * 64)
+        table.put("d" * 64, 23, iter(data), 1000.0)  # the connection is usable again: rolled back, not stuck
+        assert b"".join(table.read("d" * 64)) == b"".join(data)
+    finally:
+        table.close()
