@@ -351,15 +351,17 @@ def serve_wait(name: str, version: int | None, timeout: float | None) -> None:
     `update --wait` does: a live view on stderr, exit 1 naming what is stuck when it fails or times out."""
     with _errors():
         # Killed or never restarted (after a reboot), no controller moves the rollout: say so rather than wait
-        # the whole --timeout (10 minutes by default) in silence. `update --wait` has just started one.
-        report = _controller().get_status_report([name], events=0)
-        if not report.controller.running:
+        # the whole --timeout (10 minutes by default) in silence. `update --wait` has just started one. Not
+        # `get_status_report`: that also asks every endpoint (up to 1 s each), which a wait has no use for.
+        controller = _controller()
+        (view,) = controller.get_status([name], events=0)  # an unknown name is refused before any warning
+        if not controller.controller_status().running:
             click.echo("Warning: no controller is running, so the rollout does not move while this waits. Start "
                        "it with `sky-lite controller start`.", err=True)
         if timeout is None:  # a canary's bake windows alone may be longer than the 600 s a rollout gets
             from skyserve_lite import waits
 
-            timeout = waits.find_rollout_wait_seconds(report.services[0], version)
+            timeout = waits.find_rollout_wait_seconds(view, version)
         _wait_for_rollout(name, version, timeout)
 
 

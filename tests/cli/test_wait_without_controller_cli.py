@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from skyserve_lite.api import LocalController, StatusReport
+from skyserve_lite.api import ControllerStatus, LocalController, StatusReport
 from skyserve_lite.clock import FakeClock
 from skyserve_lite.defaults import DEFAULT_EVENTS
 
@@ -23,9 +23,8 @@ WARNING = ("Warning: no controller is running, so the rollout does not move whil
 class RunningController(LocalController):
     """This machine's state, read as if its controller ran."""
 
-    def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
-        report = super().get_status_report(names, events=events)
-        return dataclasses.replace(report, controller=dataclasses.replace(report.controller, running=True))
+    def controller_status(self) -> ControllerStatus:
+        return dataclasses.replace(super().controller_status(), running=True)
 
 
 def canary_under_way(tmp_path: Path, controller_type: type[LocalController]) -> Cli:
@@ -52,3 +51,16 @@ def test_wait_on_an_unknown_service_names_it(tmp_path: Path) -> None:
     code, _, stderr = canary_under_way(tmp_path, LocalController)("serve", "wait", "nosuch", "--timeout", "0")
     assert code == 1
     assert "no service named 'nosuch'" in stderr and "no controller" not in stderr
+
+
+class NoReportController(LocalController):
+    """Refuses the full status report, which asks every endpoint: `serve wait` has no use for it."""
+
+    def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
+        raise AssertionError("serve wait asked for the status report and its endpoint checks")
+
+
+def test_wait_does_not_ask_the_endpoints(tmp_path: Path) -> None:
+    code, _, stderr = canary_under_way(tmp_path, NoReportController)("serve", "wait", "svc", "--timeout", "0")
+    assert code == 1
+    assert "status report" not in stderr and "version 2 is not rolled out after 0s" in stderr
