@@ -407,14 +407,10 @@ def _find_host_record(home: Path, records: Sequence[ControllerRecord], name: str
 
 def _open_hosts(home: Path, records: Sequence[ControllerRecord]) -> RemoteController:
     """A client of ``records``' hosts: the first, moving to the next when one does not answer."""
-    from skyserve_lite.remote.client import RemoteController
-    from skyserve_lite.remote.config import Choice
-    from skyserve_lite.remote.connect import ssh_transport
+    from skyserve_lite.remote.connect import open_remote
 
     first, *others = records
-    return RemoteController(ssh_transport(home, Choice(record=first)),
-                            fallbacks=[ssh_transport(home, Choice(record=other)) for other in others],
-                            say=lambda line: click.echo(line, err=True))
+    return open_remote(home, first, others)
 
 
 def hand_over_host(home: Path, record: ControllerRecord, records: Sequence[ControllerRecord], *, yes: bool,

@@ -6,7 +6,7 @@ import os
 import secrets
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,13 +39,14 @@ def open_controller(home: Path, env: Mapping[str, str]) -> api.Controller:
                             submission_secret=submission_secret(home), say=_say, fallbacks=fallbacks)
 
 
-def open_remote(home: Path, record: ControllerRecord) -> RemoteController:
-    """The ``RemoteController`` of the recorded host."""
+def open_remote(home: Path, record: ControllerRecord, others: Sequence[ControllerRecord] = ()) -> RemoteController:
+    """The ``RemoteController`` of the recorded host, moving to ``others`` in order when one does not answer."""
     from skyserve_lite.remote.client import RemoteController
 
     choice = Choice(record=record)
     return RemoteController(ssh_transport(home, choice), host_key_hint=_host_key_hint(choice),
-                            submission_secret=submission_secret(home), say=_say)
+                            submission_secret=submission_secret(home), say=_say,
+                            fallbacks=[ssh_transport(home, Choice(record=other)) for other in others])
 
 
 SUBMISSION_SECRET_FILE = "submission.key"
