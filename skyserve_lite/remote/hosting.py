@@ -100,7 +100,7 @@ def bring_up(home: Path, request: UpRequest, say: Say) -> ControllerRecord:
         adding = previous is not None and (not same or same[0] is not previous)
         previous = same[0] if same else None
         machine = previous.machine if previous is not None else None
-    same_host = previous is not None and (previous.target.host, previous.target.port) == (target.host, target.port)
+    same_host = previous is not None and config.is_same_host(previous.target, target)
     pinned = previous.host_keys if previous is not None and same_host else ()
     keys = establish_host_keys(home, target, pinned=pinned, cloud=cloud_keys, expected=request.host_key_fingerprint,
                                say=say)
