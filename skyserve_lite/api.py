@@ -61,6 +61,7 @@ from skyserve_lite.state.models import (
     ReplicaStatus,
     ServiceRecord,
     ServiceStatus,
+    StoredCanary,
     VersionRecord,
 )
 from skyserve_lite.state.store import Store
@@ -207,9 +208,9 @@ class CanaryView:
         }
 
 
-def read_canary_view(store: Store, service: ServiceRecord) -> CanaryView | None:
-    """The canary rollout of ``service``'s current version, or of the version its rollback replaced."""
-    stored = store.list_canaries(service.name).get(service.name)
+def read_canary_view(store: Store, service: ServiceRecord, stored: StoredCanary | None) -> CanaryView | None:
+    """The canary rollout of ``service``'s current version, or of the version its rollback replaced, from its
+    ``stored`` row (``Store.list_canaries``; None: it has none)."""
     if stored is None:
         return None
     state = stored.state
@@ -479,8 +480,8 @@ class LocalController:
         host = load_host_settings(self.home).endpoint_host  # once for every service shown
         # Every service's replicas in one query (ordered by service) when all are shown: at 100 services
         # of 100 replicas, a query per service cost a third more than the rows themselves.
-        # And every service's current version and autoscaler state in one query each (a query per service
-        # and kind was 200 of them for 100 services).
+        # And every service's current version, autoscaler state and canary rollout in one query each (a query
+        # per service and kind was 200 of them for 100 services).
         replicas: dict[str, list[ReplicaRecord]] = {}
         if names:
             replicas = {service.name: store.list_replicas(service.name) for service in services}
@@ -493,6 +494,9 @@ class LocalController:
         # Named services: their own rows only (another service's undecodable row must not fail this status).
         autoscalers = store.list_autoscaler_states() if not names else {
             service.name: state for service in services if (state := store.get_autoscaler_state(service.name))}
+        canaries = store.list_canaries() if not names else {
+            service.name: stored for service in services if (stored := store.list_canaries(service.name).get(
+                service.name))}
         views = []
         controller_id = store.controller_id
         for service in services:
@@ -517,7 +521,7 @@ class LocalController:
                 target_replicas=target,
                 controller_id=controller_id,
                 lb_endpoints=tuple(store.list_lb_endpoints(service.name)),
-                canary=read_canary_view(store, service),
+                canary=read_canary_view(store, service, canaries.get(service.name)),
             ))
         return views
 

@@ -11,6 +11,7 @@ import pytest
 
 import skyserve_lite.state.store as store_module
 from skyserve_lite.plan.canary import CanaryPhase, CanarySettings, CanaryState, Command
+from skyserve_lite.state.models import StoredCanary
 from skyserve_lite.state.store import Store, _upsert_canary
 
 from .homes import IMAGE_V1, IMAGE_V2, write
@@ -115,6 +116,23 @@ def test_status_shows_the_split_the_step_and_the_rates(cli: Cli, home: Path, tmp
     text = " ".join(stdout.split())
     assert "canary version 2: step 1 of 2, 10%" in text
     assert "5xx new 1.2% (2/160), old 0% (0/1440), limit 2%" in text
+
+
+def test_status_of_every_service_reads_the_canaries_in_one_query(cli: Cli, home: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli("serve", "update", "--no-wait", "svc", write(tmp_path, V2), "--mode", "canary", "-y")[0] == 0
+    asked: list[str | None] = []
+    list_canaries = Store.list_canaries
+
+    def recording(self: Store, service: str | None = None) -> dict[str, StoredCanary]:
+        asked.append(service)
+        return list_canaries(self, service)
+
+    monkeypatch.setattr(Store, "list_canaries", recording)
+    code, stdout, _ = cli("serve", "status", "-o", "json")
+    assert code == 0
+    assert json.loads(stdout)["services"][0]["canary"]["version"] == 2
+    assert asked == [None]  # one query for every service, not one per service
 
 
 def test_wait_exits_1_with_the_rollback_line(cli: Cli, home: Path, tmp_path: Path) -> None:
