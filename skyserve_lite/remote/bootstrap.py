@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import shlex
 import subprocess
-import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,7 +116,7 @@ def install(shell: RemoteShell, plan: HostPlan, home: str, wheel: Path, *, resta
         # The whole URL travels on ssh's stdin (`config set db_url -`): the host keeps a password in its
         # libpq password file, 0600, and never sees it on a command line.
         shell.run(run("config", "set", "db_url", "-"), what="setting the host's database (--db-url)",
-                  stdin=(database_text(plan.database) + "\n").encode())
+                  stdin=(plan.database.text_with_password() + "\n").encode())
     say("installing the cron lines")
     shell.run(run("controller", "cron", "install"), what="installing the cron lines")
     if restart:
@@ -126,14 +125,6 @@ def install(shell: RemoteShell, plan: HostPlan, home: str, wheel: Path, *, resta
     else:
         say("starting the controller loop")
     shell.run(run("controller", "ensure"), what="starting the controller loop")
-
-
-def database_text(url: DatabaseUrl) -> str:
-    """``url`` written out whole, its password included (for the host's stdin only)."""
-    if url.password is None:
-        return url.text_without_password()
-    user, _, rest = url.text_without_password().partition("://")[2].partition("@")
-    return f"postgresql://{user}:{urllib.parse.quote(url.password.reveal(), safe='')}@{rest}"
 
 
 def remote_sky_lite(home: str) -> Callable[..., str]:

@@ -83,6 +83,15 @@ class DatabaseUrl:
         """The URL as ``config.json`` keeps it: everything but the password."""
         return self._render("")
 
+    def text_with_password(self) -> str:
+        """The URL whole, its password included (percent-encoded, so that ``parse_database_url`` reads back
+        the same value): only for a channel nobody else reads, such as the stdin of the ssh command that runs
+        `config set db_url -` on a controller host. With no password in the value (none given, or one kept
+        in ``passfile``, which stays there), the same as ``text_without_password``."""
+        if self.password is None:
+            return self._render("")
+        return self._render(f":{urllib.parse.quote(self.password.reveal(), safe='')}")
+
     def _render(self, secret: str) -> str:
         user = urllib.parse.quote(self.user, safe="")
         host = f"[{self.host}]" if ":" in self.host else self.host

@@ -141,7 +141,7 @@ def test_the_host_keeps_the_password_in_its_pgpass(tmp_path: Path) -> None:
     from skyserve_lite.state.dburl import Password, find_database_url
 
     url = parse_database_url(f"postgresql://sky:{quoted(PASSWORD)}@db.internal/serve", "--db-url")
-    result = CliRunner().invoke(main, ["config", "set", "db_url", "-"], input=bootstrap.database_text(url) + "\n",
+    result = CliRunner().invoke(main, ["config", "set", "db_url", "-"], input=url.text_with_password() + "\n",
                                 env={"SKY_LITE_HOME": str(tmp_path), "SKY_LITE_DB_URL": ""})
     assert result.exit_code == 0, result.stderr
     assert PASSWORD not in (tmp_path / "config.json").read_text()

@@ -50,10 +50,38 @@ def test_the_password_is_in_no_rendering_of_the_url() -> None:
     assert url.connect_arguments()["password"] == SECRET  # for libpq, and for libpq only
 
 
+@pytest.mark.parametrize(("url", "text"), [
+    pytest.param(DatabaseUrl("sky", "db.internal", "state", password=Password("pw")),
+                 "postgresql://sky:pw@db.internal/state", id="plain"),
+    pytest.param(DatabaseUrl("sky", "::1", "state", port=5433, password=Password("pw")),
+                 "postgresql://sky:pw@[::1]:5433/state", id="ipv6-port"),
+    pytest.param(DatabaseUrl("sky", "2001:db8::7", "state", password=Password("pw")),
+                 "postgresql://sky:pw@[2001:db8::7]/state", id="ipv6-no-port"),
+    pytest.param(DatabaseUrl("a@b:c", "h", "d", password=Password("pw")),
+                 "postgresql://a%40b%3Ac:pw@h/d", id="escaped-user"),
+    pytest.param(DatabaseUrl("sky", "h", "my db", password=Password(SECRET)),
+                 "postgresql://sky:hunter2%3A%40%2Fx@h/my%20db", id="escaped-password-and-database"),
+    pytest.param(DatabaseUrl("sky", "h", "d", password=Password("pw"),
+                             options=(("sslmode", "require"), ("connect_timeout", "5"))),
+                 "postgresql://sky:pw@h/d?sslmode=require&connect_timeout=5", id="options"),
+    pytest.param(DatabaseUrl("sky", "h", "d", options=(("sslmode", "require"),)),
+                 "postgresql://sky@h/d?sslmode=require", id="no-password"),
+    pytest.param(DatabaseUrl("sky", "h", "d", passfile=Path("/nonexistent/pgpass")),
+                 "postgresql://sky@h/d", id="password-in-a-passfile-stays-there"),
+])
+def test_the_whole_url_is_written_with_its_password_and_reads_back_the_same(url: DatabaseUrl, text: str) -> None:
+    assert url.text_with_password() == text
+    again = parse_database_url(text, url.origin)
+    assert again == url  # user, host, port, database and options, each as it was
+    assert again.password == url.password
+    assert again.text_without_password() == url.text_without_password()
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     pytest.param("sqlite:///x.db", "the scheme must be postgresql://", id="other-scheme"),
     pytest.param("postgresql://sky:pw@/state", "no host", id="no-host"),
     pytest.param("postgresql://db.internal/state", "no user", id="no-user"),
+    pytest.param("postgresql://:pw@db.internal/state", "no user", id="no-user-a-password"),
     pytest.param("postgresql://sky:pw@h", "no database name", id="no-database"),
     pytest.param("postgresql://sky:pw@h/a/b", "no database name", id="a-path"),
     pytest.param("postgresql://sky:pw@h:99999/d", "not a valid URL", id="bad-port"),
