@@ -32,6 +32,7 @@ from skyserve_lite.errors import ControllerError, StateConflictError, UsageError
 from skyserve_lite.remote import bootstrap, config, ssh
 from skyserve_lite.remote.config import CloudMachine, ControllerRecord
 from skyserve_lite.remote.ssh import SshTarget
+from skyserve_lite.remote.ssh import is_loopback_address as is_loopback_address  # where it lived first
 
 if TYPE_CHECKING:
     from skyserve_lite.providers.machines import LaunchedMachine, MachineRequest
@@ -198,21 +199,13 @@ def host_settings_of(record: ControllerRecord) -> HostSettings:
                             endpoint_host="127.0.0.1" if emulated else record.machine.address,
                             aws_instance_profile=made.get("replica-instance-profile") if cloud == "aws" else None,
                             gcp_service_account=made.get("replica-service-account") if cloud == "gcp" else None)
-    if is_loopback_address(target.host):
+    if is_loopback_address(target.host, ipv6=False):
         # A host on a loopback address of this machine (127.0.0.2, 127.0.0.3 ... one per controller, as tests
-        # run several): its load balancers bind that address only, so each host has its own endpoints.
+        # run several): its load balancers bind that address only, so each host has its own endpoints. IPv4
+        # only: a load balancer's port is checked free on an AF_INET socket (procs.is_port_free), where ::1
+        # cannot be bound, so a host on ::1 binds 127.0.0.1 as localhost does.
         return HostSettings(lb_host=target.host, endpoint_host=target.host)
     return HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
-
-
-def is_loopback_address(host: str) -> bool:
-    """Whether ``host`` is an IPv4 loopback address (127.0.0.0/8), written as one."""
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(host) in ipaddress.ip_network("127.0.0.0/8")
-    except ValueError:
-        return False
 
 
 class Machines(Protocol):

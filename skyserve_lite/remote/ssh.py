@@ -59,10 +59,18 @@ class SshTarget:
 
     @property
     def is_loopback(self) -> bool:
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return self.host == "localhost"
+        """Whether the host is this machine: a loopback address (``is_loopback_address``) or ``localhost``."""
+        return is_loopback_address(self.host) or self.host == "localhost"
+
+
+def is_loopback_address(host: str, *, ipv6: bool = True) -> bool:
+    """Whether ``host`` is a loopback IP address written as one: in 127.0.0.0/8, or ``::1`` unless ``ipv6`` is
+    False. A name is not one, ``localhost`` included (what it resolves to is the resolver's business). Pure."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback and (ipv6 or address.version == 4)
 
 
 def parse_ssh_target(text: str, *, key_file: Path | None = None, what: str = "--ssh") -> SshTarget:

@@ -28,6 +28,7 @@ from skyserve_lite.remote.ssh import (
     SshTarget,
     control_dir,
     fingerprint,
+    is_loopback_address,
     known_hosts_text,
     parse_ssh_target,
     remote_env_command,
@@ -46,6 +47,23 @@ from tests.remote.sshd import make_key
 ])
 def test_targets_parse(text: str, expected: SshTarget) -> None:
     assert parse_ssh_target(text) == expected
+
+
+@pytest.mark.parametrize(("host", "address", "ipv4_address", "this_machine"), [
+    ("127.0.0.1", True, True, True),
+    ("127.0.0.2", True, True, True),  # one of several controllers on one machine
+    ("::1", True, False, True),
+    ("localhost", False, False, True),  # a name, not an address: this machine all the same
+    ("controller.example.com", False, False, False),
+    ("10.0.0.1", False, False, False),
+])
+def test_loopback_hosts(host: str, address: bool, ipv4_address: bool, this_machine: bool) -> None:
+    from skyserve_lite.remote import hosting
+
+    assert is_loopback_address(host) is address
+    assert is_loopback_address(host, ipv6=False) is ipv4_address
+    assert SshTarget(host).is_loopback is this_machine
+    assert hosting.is_loopback_address is is_loopback_address  # one definition, under both names
 
 
 @pytest.mark.parametrize(("text", "message"), [
