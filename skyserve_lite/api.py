@@ -67,6 +67,7 @@ from skyserve_lite.state.models import (
 from skyserve_lite.state.store import Store
 
 if TYPE_CHECKING:
+    from skyserve_lite.controller.fleet import ControllerView
     from skyserve_lite.endpoint_identity import EndpointIdentity
     from skyserve_lite.files.blobs import BlobStore
     from skyserve_lite.forcedown import ForceDownReport
@@ -480,8 +481,8 @@ class LocalController:
         host = load_host_settings(self.home).endpoint_host  # once for every service shown
         # Every service's replicas in one query (ordered by service) when all are shown: at 100 services
         # of 100 replicas, a query per service cost a third more than the rows themselves.
-        # And every service's current version, autoscaler state and canary rollout in one query each (a query
-        # per service and kind was 200 of them for 100 services).
+        # And every service's current version, autoscaler state, canary rollout and load balancer endpoints
+        # in one query each (a query per service and kind was 200 of them for 100 services).
         replicas: dict[str, list[ReplicaRecord]] = {}
         if names:
             replicas = {service.name: store.list_replicas(service.name) for service in services}
@@ -497,6 +498,7 @@ class LocalController:
         canaries = store.list_canaries() if not names else {
             service.name: stored for service in services if (stored := store.list_canaries(service.name).get(
                 service.name))}
+        lb_endpoints = store.list_lb_endpoints_of([service.name for service in services])
         views = []
         controller_id = store.controller_id
         for service in services:
@@ -520,7 +522,7 @@ class LocalController:
                 history=self._history(store, service.name) if spec.replica_policy.is_autoscaling else None,
                 target_replicas=target,
                 controller_id=controller_id,
-                lb_endpoints=tuple(store.list_lb_endpoints(service.name)),
+                lb_endpoints=lb_endpoints.get(service.name, ()),
                 canary=read_canary_view(store, service, canaries.get(service.name)),
             ))
         return views
@@ -553,11 +555,10 @@ class LocalController:
 
     def get_status_report(self, names: Sequence[str] = (), *, events: int = DEFAULT_EVENTS) -> StatusReport:
         from skyserve_lite.controller.fleet import list_controller_views
-        from skyserve_lite.host_endpoints import check_host_endpoints
 
-        views = check_endpoints(self.get_status(names, events=events))
+        views = self.get_status(names, events=events)
         if views:
-            views = check_host_endpoints(views, list_controller_views(self.home))
+            views = check_status_endpoints(views, list_controller_views(self.home))
         return StatusReport(services=tuple(views), controller=self.controller_status())
 
     def controller_status(self) -> ControllerStatus:
@@ -858,6 +859,35 @@ def check_endpoints(views: Sequence[ServiceView],
             view = dataclasses.replace(view, endpoint_problem=problem)
         checked.append(view)
     return checked
+
+
+def check_status_endpoints(views: Sequence[ServiceView], controllers: Sequence[ControllerView],
+                           ask_identity: Callable[[str], EndpointIdentity | str] | None = None) -> list[ServiceView]:
+    """``views`` as `serve status` shows them: with ``endpoint_problem`` (``check_endpoints``) and
+    ``endpoints`` (``host_endpoints.check_host_endpoints``), each url asked at most once. A service's own
+    endpoint is also its host's endpoint whenever the host's address is the one it shows (on a single
+    controller host, every service's), and it was asked twice: two connections and up to 2 s where one
+    answer says both. ``ask_identity`` defaults to ``endpoint_identity.read_endpoint_identity`` with a 1 s
+    timeout."""
+    from skyserve_lite.host_endpoints import ASK_TIMEOUT_SECONDS, check_host_endpoints
+
+    def read(url: str) -> EndpointIdentity | str:
+        # Imported once asked: a status with nothing to ask loads no HTTP client (nor ssl, which it imports).
+        from skyserve_lite.endpoint_identity import read_endpoint_identity
+
+        return read_endpoint_identity(url, timeout_seconds=ASK_TIMEOUT_SECONDS)
+
+    ask = ask_identity or read
+    # Filled by the first check and read by the second, never by both at once; within one check every url
+    # asked is another service's port or another host, so no two threads ask the same url.
+    answers: dict[str, EndpointIdentity | str] = {}
+
+    def ask_once(url: str) -> EndpointIdentity | str:
+        if url not in answers:
+            answers[url] = ask(url)
+        return answers[url]
+
+    return check_host_endpoints(check_endpoints(views, ask_once), controllers, ask_once)
 
 
 def describe_stopped_controller(recorded: procs.RecordedProcess | None, left: Sequence[str]) -> str:

@@ -968,6 +968,25 @@ class Store:
                                 " ORDER BY host", (service,)).fetchall()
         return [LbEndpoint(*row) for row in rows]
 
+    def list_lb_endpoints_of(self, services: Collection[str]) -> dict[str, tuple[LbEndpoint, ...]]:
+        """What the load balancers of each of ``services`` recorded, one per host, by host (an empty tuple for
+        one without any), in one query: by name when they are few, else every row (as ``list_replicas_of``).
+        `serve status` of 100 services read them with 100 queries, one per service."""
+        if not services:
+            return {}
+        sql = "SELECT service, host, address, pid, bound_at FROM lb_endpoints"
+        if len(services) <= _FENCE_BY_NAME:
+            rows = self._db.execute(f"{sql} WHERE service IN ({', '.join('?' * len(services))})"
+                                    " ORDER BY service, host", tuple(services)).fetchall()
+        else:
+            rows = self._db.execute(f"{sql} ORDER BY service, host").fetchall()
+        found: dict[str, list[LbEndpoint]] = {name: [] for name in services}
+        for row in rows:
+            listed = found.get(row[0])
+            if listed is not None:
+                listed.append(LbEndpoint(*row))
+        return {name: tuple(endpoints) for name, endpoints in found.items()}
+
     def list_lb_reports(self) -> dict[str, LbReport]:
         """Every service's load, its load balancers' latest reports summed (``sum_lb_reports``), in one query
         (a pass reads them all)."""

@@ -4,9 +4,11 @@ transaction that stores the service; on both engines."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import skyserve_lite.state.store as store_module
 from skyserve_lite.errors import NotFoundError, UsageError
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
@@ -40,6 +42,44 @@ def test_a_load_balancer_records_its_address_replaces_it_and_deletes_only_its_ow
         assert store.list_lb_endpoints("gone") == []
         store.delete_service("web")
         assert store.list_lb_endpoints("web") == []
+    finally:
+        store.close()
+
+
+class RecordingConnection:
+    """The store's connection, with the SQL of every statement it was given."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.statements: list[str] = []
+
+    def execute(self, sql: str, parameters: Any = ()) -> Any:
+        self.statements.append(sql)
+        return self.connection.execute(sql, parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection, name)
+
+
+@pytest.mark.parametrize("by_name", [True, False])
+def test_the_endpoints_of_many_services_are_read_in_one_query(tmp_path: Path, by_name: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if not by_name:  # more services than are read by name: every row is read, and only those asked kept
+        monkeypatch.setattr(store_module, "_FENCE_BY_NAME", 1)
+    store = Store.open(tmp_path / "home")
+    try:
+        for port, name in enumerate(("api", "web", "idle"), start=30001):
+            store.create_service(name, _task(), port, 0.0)
+        store.record_lb_endpoint(LbEndpoint("web", "host-b", "127.0.0.2:30002", 200, 2.0))
+        store.record_lb_endpoint(LbEndpoint("web", "host-a", "127.0.0.1:30002", 100, 1.0))
+        store.record_lb_endpoint(LbEndpoint("api", "host-a", "127.0.0.1:30001", 101, 1.0))
+        recording = RecordingConnection(store._db)
+        store._db = recording
+        found = store.list_lb_endpoints_of(["web", "idle", "gone"])
+        assert len(recording.statements) == 1
+        assert found == {"web": tuple(store.list_lb_endpoints("web")), "idle": (), "gone": ()}
+        assert [e.host for e in found["web"]] == ["host-a", "host-b"]
+        assert store.list_lb_endpoints_of([]) == {}
     finally:
         store.close()
 
