@@ -195,6 +195,11 @@ class HostRunner(Protocol):
     def is_port_free(self, port: int) -> bool: ...
 
 
+class HostLoadBalancerRunner(LoadBalancerRunner, HostRunner, Protocol):
+    """A runner for both the owner's executor and ``HostLoadBalancers`` (``ProcessLoadBalancerRunner``,
+    ``FakeLoadBalancerRunner``): the controller loop makes one and gives it to both."""
+
+
 class ServiceLister(Protocol):
     def list_services(self) -> Sequence[HostedServiceRow]: ...
 

@@ -10,13 +10,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from skyserve_lite import procs
 from skyserve_lite.clock import SystemClock
-from skyserve_lite.controller.host import load_host_settings
-from skyserve_lite.controller.lb_runner import HostLoadBalancers, ProcessLoadBalancerRunner
+from skyserve_lite.controller.host import HostSettings, load_host_settings
+from skyserve_lite.controller.lb_runner import HostLoadBalancerRunner, HostLoadBalancers, ProcessLoadBalancerRunner
 from skyserve_lite.controller.leases import LeaseHolder, LeaseSettings, new_loop_id
 from skyserve_lite.controller.memory import PassCollector
 from skyserve_lite.controller.metrics import start_metrics
@@ -70,23 +71,42 @@ def controller_lock(home: Path, timeout_seconds: float,
         os.close(fd)
 
 
-def build_reconciler(home: Path, store: Store, settings: ControllerSettings) -> Reconciler:
+@dataclass(frozen=True)
+class LoopParts:
+    """What a controller of ``home`` runs each pass: the reconciler of the services it owns, and the load
+    balancers this host keeps for every service, both starting them through ``lb_runner``."""
+
+    reconciler: Reconciler
+    host_lbs: HostLoadBalancers
+    lb_runner: HostLoadBalancerRunner
+
+
+def build_loop_parts(home: Path, store: Store, settings: ControllerSettings, *,
+                     read_host_settings: Callable[[Path], HostSettings] = load_host_settings,
+                     make_lb_runner: Callable[[Path, str], HostLoadBalancerRunner] = ProcessLoadBalancerRunner,
+                     ) -> LoopParts:
     """The controller of ``home`` wired to the real providers, prober and load balancer processes, holding
     the leases of the services it reconciles under a loop id of its own (several controllers may share the
     database; alone, it holds every lease). Cloud resources are tagged with the database's
-    ``controller_id``, the same for every loop, so whichever loop owns a service adopts its instances."""
+    ``controller_id``, the same for every loop, so whichever loop owns a service adopts its instances.
+
+    The host settings are read once, and one load balancer runner serves the owner's executor and
+    ``HostLoadBalancers``: both start the one load balancer a service has on this host, at this host's
+    address. Raises ``ControllerError`` for a damaged host settings file."""
     clock = SystemClock()
-    host = load_host_settings(home)
+    host = read_host_settings(home)
     # The controller row names the address this host's endpoints answer on (`controller status`, and the
     # endpoints `serve status` lists); the loop id names the machine.
     leases = LeaseHolder(store, clock, new_loop_id(), host.endpoint_host,
                          LeaseSettings(settings.lease_ttl_seconds, settings.lease_renew_seconds))
     providers = make_providers(home, clock, store.controller_id, find_version=store.find_version)
-    lb_host = host.lb_host
     secrets = SecretStore(home)
     prober = HttpProber(read_secret=secrets.read_value)
-    return Reconciler(store, providers, prober, ProcessLoadBalancerRunner(home, lb_host), clock, settings,
-                      blobs=blob_store_of(home), secrets=secrets, leases=leases)
+    runner = make_lb_runner(home, host.lb_host)
+    reconciler = Reconciler(store, providers, prober, runner, clock, settings, blobs=blob_store_of(home),
+                            secrets=secrets, leases=leases)
+    # A load balancer of every service on this host, not only of the services this loop owns.
+    return LoopParts(reconciler, HostLoadBalancers(store, runner, time.monotonic), runner)
 
 
 def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:
@@ -99,7 +119,7 @@ def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: flo
     with controller_lock(home, lock_timeout_seconds):
         store = Store.open(home)
         try:
-            reconciler = build_reconciler(home, store, settings)
+            reconciler = build_loop_parts(home, store, settings).reconciler
             try:
                 reconciler.reconcile_once()
             finally:
@@ -128,10 +148,8 @@ def run_loop(home: Path, settings: ControllerSettings, stop: threading.Event | N
         me = ControllerProcess(os.getpid(), procs.process_start_time(os.getpid()))
         _write_atomically(home / PID_FILE, me.to_text())
         store = Store.open(home)
-        reconciler = build_reconciler(home, store, settings)
-        # A load balancer of every service on this host, not only of the services this loop owns.
-        host_lbs = HostLoadBalancers(store, ProcessLoadBalancerRunner(home, load_host_settings(home).lb_host),
-                                     time.monotonic)
+        parts = build_loop_parts(home, store, settings)
+        reconciler, host_lbs = parts.reconciler, parts.host_lbs
         listener = RpcListener(home)  # calls from `controller rpc` (a remote client's) are served here
         listener.start()
         metrics = start_metrics(home)  # SKY_LITE_METRICS_ADDR; None when off or its port is taken (logged)

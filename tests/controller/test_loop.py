@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite import procs
-from skyserve_lite.controller.loop import controller_lock, run_loop, run_tick
+from skyserve_lite.controller.host import HostSettings
+from skyserve_lite.controller.lb_runner import FakeLoadBalancerRunner
+from skyserve_lite.controller.loop import build_loop_parts, controller_lock, run_loop, run_tick
 from skyserve_lite.controller.pidfile import is_controller_running, read_controller_pid
 from skyserve_lite.controller.settings import ControllerSettings
 from skyserve_lite.errors import ControllerError, UsageError
@@ -82,6 +84,45 @@ def test_a_second_loop_is_refused_at_once(tmp_path: Path) -> None:
     finally:
         stop.set()
         thread.join(10)
+
+
+class RecordingHost:
+    """Host settings and load balancer runners for ``build_loop_parts``, counting the reads and the builds."""
+
+    def __init__(self, settings: HostSettings) -> None:
+        self.settings = settings
+        self.reads: list[Path] = []
+        self.runners: list[tuple[Path, str, FakeLoadBalancerRunner]] = []
+
+    def read(self, home: Path) -> HostSettings:
+        self.reads.append(home)
+        return self.settings
+
+    def make_runner(self, home: Path, lb_host: str) -> FakeLoadBalancerRunner:
+        runner = FakeLoadBalancerRunner()
+        self.runners.append((home, lb_host, runner))
+        return runner
+
+
+def test_the_loop_reads_the_host_settings_once_and_builds_one_load_balancer_runner(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = Store.open(home)
+    try:
+        store.create_service("svc", SubmittedTask(text="run: x\n", source="/t.yaml", spec=parse_task(
+            "service: {replicas: 1}\nrun: sleep 600\n")), 30001, 0.0)
+        host = RecordingHost(HostSettings(lb_host="127.0.0.7", endpoint_host="127.0.0.7"))
+        parts = build_loop_parts(home, store, ControllerSettings(), read_host_settings=host.read,
+                                 make_lb_runner=host.make_runner)
+        assert host.reads == [home]
+        ((built_home, lb_host, runner),) = host.runners  # one runner, on the host's load balancer address
+        assert (built_home, lb_host) == (home, "127.0.0.7")
+        assert parts.lb_runner is runner
+        # The host's load balancers start through that one runner.
+        parts.host_lbs.reconcile_host_lbs()
+        assert runner.started == [("svc", 30001)]
+        assert (len(host.reads), len(host.runners)) == (1, 1)  # nothing more read or built for it
+    finally:
+        store.close()
 
 
 def test_tick_refuses_while_a_loop_runs(tmp_path: Path) -> None:
