@@ -46,6 +46,7 @@ from skyserve_lite.plan.canary import (
     Command,
     VersionCounts,
     compute_counts,
+    find_canary_settings,
     format_percent,
     format_seconds,
 )
@@ -657,7 +658,7 @@ class LocalController:
             # The rollout starts in the version's own transaction: the flags, else the task's `service.canary`,
             # else the defaults for a canary; a rolling or blue-green one with --auto-rollback is watched with
             # the flags'. Two writes would leave a crash between them starting it from the task's, flags lost.
-            start = (CanaryStart(canary or task.spec.service.canary or CanarySettings()) if mode.value == "canary"
+            start = (CanaryStart(find_canary_settings(task.spec.service.canary, canary)) if mode.value == "canary"
                      else None if canary is None else CanaryStart(canary, watch=True))
             version = store.add_version(name, task, mode.value, self._clock.now(),
                                         expect_version=expect_version, note=note,

@@ -4,12 +4,11 @@ planned or stored."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
 from skyserve_lite.errors import UsageError
-from skyserve_lite.plan.canary import CanarySettings, find_settings_problem
+from skyserve_lite.plan.canary import CanarySettings, find_canary_settings, find_settings_problem
 
 _FLAGS = {"steps": "--steps", "bake": "--bake", "max_error_rate": "--max-error-rate",
           "min_requests": "service.canary.min_requests", "max_extensions": "service.canary.max_extensions"}
@@ -53,14 +52,12 @@ def parse_rate(text: str) -> float:
 def compute_canary_settings(base: CanarySettings | None, steps: str | None, bake: str | None,
                             max_error_rate: str | None) -> CanarySettings:
     """The settings of a canary update: ``base`` (the task's `service.canary`, else the defaults) with each
-    flag given over it, checked as a whole (steps that do not increase are named as ``--steps``)."""
-    settings = base or CanarySettings()
-    if steps is not None:
-        settings = dataclasses.replace(settings, steps=parse_steps(steps))
-    if bake is not None:
-        settings = dataclasses.replace(settings, bake_seconds=parse_duration(bake))
-    if max_error_rate is not None:
-        settings = dataclasses.replace(settings, max_error_rate=parse_rate(max_error_rate))
+    flag given over it (``find_canary_settings``), checked as a whole (steps that do not increase are named as
+    ``--steps``)."""
+    settings = find_canary_settings(
+        base, steps=None if steps is None else parse_steps(steps),
+        bake_seconds=None if bake is None else parse_duration(bake),
+        max_error_rate=None if max_error_rate is None else parse_rate(max_error_rate))
     problem = find_settings_problem(settings)
     if problem is not None:
         field, text = problem

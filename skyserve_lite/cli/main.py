@@ -326,7 +326,7 @@ def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, 
                    reuse_identical_files: bool, yes: bool, output: str, wait: bool, timeout: float | None) -> None:
     """Update service NAME to an earlier version's stored task and files, with the same reuse rules."""
     from skyserve_lite import api, waits
-    from skyserve_lite.plan.canary import CanarySettings
+    from skyserve_lite.plan.canary import find_canary_settings
     from skyserve_lite.plan.rollout import UpdateMode
 
     with _errors():
@@ -335,7 +335,7 @@ def serve_rollback(name: str, to_version: int | None, mode: str, dry_run: bool, 
         update_mode = UpdateMode(mode)
         if timeout is None:  # a canary rollback bakes as the task's `service.canary` (or the defaults) say
             timeout = waits.compute_rollout_wait_seconds(
-                (task.spec.service.canary or CanarySettings()) if update_mode is UpdateMode.CANARY else None)
+                find_canary_settings(task.spec.service.canary) if update_mode is UpdateMode.CANARY else None)
         _update(name, task, update_mode, dry_run, expect_version, yes, output, rollback_to=target,
                 reuse_identical_files=reuse_identical_files, wait_timeout=timeout if wait else None)
 

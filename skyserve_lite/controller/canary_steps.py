@@ -29,10 +29,10 @@ from skyserve_lite.plan.canary import (
     CanaryDecision,
     CanaryInputs,
     CanaryPhase,
-    CanarySettings,
     CanaryState,
     WatchInputs,
     compute_counts,
+    find_canary_settings,
     plan_canary_step,
     plan_watch_step,
 )
@@ -62,11 +62,6 @@ def count_readiness_failures(steps: list[ReplicaStep], version: int) -> int:
                and s.record.status not in _NOT_THE_VERSIONS_FAULT and s.record.first_ready_at is None)
 
 
-def find_settings(snapshot: ServiceSnapshot) -> CanarySettings:
-    """The settings of a rollout not stored yet: the task's `service.canary` section, else the defaults."""
-    return snapshot.spec.service.canary or CanarySettings()
-
-
 def plan_canary_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: float, target: int) -> CanaryPass:
     """The canary decision of this pass for the current version of ``snapshot`` (in mode canary), over the
     replica ``steps`` after reuse (reused replicas count as the current version's)."""
@@ -76,7 +71,8 @@ def plan_canary_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: f
     if stored is not None and stored.state.version == version:
         state, command = stored.state, stored.command
     else:  # not stored (yet), or a row of an earlier version's rollout
-        state, command = CanaryState(version=version, settings=find_settings(snapshot)), None
+        settings = find_canary_settings(snapshot.spec.service.canary)  # flags come in the stored row
+        state, command = CanaryState(version=version, settings=settings), None
     live = [s.record for s in steps if s.record.status.is_live and not s.remove]
     current = [r for r in live if r.version == version]
     outdated = [r for r in live if r.version != version]

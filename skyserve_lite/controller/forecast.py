@@ -24,7 +24,7 @@ from skyserve_lite.controller.pass_types import Observation, PassPlan, ServiceSn
 from skyserve_lite.controller.plan import InstanceIndex, find_probe_targets, plan_service_pass
 from skyserve_lite.controller.replica_rules import ProbeResult
 from skyserve_lite.controller.settings import ControllerSettings
-from skyserve_lite.plan.canary import CanaryPreview, CanarySettings, plan_canary_preview
+from skyserve_lite.plan.canary import CanaryPreview, CanarySettings, find_canary_settings, plan_canary_preview
 from skyserve_lite.plan.rollout import UpdateMode
 from skyserve_lite.plan.update import LaunchDecision, PlanStep, ReplicaAction, ReplicaDecision, UpdatePlan
 from skyserve_lite.providers.base import Instance, InstanceState
@@ -72,7 +72,7 @@ def forecast_update(snapshot: ServiceSnapshot, to_version: int, new_spec: TaskSp
         # The controller's own step planner, as its first pass would call it: a canary is judged only when a
         # live replica runs another config (``controller.canary_steps``: reused ones count as the new version).
         reused = sum(1 for d in replicas if d.action is ReplicaAction.REUSE)
-        preview = plan_canary_preview(to_version, target, canary or new_spec.service.canary or CanarySettings(),
+        preview = plan_canary_preview(to_version, target, find_canary_settings(new_spec.service.canary, canary),
                                       config_changed=any(d.action is ReplicaAction.REPLACE for d in replicas),
                                       reused=reused, launch_ids=tuple(d.replica_id for d in launches if d.kept))
     return UpdatePlan(

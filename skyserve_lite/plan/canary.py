@@ -90,6 +90,25 @@ def find_settings_problem(settings: CanarySettings) -> tuple[str, str] | None:
     return None
 
 
+def find_canary_settings(section: CanarySettings | None, given: CanarySettings | None = None, *,
+                         steps: tuple[int, ...] | None = None, bake_seconds: float | None = None,
+                         max_error_rate: float | None = None) -> CanarySettings:
+    """The settings a canary (or an update watched with `--auto-rollback`) runs with, the one rule the CLI, the
+    API, the dry run and the controller share: each of the flags ``steps``, ``bake_seconds``,
+    ``max_error_rate`` given over ``given`` (settings an API caller decided whole: the CLI passes its flags
+    read over the section), else over ``section`` (the task's `service.canary`), else over the defaults.
+    A section of bake 5m with ``--steps 20`` runs steps (20,) baked 5m; ``given`` replaces the section whole
+    (its bake, not the section's, even where it kept the default 2m). Not checked (``find_settings_problem``)."""
+    settings = given if given is not None else section if section is not None else CanarySettings()
+    if steps is not None:
+        settings = replace(settings, steps=steps)
+    if bake_seconds is not None:
+        settings = replace(settings, bake_seconds=bake_seconds)
+    if max_error_rate is not None:
+        settings = replace(settings, max_error_rate=max_error_rate)
+    return settings
+
+
 # --- the judge ---------------------------------------------------------------------------------------------
 
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "failed")  # "failed": no answer at all (refused, reset, timeout)
