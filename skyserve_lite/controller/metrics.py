@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -39,8 +39,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from skyserve_lite.autoscalers.base import AutoscalerState
-    from skyserve_lite.state.models import AutoscalerObservation, ReplicaRecord
-    from skyserve_lite.state.store import Store
+    from skyserve_lite.state.models import AutoscalerObservation, ReplicaStatus
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +118,15 @@ def compute_lb_families(snapshots: Sequence[LbSnapshot]) -> list[Metric]:
     return [requests, failures, latency, in_flight, waiting, retries, ejections, ejected, up]
 
 
-def compute_state_families(replicas: Iterable[ReplicaRecord],
+def compute_state_families(replica_counts: Mapping[tuple[str, int, ReplicaStatus], int],
                            autoscalers: Mapping[str, tuple[AutoscalerState, AutoscalerObservation]]) -> list[Metric]:
-    """Replicas by service, version and status, and the autoscaler's raw and chosen targets. Pure."""
-    by_status: dict[tuple[str, int, str], int] = {}
-    for replica in replicas:
-        key = (replica.service, replica.version, replica.status.value)
-        by_status[key] = by_status.get(key, 0) + 1
+    """Replicas by service, version and status (``Store.count_replicas_by_status``), and the autoscaler's raw
+    and chosen targets. Pure."""
     counted = GaugeMetricFamily("skylite_replicas", "Replicas by service, version and status.",
                                 labels=("service", "version", "status"))
-    for (service, version, status), count in sorted(by_status.items()):
+    rows = sorted((service, version, status.value, count)
+                  for (service, version, status), count in replica_counts.items())
+    for service, version, status, count in rows:
         counted.add_metric((service, str(version), status), count)
     raw = GaugeMetricFamily("skylite_autoscaler_raw_target_replicas", "What the autoscaling policy computed from "
                             "the load, before bounds and hysteresis.", labels=("service",))
@@ -164,14 +162,26 @@ def find_live_snapshots(snapshots: Iterable[LbSnapshot], is_alive: Callable[[int
     return [snapshot for snapshot in snapshots if is_alive(snapshot.pid)]
 
 
+class StateReader(Protocol):
+    """What a scrape reads of the state (``Store``, opened read-only)."""
+
+    def count_replicas_by_status(self) -> Mapping[tuple[str, int, ReplicaStatus], int]: ...
+
+    def list_autoscaler_states(self) -> Mapping[str, tuple[AutoscalerState, AutoscalerObservation]]: ...
+
+    def close(self) -> None: ...
+
+
 class HostCollector(Collector):
     """A prometheus-client collector reading the host's load balancer snapshots and the state at each scrape.
 
     ``open_store`` opens the state for reading (each scrape runs on a thread of its own, and a store
     connection belongs to the thread that opened it); a state that cannot be read is logged and its
-    families left out, the load balancers' still served."""
+    families left out, the load balancers' still served. Replicas are counted by the database (one
+    ``GROUP BY``), not decoded: 1,000 replicas scraped every 15 s would otherwise be 1,000 rows made into
+    records for a handful of numbers."""
 
-    def __init__(self, home: Path, open_store: Callable[[], Store],
+    def __init__(self, home: Path, open_store: Callable[[], StateReader],
                  is_alive: Callable[[int], bool] = procs.is_alive) -> None:
         self._home = home
         self._open_store = open_store
@@ -183,20 +193,20 @@ class HostCollector(Collector):
         try:
             store = self._open_store()
             try:
-                replicas, autoscalers = store.list_replicas(), store.list_autoscaler_states()
+                counts, autoscalers = store.count_replicas_by_status(), store.list_autoscaler_states()
             finally:
                 store.close()
         except Exception:  # a scrape must answer: the load balancers' families stand on their own
             log.exception("metrics: reading the state of %s failed", self._home)
             return
-        yield from compute_state_families(replicas, autoscalers)
+        yield from compute_state_families(counts, autoscalers)
 
 
 class MetricsExporter:
     """The controller's Prometheus endpoint. The constructor only stores; ``start`` listens (a thread of
     prometheus-client's), ``observe_pass`` records one reconcile pass, ``close`` stops listening."""
 
-    def __init__(self, home: Path, address: MetricsAddress, open_store: Callable[[], Store]) -> None:
+    def __init__(self, home: Path, address: MetricsAddress, open_store: Callable[[], StateReader]) -> None:
         self.address = address
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(HostCollector(home, open_store))

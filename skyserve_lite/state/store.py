@@ -727,6 +727,14 @@ class Store:
         rows = self._db.execute(f"SELECT {columns} FROM replicas ORDER BY service, replica_id").fetchall()
         return tuple([_replica(row) for row in rows])
 
+    def count_replicas_by_status(self) -> dict[tuple[str, int, ReplicaStatus], int]:
+        """How many replicas each (service, version, status) has, in one ``GROUP BY`` that decodes no replica
+        row (the metrics endpoint counts them at every scrape); combinations without any are left out."""
+        rows = self._db.execute("SELECT service, version, status, COUNT(*) FROM replicas"
+                                " GROUP BY service, version, status").fetchall()
+        return {(str(service), int(version), REPLICA_STATUS_BY_VALUE[status]): int(count)
+                for service, version, status, count in rows}
+
     def list_service_generations(self) -> dict[str, int]:
         """Every service's change counter, by name: moved by triggers at every write to a row a controller
         pass reads of the service (its row, replicas, versions, autoscaler state, termination requests,
