@@ -86,12 +86,7 @@ def plan_canary_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: f
     update = None
     if stored is None or stored.state != decision.state or stored.percent != decision.percent or command:
         update = CanaryUpdate(service.name, decision.state, decision.percent, command)
-    rollback = None
-    if decision.state.phase is CanaryPhase.ROLLED_BACK:
-        stable = max((r.version for r in outdated), default=version - 1)
-        if stable >= 1:
-            rollback = Rollback(service.name, version, stable, decision.state.verdict or f"version {version} "
-                                                                                          "rolled back")
+    rollback = plan_rollback(service.name, decision.state, steps)
     event = None
     message = _with_capacity_note(decision, steps, version)
     if message:
@@ -129,19 +124,33 @@ def plan_watch_pass(snapshot: ServiceSnapshot, steps: list[ReplicaStep], now: fl
     # read "0%".
     update = (None if decision.state == stored.state and decision.percent == stored.percent
               else CanaryUpdate(service.name, decision.state, decision.percent))
-    rollback = None
+    rollback = plan_rollback(service.name, decision.state, steps)
     version_target = target
     if decision.state.phase is CanaryPhase.ROLLED_BACK:
-        outdated = {s.record.version for s in steps if s.record.version != version and s.record.status.is_live}
-        stable = max(outdated, default=version - 1)
-        if stable >= 1:
-            rollback = Rollback(service.name, version, stable, decision.state.verdict or f"version {version} "
-                                                                                          "rolled back")
         version_target = compute_rolled_back_target(steps, version)
     message = _with_capacity_note(decision, steps, version)
     event = None if message is None else Event(
         service.name, None, "canary", message, warning=decision.action is CanaryAction.ROLL_BACK)
     return CanaryPass(decision, version_target, update, rollback, event, is_watch=True)
+
+
+def plan_rollback(service: str, state: CanaryState, steps: list[ReplicaStep]) -> Rollback | None:
+    """The rollback of a canary (or watched update) whose ``state`` says ROLLED_BACK, None otherwise: to the
+    newest older version with a live replica kept in ``steps``, else to the version before (3 rolled back
+    with no older replica left goes to 2); None for version 1, which has nothing older.
+
+    A replica whose row goes in this pass (``remove``) is no capacity to go back to: taking its version (2,
+    say, over a kept READY replica of 1) would make the rollback's config one that no kept replica runs, and
+    the version-1 replicas the traffic goes back to (``find_old_ready``, which skips it too) would be
+    replaced by the rollback's rolling update rather than reused, unless the two configs are the same."""
+    if state.phase is not CanaryPhase.ROLLED_BACK:
+        return None
+    version = state.version
+    stable = max((s.record.version for s in steps if s.record.version != version and s.record.status.is_live
+                  and not s.remove), default=version - 1)
+    if stable < 1:
+        return None
+    return Rollback(service, version, stable, state.verdict or f"version {version} rolled back")
 
 
 def find_old_ready(steps: list[ReplicaStep], version: int) -> tuple[int, ...]:
