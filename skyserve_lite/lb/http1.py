@@ -30,16 +30,17 @@ nothing more is parsed: its answer is the connection's last, or the bytes after 
 from __future__ import annotations
 
 import asyncio
-from typing import Final, NamedTuple, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Final, NamedTuple, Protocol, TypeVar, overload
 
 import aiohttp
 import httptools
-from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 __all__ = [
     "MAX_HEAD_BYTES",
     "Feed",
     "FlowControl",
+    "RawHeaders",
     "RequestHead",
     "RequestParser",
     "ResponseFeed",
@@ -49,10 +50,6 @@ __all__ = [
     "new_stream",
 ]
 
-_CONNECTION = istr("Connection")
-_UPGRADE = istr("Upgrade")
-_CONTENT_LENGTH = istr("Content-Length")
-_TRANSFER_ENCODING = istr("Transfer-Encoding")
 _VERSIONS: Final = {"1.1": (1, 1), "1.0": (1, 0)}
 # A request or response head larger than this is refused. nginx's default is 4 buffers of 8 KiB for a
 # request's headers; 64 KiB leaves room for the large cookies and tokens some clients send.
@@ -77,19 +74,85 @@ def new_stream(protocol: FlowControl, loop: asyncio.AbstractEventLoop, limit: in
     return aiohttp.StreamReader(protocol, limit, loop=loop)  # type: ignore[arg-type]
 
 
+_T = TypeVar("_T")
+
+
+class RawHeaders(Mapping[str, str]):
+    """Headers as they came, ``raw``: (name, value) pairs of bytes in order, repeats kept. As a mapping,
+    names are looked up without regard to case and values decoded with surrogateescape (encoding one back
+    gives the very bytes), the first of repeated names answering; ``getall`` gives every value.
+
+    Nothing is decoded or indexed until asked: the load balancer relays headers as bytes and looks up one
+    or two per request (``lb.proxy.render_upstream_headers``, ``lb.server.render_response_head``).
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.raw = raw
+
+    @overload
+    def get(self, name: str, /) -> str | None: ...
+
+    @overload
+    def get(self, name: str, default: str | _T, /) -> str | _T: ...
+
+    def get(self, name: str, default: object = None, /) -> object:
+        key = name.lower().encode("utf-8", "surrogateescape")
+        for raw_name, value in self.raw:
+            if raw_name.lower() == key:
+                return value.decode("utf-8", "surrogateescape")
+        return default
+
+    def getall(self, name: str) -> list[str]:
+        key = name.lower().encode("utf-8", "surrogateescape")
+        return [value.decode("utf-8", "surrogateescape") for raw_name, value in self.raw if raw_name.lower() == key]
+
+    def __getitem__(self, name: str) -> str:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (name.decode("utf-8", "surrogateescape") for name, _ in self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def connection_tokens(self) -> frozenset[bytes]:
+        """The names listed in ``Connection`` headers, lowercase: the ones meant for this hop only."""
+        tokens: frozenset[bytes] = frozenset()
+        for name, value in self.raw:
+            if len(name) == 10 and name.lower() == b"connection":
+                tokens = tokens.union(token.strip().lower() for token in value.split(b",") if token.strip())
+        return tokens
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (name, value), decoded, in order."""
+        return [(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+                for name, value in self.raw]
+
+    def __repr__(self) -> str:
+        return f"RawHeaders({self.raw!r})"
+
+
 class RequestHead(NamedTuple):
-    """A request's line and headers as they came (header values decoded with surrogateescape, so that
-    encoding them back gives the client's very bytes)."""
+    """A request's line and headers as they came."""
 
     method: str
     target: str  # the request target as sent: "/path?query", or the absolute form "http://host/path"
     version: tuple[int, int]
-    headers: CIMultiDictProxy[str]
+    headers: RawHeaders
     keep_alive: bool  # the client lets the connection stay open after the answer (RFC 9112 9.3)
     upgrade: bool  # Connection: Upgrade with an Upgrade header
     websocket: bool  # an upgrade to "websocket" without a body: the parser switched to a tunnel
     chunked: bool  # the body is chunked (else it is Content-Length long)
     content_length: int | None
+    expect: str | None  # the Expect header's value
 
 
 class Feed(NamedTuple):
@@ -157,7 +220,7 @@ class RequestParser:
         self._read_limit = read_limit
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
-        self._headers: list[tuple[str, str]] = []
+        self._headers: list[tuple[bytes, bytes]] = []
         self._found: list[tuple[RequestHead, aiohttp.StreamReader | None]] = []
         self._head: RequestHead | None = None  # the message being parsed, once its head is whole
         self._body: aiohttp.StreamReader | None = None
@@ -217,32 +280,48 @@ class RequestParser:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._heads.end()
         parser = self._parser
-        headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        raw = self._headers
+        chunked = False
+        length_value = upgrade_value = expect = None
+        connection_upgrade = False
+        for name, value in raw:
+            lower = name.lower()
+            if lower == b"content-length":
+                length_value = length_value or value  # llhttp refuses a second one
+            elif lower == b"transfer-encoding":
+                chunked = True  # llhttp refuses a request whose last coding is not chunked
+            elif lower == b"upgrade":
+                upgrade_value = value if upgrade_value is None else upgrade_value
+            elif lower == b"connection":
+                connection_upgrade = connection_upgrade or any(
+                    token.strip().lower() == b"upgrade" for token in value.split(b","))
+            elif lower == b"expect":
+                expect = value if expect is None else expect
         version = _VERSIONS.get(parser.get_http_version(), (1, 0))
-        chunked = _TRANSFER_ENCODING in headers  # llhttp refuses a request one whose last coding is not chunked
         if chunked and version < (1, 1):
             self._refusal = "Transfer-Encoding in an HTTP/1.0 request"
             raise _Stop
-        length_text = headers.get(_CONTENT_LENGTH)
-        length = int(length_text) if length_text is not None else None  # llhttp checked: digits, only one
+        length = int(length_value) if length_value is not None else None  # llhttp checked: digits
         has_body = chunked or bool(length)
-        upgrade = parser.should_upgrade() and _UPGRADE in headers and _is_upgrade(headers)
-        websocket = upgrade and not has_body and headers.get(_UPGRADE, "").strip().lower() == "websocket"
+        upgrade = parser.should_upgrade() and upgrade_value is not None and connection_upgrade
+        websocket = upgrade and not has_body and upgrade_value is not None and (
+            upgrade_value.strip().lower() == b"websocket")
         head = RequestHead(
             parser.get_method().decode("ascii"),
             self._url.decode("utf-8", "surrogateescape"),
             version,
-            headers,
+            RawHeaders(raw),
             parser.should_keep_alive(),
             upgrade,
             websocket,
             chunked,
             length,
+            expect.decode("utf-8", "surrogateescape") if expect is not None else None,
         )
         body = None
         if has_body:
@@ -268,19 +347,14 @@ class RequestParser:
             raise _Stop
 
 
-def _is_upgrade(headers: CIMultiDictProxy[str]) -> bool:
-    return any(
-        token.strip().lower() == "upgrade" for value in headers.getall(_CONNECTION, ()) for token in value.split(",")
-    )
-
-
 class ResponseHead(NamedTuple):
-    """A replica's status line and headers as they came (values decoded with surrogateescape)."""
+    """A replica's status line and headers as they came (the reason decoded with surrogateescape)."""
 
     status: int
     reason: str
-    headers: CIMultiDictProxy[str]
+    headers: RawHeaders
     keep_alive: bool  # the replica lets the connection be used again once the body is read
+    content_length: int | None  # the Content-Length header, when it has one
 
 
 class ResponseFeed(NamedTuple):
@@ -320,7 +394,7 @@ class ResponseParser:
         self._has_body = True
         self._upgrade = False
         self._reason = b""
-        self._headers: list[tuple[str, str]] = []
+        self._headers: list[tuple[bytes, bytes]] = []
         self._head: ResponseHead | None = None  # the final response's, once whole
         self._response_has_body = False
         self._chunks: list[bytes] = []  # its body until it is handed over
@@ -458,7 +532,7 @@ class ResponseParser:
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._heads.end()
@@ -466,11 +540,21 @@ class ResponseParser:
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:
             return  # informational: the final response follows on the same connection
-        headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        length_value = None
+        framed = False  # a Content-Length or Transfer-Encoding says where the body ends
+        for name, value in self._headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                framed = True
+                length_value = length_value or value
+            elif lower == b"transfer-encoding":
+                framed = True
+        length = int(length_value) if length_value is not None and length_value.isdigit() else None
         self.keep_alive = parser.should_keep_alive()
-        self._head = ResponseHead(status, self._reason.decode("utf-8", "surrogateescape"), headers, self.keep_alive)
+        self._head = ResponseHead(status, self._reason.decode("utf-8", "surrogateescape"), RawHeaders(self._headers),
+                                  self.keep_alive, length)
         has_body = self._response_has_body = self._has_body and status not in _BODYLESS_STATUSES and status != 101
-        self._body_until_eof = has_body and _CONTENT_LENGTH not in headers and _TRANSFER_ENCODING not in headers
+        self._body_until_eof = has_body and not framed
 
     def on_body(self, data: bytes) -> None:
         body = self._body

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Final, cast
+from typing import Final, Protocol, cast
 
 import aiohttp
-from multidict import CIMultiDict, istr
 from yarl import URL
 
 from skyserve_lite.lb.http1 import ResponseHead, ResponseParser, new_stream
@@ -27,6 +26,7 @@ from skyserve_lite.lb.settings import DEFAULT_UPSTREAM_TIMEOUT_SECONDS
 from skyserve_lite.lb.upstream import (
     CONNECT_TIMEOUT_SECONDS,
     POOL_KEEPALIVE_SECONDS,
+    ResponseCallbacks,
     UpstreamConnectError,
     UpstreamError,
     UpstreamResetError,
@@ -48,12 +48,25 @@ READ_LIMIT: Final = 64 * 1024
 # second for the whole pool rather than one per request, so a timeout fires up to a second late.
 TIMEOUT_SWEEP_SECONDS: Final = 1.0
 
-_CONTENT_LENGTH = istr("Content-Length")
 # Methods whose requests carry no body by convention; the others get "Content-Length: 0" when they have
 # none, as aiohttp's client sends (and as some servers require for POST).
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 # Raised by transport.pause_reading()/resume_reading() on a transport that is closing or cannot pause.
 _PAUSE_ERRORS: Final = (AttributeError, NotImplementedError, RuntimeError)
+
+
+_Found = tuple[ResponseHead, "aiohttp.StreamReader | bytes"]
+
+
+class _HeadWaiter(Protocol):
+    """What a connection tells the response head (or the failure before it) to: the future ``request``
+    awaits, or a ``_Pending`` of ``send_now``. The three methods of a future that ``_Connection`` uses."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: _Found, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 class _Connection(asyncio.Protocol):
@@ -72,7 +85,7 @@ class _Connection(asyncio.Protocol):
         self.head_deadline = 0.0
         self.tunnel: aiohttp.StreamReader | None = None
         self._parser = ResponseParser(self, loop, READ_LIMIT)
-        self._head: asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader | bytes]] | None = None
+        self._head: _HeadWaiter | None = None
         self._payload: aiohttp.StreamReader | None = None
         self._got_bytes = False
         self._lost = False
@@ -97,12 +110,16 @@ class _Connection(asyncio.Protocol):
     def begin(
         self, response_with_body: bool, upgrade: bool = False
     ) -> asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader | bytes]]:
+        head: asyncio.Future[tuple[ResponseHead, aiohttp.StreamReader | bytes]] = self._loop.create_future()
+        self.begin_with(head, response_with_body, upgrade)
+        return head
+
+    def begin_with(self, head: _HeadWaiter, response_with_body: bool, upgrade: bool = False) -> None:
+        """Arm the parser for one request's response, which (or whose failure) goes to ``head``."""
         self._parser.begin(response_with_body, upgrade)
         self._payload = None
         self._got_bytes = False
-        head = self._loop.create_future()
         self._head = head
-        return head
 
     def finish(self) -> None:
         """The response is over (released); bytes from now on are out of step."""
@@ -256,6 +273,7 @@ class _Replica:
         host = f"[{self.host}]" if ":" in self.host else self.host
         default_port = 443 if self.ssl else 80
         self.host_header = host if self.port == default_port else f"{host}:{self.port}"
+        self.host_header_bytes = self.host_header.encode("ascii")  # yarl's raw_host: IDNA already
         self.prefix = parsed.raw_path.rstrip("/")
         self.idle: list[_Connection] = []
 
@@ -280,10 +298,22 @@ class _PooledResponse:
         self.status = message.status
         self.reason: str | None = message.reason
         self.headers = message.headers
-        length = message.headers.get(_CONTENT_LENGTH)
-        self.content_length = int(length) if length is not None and length.isdigit() else None
+        self.content_length = message.content_length
 
     async def read(self) -> bytes:
+        data = self.read_now()
+        if data is not None:
+            return data
+        payload = self._payload
+        assert payload is not None  # read_now answers whenever there is none
+        try:
+            return await payload.read()
+        except UpstreamError:
+            raise
+        except OSError as exc:
+            raise UpstreamError(describe(exc)) from exc
+
+    def read_now(self) -> bytes | None:
         data, payload = self._data, self._payload
         if payload is None:
             self._data = b""
@@ -292,12 +322,7 @@ class _PooledResponse:
             # The whole body is here: 0.4 us against 1.3 us for the stream's read, which awaits one
             # coroutine per buffered block.
             return payload.read_nowait()
-        try:
-            return await payload.read()
-        except UpstreamError:
-            raise
-        except OSError as exc:
-            raise UpstreamError(describe(exc)) from exc
+        return None
 
     async def read_chunk(self, size: int) -> bytes:
         payload = self._payload
@@ -354,6 +379,67 @@ class _Tunnel:
         self._connection.close()
 
 
+class _Pending:
+    """A request ``send_now`` wrote: the connection tells it the head as it would a future, and it tells the
+    ``ResponseCallbacks`` what ``request`` would have returned or raised."""
+
+    __slots__ = ("_callbacks", "_connection", "_done", "_pool", "_replica")
+
+    def __init__(
+        self, pool: PooledUpstream, replica: _Replica, connection: _Connection, callbacks: ResponseCallbacks
+    ) -> None:
+        self._pool = pool
+        self._replica = replica
+        self._connection = connection
+        self._callbacks = callbacks
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def write(self, data: bytes) -> None:
+        """Send the request, unless it was cancelled since ``send_now``. Called soon after it rather than
+        in it: a write wakes the process that reads it, which on a busy machine then takes the CPU from
+        the load balancer before it has handled the other sockets that were ready; writing after them
+        took about a fifth off the kernel's time per request in benchmarks/lb_bench.py."""
+        if self._done:
+            return
+        connection = self._connection
+        if connection.transport is None:
+            self.set_exception(UpstreamConnectError("the pooled connection closed before the request was sent"))
+            return
+        connection.write(data)
+
+    def set_result(self, result: _Found, /) -> None:
+        if self._done:
+            return
+        self._done = True
+        connection = self._connection
+        self._pool._awaiting_head.discard(connection)
+        message, payload = result
+        self._callbacks.response_arrived(_PooledResponse(self._pool, self._replica, connection, message, payload))
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        if self._done:
+            return
+        self._done = True
+        connection = self._connection
+        self._pool._awaiting_head.discard(connection)
+        connection.finish()
+        connection.abort()
+        error = exception if isinstance(exception, UpstreamError) else UpstreamError(describe(exception))
+        self._callbacks.response_failed(error)
+
+    def cancel(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        connection = self._connection
+        self._pool._awaiting_head.discard(connection)
+        connection.finish()
+        connection.abort()
+
+
 class PooledUpstream:
     """``UpstreamClient`` with keep-alive HTTP/1.1 connections per replica url, unlimited in number.
 
@@ -384,9 +470,10 @@ class PooledUpstream:
         url: str,
         method: str,
         path: str,
-        headers: CIMultiDict[str],
+        headers: bytes,
         body: bytes | aiohttp.StreamReader | None,
         upgrade: bool = False,
+        content_length: int | None = None,
     ) -> UpstreamResponse:
         replica = self._replicas.get(url)
         if replica is None:
@@ -399,7 +486,8 @@ class PooledUpstream:
         head = connection.begin(method != "HEAD", upgrade)
         try:
             if isinstance(body, aiohttp.StreamReader):
-                await _send_streamed(connection, _render_head(replica, method, path, headers, body), body, headers)
+                request_head = _render_head(replica, method, path, headers, body, content_length)
+                await _send_streamed(connection, request_head, body, content_length is None)
             else:
                 connection.write(_render_head(replica, method, path, headers, body) + (body or b""))
             if head.done():
@@ -415,6 +503,28 @@ class PooledUpstream:
             connection.abort()
             raise
         return _PooledResponse(self, replica, connection, message, payload)
+
+    def send_now(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        headers: bytes,
+        body: bytes | None,
+        callbacks: ResponseCallbacks,
+    ) -> _Pending | None:
+        replica = self._replicas.get(url)
+        if replica is None:
+            return None  # never connected: ``request`` connects
+        connection = self._checkout(replica)
+        if connection is None:
+            return None
+        pending = _Pending(self, replica, connection, callbacks)
+        connection.begin_with(pending, method != "HEAD")
+        # Written once this turn of the event loop has run its other callbacks (see ``_Pending.write``).
+        connection._loop.call_soon(pending.write, _render_head(replica, method, path, headers, body) + (body or b""))
+        self._watch(connection)
+        return pending
 
     def _watch(self, connection: _Connection) -> None:
         """Hold ``connection``, about to wait for a response head, to the response timeout."""
@@ -458,7 +568,8 @@ class PooledUpstream:
         idle = replica.idle
         if not idle:
             return None
-        oldest_usable = asyncio.get_running_loop().time() - self._keepalive_seconds
+        # The connection's loop is the running one; asyncio.get_running_loop() costs a getpid() call.
+        oldest_usable = idle[-1]._loop.time() - self._keepalive_seconds
         while idle:
             connection = idle.pop()
             if connection.is_open and connection.idle_since >= oldest_usable:
@@ -487,7 +598,7 @@ class PooledUpstream:
         if not reusable or self._closed or not connection.is_open:
             connection.abort()
             return
-        loop = asyncio.get_running_loop()
+        loop = connection._loop
         connection.idle_since = loop.time()
         # The sweep may have forgotten this replica while the request ran; put it back, or the connection
         # would sit in a list nobody looks at.
@@ -515,28 +626,30 @@ class PooledUpstream:
 
 
 def _render_head(
-    replica: _Replica, method: str, path: str, headers: CIMultiDict[str], body: bytes | aiohttp.StreamReader | None
+    replica: _Replica,
+    method: str,
+    path: str,
+    headers: bytes,
+    body: bytes | aiohttp.StreamReader | None,
+    content_length: int | None = None,
 ) -> bytes:
     """The request line and headers, framing included, as bytes ready to write."""
-    parts = [f"{method} {replica.prefix}{path} HTTP/1.1\r\nHost: {replica.host_header}\r\n"]
-    parts.extend(f"{name}: {value}\r\n" for name, value in headers.items())
-    # A Content-Length in ``headers`` is the client's, and a buffered body is exactly that long.
-    has_length = _CONTENT_LENGTH in headers
     if isinstance(body, bytes):
-        parts.append("\r\n" if has_length else f"Content-Length: {len(body)}\r\n\r\n")
+        framing = b"Content-Length: %d\r\n" % len(body)
     elif body is None:
-        parts.append("\r\n" if has_length or method in _NO_BODY_METHODS else "Content-Length: 0\r\n\r\n")
+        framing = b"" if method in _NO_BODY_METHODS else b"Content-Length: 0\r\n"
+    elif content_length is not None:
+        framing = b"Content-Length: %d\r\n" % content_length
     else:
-        parts.append("\r\n" if has_length else "Transfer-Encoding: chunked\r\n\r\n")
-    # Header values arrived as bytes decoded with surrogateescape; this gives back the very same bytes.
-    return "".join(parts).encode("utf-8", "surrogateescape")
+        framing = b"Transfer-Encoding: chunked\r\n"
+    # The path arrived as bytes decoded with surrogateescape; this gives back the very same bytes.
+    line = f"{method} {replica.prefix}{path} HTTP/1.1\r\n".encode("utf-8", "surrogateescape")
+    return b"%sHost: %s\r\n%s%s\r\n" % (line, replica.host_header_bytes, headers, framing)
 
 
-async def _send_streamed(
-    connection: _Connection, head: bytes, body: aiohttp.StreamReader, headers: CIMultiDict[str]
-) -> None:
-    """Write ``head`` and then ``body`` as it arrives, waiting whenever the socket's buffer is full."""
-    chunked = _CONTENT_LENGTH not in headers
+async def _send_streamed(connection: _Connection, head: bytes, body: aiohttp.StreamReader, chunked: bool) -> None:
+    """Write ``head`` and then ``body`` as it arrives (in chunked coding with ``chunked``), waiting whenever
+    the socket's buffer is full."""
     connection.write(head)
     while True:
         try:

@@ -10,7 +10,7 @@ What happens per request:
    autoscaler and asks the policy for a replica; with none (a service scaled to zero, or one just starting)
    it holds the request until a replica is READY, up to ``hold_seconds`` and at most ``max_waiting``
    requests at once; None means answer ``no_replica_answer`` (503 naming ``sky-lite serve status``);
-2. the server builds the replica's headers with ``compute_upstream_headers`` (minus hop-by-hop ones, plus
+2. the server builds the replica's headers with ``render_upstream_headers`` (minus hop-by-hop ones, plus
    ``X-Forwarded-*``) and reads a body up to ``BUFFER_LIMIT`` whole, else hands it over as a stream;
 3. ``forward`` sends method, path, query, headers and body; when an attempt gets no response head it may
    be retried once on another replica (``is_retryable``: any request when nothing was sent, an idempotent
@@ -57,18 +57,18 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 from skyserve_lite.clock import Clock
 from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.endpoint_identity import IDENTITY_HEADER, IDENTITY_PATH
 from skyserve_lite.errors import StateConflictError
 from skyserve_lite.lb.guard import Allowed, Guard, GuardConfig, compute_answer
+from skyserve_lite.lb.http1 import RawHeaders
 from skyserve_lite.lb.outcomes import Failure, Outcome, OutcomeSink
 from skyserve_lite.lb.outliers import OutlierDetector
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
@@ -81,6 +81,7 @@ from skyserve_lite.lb.settings import (
 )
 from skyserve_lite.lb.split import VersionSplit
 from skyserve_lite.lb.upstream import (
+    PendingResponse,
     UpstreamClient,
     UpstreamConnectError,
     UpstreamError,
@@ -96,12 +97,14 @@ __all__ = [
     "DEFAULT_MAX_WAITING",
     "HOLD_REFRESH_SECONDS",
     "HOP_BY_HOP_HEADERS",
+    "HOP_BY_HOP_NAMES",
     "IDEMPOTENT_METHODS",
     "IDENTITY_HEADER",
     "IDENTITY_PATH",
     "MAX_ATTEMPTS",
     "REPORT_HEARTBEAT_SECONDS",
     "STREAM_CHUNK",
+    "ForwardListener",
     "Forwarded",
     "GuardSource",
     "LbReport",
@@ -109,16 +112,16 @@ __all__ = [
     "LoadBalancer",
     "LocalAnswer",
     "MetricsSink",
+    "PendingForward",
     "TargetSource",
-    "compute_upstream_headers",
     "find_failure",
     "is_buffered_response",
     "is_report_due",
     "is_retryable",
     "merge_counts",
     "no_replica_message",
+    "render_upstream_headers",
     "split_completed_seconds",
-    "strip_hop_by_hop",
 ]
 
 log = logging.getLogger(__name__)
@@ -153,24 +156,24 @@ DEFAULT_MAX_WAITING: Final = 256
 
 # RFC 9110 section 7.6.1, plus Proxy-Connection, which old clients still send and which means the same.
 HOP_BY_HOP_HEADERS: Final = (
-    istr("Connection"),
-    istr("Keep-Alive"),
-    istr("Proxy-Authenticate"),
-    istr("Proxy-Authorization"),
-    istr("Proxy-Connection"),
-    istr("TE"),
-    istr("Trailers"),
-    istr("Transfer-Encoding"),
-    istr("Upgrade"),
+    "Connection",
+    "Keep-Alive",
+    "Proxy-Authenticate",
+    "Proxy-Authorization",
+    "Proxy-Connection",
+    "TE",
+    "Trailer",
+    "Trailers",
+    "Transfer-Encoding",
+    "Upgrade",
 )
-_CONNECTION = istr("Connection")
-_HOST = istr("Host")
-# The load balancer already answered "100 Continue" to the client; the replica gets the whole request.
-_EXPECT = istr("Expect")
-_AUTHORIZATION = istr("Authorization")
-_X_FORWARDED_FOR = istr("X-Forwarded-For")
-_X_FORWARDED_HOST = istr("X-Forwarded-Host")
-_X_FORWARDED_PROTO = istr("X-Forwarded-Proto")
+# The same, lowercase bytes, as headers are compared (``RawHeaders``).
+HOP_BY_HOP_NAMES: Final = frozenset(name.lower().encode() for name in HOP_BY_HOP_HEADERS)
+# Besides: Expect (the load balancer answered "100 Continue" itself; the replica gets the whole request),
+# Content-Length (the upstream client writes the framing) and X-Forwarded-Proto (this hop says it).
+_UPSTREAM_DROPPED: Final = HOP_BY_HOP_NAMES | {b"expect", b"content-length", b"x-forwarded-proto"}
+_UPSTREAM_DROPPED_AUTH: Final = _UPSTREAM_DROPPED | {b"authorization"}
+_FORWARDED_PROTO: Final = {scheme: b"X-Forwarded-Proto: %s\r\n" % scheme.encode() for scheme in ("http", "https")}
 # Responses that never have a body (RFC 9110 6.4.1); they take the buffered path whatever their headers say.
 _BODYLESS_STATUSES: Final = frozenset({204, 304})
 
@@ -301,50 +304,51 @@ class MetricsSink(Protocol):
         ...
 
 
-def strip_hop_by_hop(headers: CIMultiDict[str]) -> None:
-    """Remove, in place, the hop-by-hop headers and every header named in ``Connection``."""
-    if _CONNECTION in headers:
-        for value in headers.getall(_CONNECTION):
-            for token in value.split(","):
-                name = token.strip()
-                if name:
-                    headers.popall(name, None)
-    for name in HOP_BY_HOP_HEADERS:
-        if name in headers:
-            del headers[name]
+def render_upstream_headers(
+    headers: RawHeaders, peer: str | None, scheme: str, strip_authorization: bool = False
+) -> bytes:
+    """The header lines (each ending in CRLF) to send to a replica for a request that arrived with
+    ``headers``, without ``Host`` and the body's framing, which the upstream client adds.
 
-
-def compute_upstream_headers(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], peer: str | None, scheme: str,
-    strip_authorization: bool = False,
-) -> CIMultiDict[str]:
-    """The headers to send to a replica for a request that arrived with ``headers``.
-
-    Hop-by-hop headers and ``Expect`` are dropped. ``Host`` is dropped too, so that the replica sees its
-    own address as nginx does by default; the client's Host goes to ``X-Forwarded-Host``.
-    ``X-Forwarded-For`` gets ``peer`` appended (an earlier proxy's list is kept); ``X-Forwarded-Host`` and
-    ``X-Forwarded-Proto`` say what this hop saw, replacing any value the client sent, because the load
-    balancer is the edge: a client must not be able to claim it came in over https. With
-    ``strip_authorization`` (``service.auth`` on) ``Authorization`` is dropped: the API key was for the load
-    balancer, and a replica's logs must not collect it.
+    Hop-by-hop headers (``HOP_BY_HOP_NAMES`` and every name the ``Connection`` header lists), ``Expect``
+    and ``Content-Length`` are dropped. ``Host`` is dropped too, so that the replica sees its own address
+    as nginx does by default; the client's Host goes to ``X-Forwarded-Host``. ``X-Forwarded-For`` gets
+    ``peer`` appended (an earlier proxy's list is kept); ``X-Forwarded-Host`` and ``X-Forwarded-Proto`` say
+    what this hop saw, replacing any value the client sent, because the load balancer is the edge: a client
+    must not be able to claim it came in over https. With ``strip_authorization`` (``service.auth`` on)
+    ``Authorization`` is dropped: the API key was for the load balancer, and a replica's logs must not
+    collect it. Everything else goes as the client sent it, byte for byte and in its order.
     """
-    out = CIMultiDict(headers)
-    strip_hop_by_hop(out)
-    if strip_authorization and _AUTHORIZATION in out:
-        del out[_AUTHORIZATION]
-    host = out.pop(_HOST, None)
-    if _EXPECT in out:
-        del out[_EXPECT]
-    if peer is not None:
-        if _X_FORWARDED_FOR in out:
-            prior = ", ".join(out.popall(_X_FORWARDED_FOR))
-            out[_X_FORWARDED_FOR] = f"{prior}, {peer}"
+    drop = _UPSTREAM_DROPPED_AUTH if strip_authorization else _UPSTREAM_DROPPED
+    listed = headers.connection_tokens()
+    if listed:
+        drop = drop | listed
+    lines = []
+    host = None
+    forwarded_for = []
+    forwarded_host = []
+    for name, value in headers.raw:
+        lower = name.lower()
+        if lower in drop:
+            continue
+        if lower == b"host":
+            host = value if host is None else host
+        elif lower == b"x-forwarded-for" and peer is not None:
+            forwarded_for.append(value)
+        elif lower == b"x-forwarded-host":
+            forwarded_host.append(b"%s: %s\r\n" % (name, value))
         else:
-            out[_X_FORWARDED_FOR] = peer
+            lines.append(b"%s: %s\r\n" % (name, value))
+    if peer is not None:
+        forwarded_for.append(peer.encode("ascii", "surrogateescape"))
+        lines.append(b"X-Forwarded-For: %s\r\n" % b", ".join(forwarded_for))
     if host is not None:
-        out[_X_FORWARDED_HOST] = host
-    out[_X_FORWARDED_PROTO] = scheme
-    return out
+        lines.append(b"X-Forwarded-Host: %s\r\n" % host)
+    else:
+        lines.extend(forwarded_host)
+    proto = _FORWARDED_PROTO.get(scheme)
+    lines.append(proto if proto is not None else b"X-Forwarded-Proto: %s\r\n" % scheme.encode())
+    return b"".join(lines)
 
 
 def split_completed_seconds(counts: Mapping[int, int], now_second: int) -> tuple[dict[int, int], dict[int, int]]:
@@ -397,6 +401,95 @@ def _gateway_timeout_message(service: str, last_error: str) -> str:
         f"Gateway timeout: a replica of service {service} did not answer in time ({last_error}; the limit is "
         f"{UPSTREAM_TIMEOUT_VARIABLE}). Run 'sky-lite serve status {service}' to see the replicas.\n"
     )
+
+
+class ForwardListener(Protocol):
+    """Told the end of a request ``LoadBalancer.forward_now`` sent: one of the three, once."""
+
+    def forwarded(self, forwarded: Forwarded) -> None:
+        """The replica's response, to relay and ``release``."""
+        ...
+
+    def answer(self, answer: LocalAnswer) -> None:
+        """The 502 or 504 to give after failed attempts."""
+        ...
+
+    def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer]) -> None:
+        """A retry that has to wait for a connection: await ``forwarding`` (``forward`` going on from the
+        next attempt) for the response or answer."""
+        ...
+
+
+class PendingForward:
+    """A request ``LoadBalancer.forward_now`` sent, waiting for its response head; the ``ResponseCallbacks``
+    of its attempts. ``forward``'s loop in callbacks: the same steps (``_attempt_answered``,
+    ``_attempt_failed``, ``_abandon_attempt``) in the same order."""
+
+    __slots__ = ("_attempt", "_body", "_first_started", "_headers", "_lb", "_listener", "_method", "_path",
+                 "_pending", "_started", "_tried", "_url")
+
+    def __init__(self, lb: LoadBalancer, url: str, method: str, path: str, headers: bytes,
+                 body: bytes | None, listener: ForwardListener) -> None:
+        self._lb = lb
+        self._url = url
+        self._method = method
+        self._path = path
+        self._headers = headers
+        self._body = body
+        self._listener = listener
+        self._pending: PendingResponse | None = None
+        self._attempt = 1
+        self._tried: tuple[str, ...] = ()
+        self._started = 0.0
+        self._first_started = 0.0
+
+    def sent(self, pending: PendingResponse, url: str, started: float) -> None:
+        self._pending = pending
+        self._url = url
+        self._started = started
+        if self._attempt == 1:
+            self._first_started = started
+
+    def cancel(self) -> None:
+        """The client went away: stop waiting, as a cancelled ``forward`` does."""
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = None
+        pending.cancel()
+        self._lb._abandon_attempt(self._url, self._started, self._attempt)
+
+    # -- ResponseCallbacks ----------------------------------------------------------------------------------
+
+    def response_arrived(self, response: UpstreamResponse) -> None:
+        if self._pending is None:
+            response.release()
+            return
+        self._pending = None
+        self._listener.forwarded(self._lb._attempt_answered(self._url, response, self._started, self._attempt))
+
+    def response_failed(self, error: UpstreamError) -> None:
+        if self._pending is None:
+            return
+        self._pending = None
+        lb, url = self._lb, self._url
+        self._tried += (url,)
+        next_step = lb._attempt_failed(url, error, self._started, self._attempt, self._tried, self._first_started,
+                                       self._method, True)
+        if isinstance(next_step, LocalAnswer):
+            self._listener.answer(next_step)
+            return
+        self._attempt += 1
+        upstream = lb._upstream
+        assert upstream is not None, "the load balancer has not started"
+        sent = upstream.send_now(next_step, self._method, self._path, self._headers, self._body, self)
+        if sent is not None:
+            lb._start_attempt(next_step)
+            self.sent(sent, next_step, lb._monotonic())
+            return
+        self._listener.go_on(lb.forward(next_step, self._method, self._path, self._headers, self._body,
+                                        attempt=self._attempt, tried=self._tried,
+                                        first_started=self._first_started))
 
 
 class LoadBalancer:
@@ -741,13 +834,24 @@ class LoadBalancer:
         The first step of every request. Without a READY replica it holds the request as
         ``_hold`` says. Valid between ``start`` and ``close``.
         """
-        self._count_request()
-        url = self._select()
+        url = self.select_now()
         if url is None:
-            started = self._monotonic()
-            url = await self._hold()
-            if url is None:
-                self._record_local(503, self._monotonic() - started)
+            url = await self.hold_target()
+        return url
+
+    def select_now(self) -> str | None:
+        """``select_target`` without holding: count the request and choose its replica; None when no READY
+        replica is there now, and the request is then to be held with ``hold_target``."""
+        self._count_request()
+        return self._select()
+
+    async def hold_target(self) -> str | None:
+        """Hold a request ``select_now`` found no replica for, as ``select_target`` does; None means answer
+        ``no_replica_answer`` (recorded here as the request's outcome)."""
+        started = self._monotonic()
+        url = await self._hold()
+        if url is None:
+            self._record_local(503, self._monotonic() - started)
         return url
 
     def _select(self) -> str | None:
@@ -767,73 +871,130 @@ class LoadBalancer:
         url: str,
         method: str,
         path: str,
-        headers: CIMultiDict[str],
+        headers: bytes,
         body: bytes | aiohttp.StreamReader | None,
         upgrade: bool = False,
+        *,
+        content_length: int | None = None,
+        attempt: int = 1,
+        tried: tuple[str, ...] = (),
+        first_started: float | None = None,
     ) -> Forwarded | LocalAnswer:
         """Send the request to ``url`` (from ``select_target``); retry it once elsewhere when
         ``is_retryable`` allows.
 
-        ``headers`` come from ``compute_upstream_headers`` (plus Connection and Upgrade with ``upgrade``);
-        a ``bytes`` body or None can be sent again, a stream only once. Returns the replica's response (the
+        ``headers`` come from ``render_upstream_headers`` (plus Connection and Upgrade with ``upgrade``);
+        a ``bytes`` body or None can be sent again, a stream only once (``content_length`` long, or chunked
+        when None). Returns the replica's response (the
         caller relays it and must ``release`` it) or the answer to give after failed attempts: 502, or 504
-        after the upstream timeout. Never raises ``UpstreamError``.
+        after the upstream timeout. Never raises ``UpstreamError``. ``attempt``, ``tried`` and
+        ``first_started`` carry on a request whose first attempt ``forward_now`` made.
         """
         upstream = self._upstream
         assert upstream is not None, "the load balancer has not started"
-        in_flight = self._in_flight
-        outliers = self._outliers
-        sinks, monotonic = self._outcomes, self._monotonic
-        attempt = 1
-        tried: tuple[str, ...] = ()  # a tuple: the common case (the first attempt works) allocates none
         while True:
-            if outliers.failures:
-                if url in outliers.excluded and attempt == 1:
-                    # Chosen while it was on probation, and another request began its trial since (this one
-                    # read its body meanwhile): the trial is that request's alone.
-                    url = self._select() or url
-                outliers.begin_trial(url)
-            in_flight.start(url)
-            started = monotonic()
-            if attempt == 1:
+            url = self._attempt_target(url, attempt)
+            self._start_attempt(url)
+            started = self._monotonic()
+            if first_started is None:
                 first_started = started
             try:
-                response = await upstream.request(url, method, path, headers, body, upgrade)
+                response = await upstream.request(url, method, path, headers, body, upgrade, content_length)
             except UpstreamError as exc:
-                in_flight.end(url)
                 error = exc
             except BaseException:  # cancelled: the client went away; the replica is neither good nor bad
-                in_flight.end(url)
-                outliers.abandon_trial(url)
-                if sinks:
-                    self._record_attempt(url, started, attempt, Failure.ABORTED)
+                self._abandon_attempt(url, started, attempt)
                 raise
             else:
-                if outliers.failures:
-                    self._record_success(url)
-                if not sinks:
-                    return Forwarded(response, url, in_flight)
-                return Forwarded(response, url, in_flight, sinks, self._versions.get(url), started, attempt,
-                                 monotonic)
+                return self._attempt_answered(url, response, started, attempt)
             tried += (url,)
-            self._record_failure(url, error)
-            if sinks:
-                self._record_attempt(url, started, attempt, find_failure(error))
-            retry = None
-            if attempt < MAX_ATTEMPTS and is_retryable(error, method, not isinstance(body, aiohttp.StreamReader)):
-                retry = self._select_retry(tried, isinstance(error, UpstreamConnectError))
-            if retry is None:
-                log.warning("service %s: %s to %s failed: %s", self.service, method, url, error)
-                answer = self._failed_answer(attempt, error)
-                self._record_local(answer.status, monotonic() - first_started)
-                return answer
-            self.retries += 1
-            log.warning(
-                "service %s: %s to %s failed before a response (%s); retrying on %s (%d retries since start)",
-                self.service, method, url, error, retry, self.retries,
-            )
-            url = retry
+            next_step = self._attempt_failed(url, error, started, attempt, tried, first_started, method,
+                                             not isinstance(body, aiohttp.StreamReader))
+            if isinstance(next_step, LocalAnswer):
+                return next_step
+            url = next_step
             attempt += 1
+
+    def forward_now(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        headers: bytes,
+        body: bytes | None,
+        listener: ForwardListener,
+    ) -> PendingForward | None:
+        """``forward`` without a coroutine, for the common case: when the request can be written to ``url``
+        at once (an idle pooled connection), send it and return; ``listener`` is then told, from the event
+        loop, the ``Forwarded`` response or the ``LocalAnswer`` after failed attempts, exactly as ``forward``
+        would return them, or handed the coroutine that goes on when a retry has to wait for a connection.
+        None, with nothing sent or counted, when the first attempt cannot go out at once: use ``forward``.
+        The returned handle's ``cancel`` is ``forward``'s cancellation (the client went away)."""
+        upstream = self._upstream
+        assert upstream is not None, "the load balancer has not started"
+        url = self._attempt_target(url, 1)
+        pending = PendingForward(self, url, method, path, headers, body, listener)
+        sent = upstream.send_now(url, method, path, headers, body, pending)
+        if sent is None:
+            return None
+        self._start_attempt(url)
+        pending.sent(sent, url, self._monotonic())
+        return pending
+
+    def _attempt_target(self, url: str, attempt: int) -> str:
+        """The replica attempt number ``attempt`` goes to: ``url``, or another for a first attempt when
+        ``url`` went on probation since it was chosen."""
+        outliers = self._outliers
+        if attempt == 1 and outliers.failures and url in outliers.excluded:
+            # Chosen while it was on probation, and another request began its trial since (this one read
+            # its body meanwhile): the trial is that request's alone.
+            return self._select() or url
+        return url
+
+    def _start_attempt(self, url: str) -> None:
+        """Count an attempt to ``url`` in flight, and as its trial when it is on probation."""
+        if self._outliers.failures:
+            self._outliers.begin_trial(url)
+        self._in_flight.start(url)
+
+    def _abandon_attempt(self, url: str, started: float, attempt: int) -> None:
+        """The client went away during the attempt: the replica is neither good nor bad."""
+        self._in_flight.end(url)
+        self._outliers.abandon_trial(url)
+        if self._outcomes:
+            self._record_attempt(url, started, attempt, Failure.ABORTED)
+
+    def _attempt_answered(self, url: str, response: UpstreamResponse, started: float, attempt: int) -> Forwarded:
+        if self._outliers.failures:
+            self._record_success(url)
+        if not self._outcomes:
+            return Forwarded(response, url, self._in_flight)
+        return Forwarded(response, url, self._in_flight, self._outcomes, self._versions.get(url), started, attempt,
+                         self._monotonic)
+
+    def _attempt_failed(
+        self, url: str, error: UpstreamError, started: float, attempt: int, tried: tuple[str, ...],
+        first_started: float, method: str, replayable: bool,
+    ) -> str | LocalAnswer:
+        """Record a failed attempt and decide: the replica to retry on, or the answer to give."""
+        self._in_flight.end(url)
+        self._record_failure(url, error)
+        if self._outcomes:
+            self._record_attempt(url, started, attempt, find_failure(error))
+        retry = None
+        if attempt < MAX_ATTEMPTS and is_retryable(error, method, replayable):
+            retry = self._select_retry(tried, isinstance(error, UpstreamConnectError))
+        if retry is None:
+            log.warning("service %s: %s to %s failed: %s", self.service, method, url, error)
+            answer = self._failed_answer(attempt, error)
+            self._record_local(answer.status, self._monotonic() - first_started)
+            return answer
+        self.retries += 1
+        log.warning(
+            "service %s: %s to %s failed before a response (%s); retrying on %s (%d retries since start)",
+            self.service, method, url, error, retry, self.retries,
+        )
+        return retry
 
     def _record_attempt(self, url: str, started: float, attempt: int, failure: Failure) -> None:
         """Hand the outcome of an attempt to ``url`` that got no response to the sinks."""

@@ -58,23 +58,24 @@ import http
 import importlib.util
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import Final, cast
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, cast
 
 import aiohttp
-from multidict import CIMultiDictProxy, istr
+from multidict import istr
 
-from skyserve_lite.lb.http1 import RequestHead, RequestParser, compute_origin_form, new_stream
+from skyserve_lite.lb.http1 import RawHeaders, RequestHead, RequestParser, compute_origin_form, new_stream
 from skyserve_lite.lb.listener import Listener
 from skyserve_lite.lb.proxy import (
     BUFFER_LIMIT,
-    HOP_BY_HOP_HEADERS,
+    HOP_BY_HOP_NAMES,
     STREAM_CHUNK,
     Forwarded,
     LoadBalancer,
     LocalAnswer,
-    compute_upstream_headers,
+    PendingForward,
     is_buffered_response,
+    render_upstream_headers,
 )
 from skyserve_lite.lb.settings import (
     HEAD_SECONDS_VARIABLE,
@@ -117,11 +118,7 @@ SWEEP_SECONDS: Final = 1.0
 # How long closing the server waits for requests in flight before cutting them: aiohttp's default too.
 SHUTDOWN_SECONDS: Final = 60.0
 
-_EXPECT = istr("Expect")
-_CONTENT_LENGTH = istr("Content-Length")
-_CONNECTION = istr("Connection")
 _UPGRADE = istr("Upgrade")
-_HOP_BY_HOP_LOWER: Final = frozenset(name.lower() for name in HOP_BY_HOP_HEADERS)
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 
@@ -135,21 +132,16 @@ def _reason(status: int, reason: str | None) -> str:
         return ""
 
 
-def render_response_head(status: int, reason: str | None, headers: CIMultiDictProxy[str], extra: str = "") -> bytes:
-    """The status line and ``headers`` minus hop-by-hop ones, then ``extra`` (whole header lines), as bytes.
-
-    Header values arrived as bytes decoded with surrogateescape; encoding them back gives the very bytes
-    the replica sent.
-    """
-    drop = _HOP_BY_HOP_LOWER
-    if _CONNECTION in headers:
-        listed = {token.strip().lower() for value in headers.getall(_CONNECTION) for token in value.split(",")}
+def render_response_head(status: int, reason: str | None, headers: RawHeaders, extra: bytes = b"") -> bytes:
+    """The status line and ``headers`` minus hop-by-hop ones (``HOP_BY_HOP_NAMES`` and the names their
+    ``Connection`` lists), then ``extra`` (whole header lines), as bytes: the replica's very bytes."""
+    drop = HOP_BY_HOP_NAMES
+    listed = headers.connection_tokens()
+    if listed:
         drop = drop | listed
-    parts = [f"HTTP/1.1 {status} {_reason(status, reason)}\r\n"]
-    parts.extend(f"{name}: {value}\r\n" for name, value in headers.items() if name.lower() not in drop)
-    parts.append(extra)
-    parts.append("\r\n")
-    return "".join(parts).encode("utf-8", "surrogateescape")
+    lines = [b"%s: %s\r\n" % (name, value) for name, value in headers.raw if name.lower() not in drop]
+    status_line = f"HTTP/1.1 {status} {_reason(status, reason)}\r\n".encode("utf-8", "surrogateescape")
+    return b"%s%s%s\r\n" % (status_line, b"".join(lines), extra)
 
 
 def too_many_connections_message(service: str, max_connections: int) -> str:
@@ -215,6 +207,13 @@ class _ClientConnection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._body: aiohttp.StreamReader | None = None
+        # The request answered without the task (``_answer_now``) while it waits for its replica: what it
+        # waits on, and what its answer needs.
+        self._pending: PendingForward | None = None
+        self._now: tuple[RequestHead, bool] | None = None  # its head, whether to keep the connection open
+        # What the task is to await next for such a request, and what undoes it if the task never does.
+        self._handoff: tuple[Coroutine[Any, Any, bool], Callable[[], None]] | None = None
+        self._ended = False  # such a request's answer was the connection's last
         # The client's bytes after a WebSocket handshake, once the parser has switched.
         self._tunnel_in: aiohttp.StreamReader | None = None
         self._peer: str | None = None
@@ -271,6 +270,8 @@ class _ClientConnection(asyncio.Protocol):
         queue.extend(messages)
         if len(queue) >= MAX_PIPELINED and not self._queue_paused:
             self._set_reading(queue_paused=True)
+        if not self.busy and len(queue) == 1 and self._bad_request is None and self._answer_now():
+            return
         self._wake()
 
     def pause_writing(self) -> None:
@@ -346,6 +347,14 @@ class _ClientConnection(asyncio.Protocol):
         if self._tunnel_in is not None and not self._tunnel_in.is_eof():
             self._tunnel_in.feed_eof()
         self._queue.clear()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()  # as the task's cancellation below does to a request it answers
+        handoff, self._handoff = self._handoff, None
+        if handoff is not None:
+            coroutine, undo = handoff
+            coroutine.close()
+            undo()
         self._wake()
         if self.busy and self._task is not None:
             # Nobody is left to answer: stop waiting for the replica, whose connection closes so that it can
@@ -402,24 +411,38 @@ class _ClientConnection(asyncio.Protocol):
 
     async def _run(self) -> None:
         """Answer queued requests in order until the connection ends. Never raises; ends cancelled when the
-        client goes away while a request is being answered."""
+        client goes away while a request is being answered.
+
+        A request ``_answer_now`` began is its own until it ends (``_end_now`` wakes this loop) or hands
+        over what waits (``_hand_off``): the loop then awaits that in the request's stead."""
         try:
             while not self._lost:
-                if not self._queue:
-                    if self._bad_request is not None:
-                        answer = LocalAnswer(400, f"Bad request: {self._bad_request}\n")
-                        self._write(render_local_answer(answer, False, False))
+                handoff = self._handoff
+                if handoff is not None:
+                    self._handoff = None
+                    try:
+                        keep_alive = await handoff[0]
+                    finally:
+                        self.busy = False
+                        self._body = None
+                    if not keep_alive:
                         break
-                    if self.closing or self._requests.done:
-                        # Nothing more will be parsed (a last request, Connection: close, was answered; or
-                        # a switch to another protocol): bytes after it are dropped by the parser.
-                        break
+                    self._after_answer()
+                    continue
+                if self.busy or not self._queue:
+                    if not self.busy:
+                        if self._bad_request is not None:
+                            answer = LocalAnswer(400, f"Bad request: {self._bad_request}\n")
+                            self._write(render_local_answer(answer, False, False))
+                            break
+                        if self.closing or self._requests.done or self._ended:
+                            # Nothing more will be parsed (a last request, Connection: close, was answered;
+                            # or a switch to another protocol): bytes after it are dropped by the parser.
+                            break
                     self._waiter = self._loop.create_future()
                     await self._waiter
                     continue
-                message, payload = self._queue.popleft()
-                if self._queue_paused and self._bad_request is None and len(self._queue) < MAX_PIPELINED:
-                    self._set_reading(queue_paused=False)
+                message, payload = self._take()
                 self.busy = True
                 try:
                     keep_alive = await self._answer(message, payload)
@@ -428,14 +451,164 @@ class _ClientConnection(asyncio.Protocol):
                     self._body = None
                 if not keep_alive:
                     break
-                if not self._queue and not self.closing and not self._lost and not self._requests.done:
-                    self._become_idle()
+                self._after_answer()
         except Exception:  # top of the connection's loop: log with context, drop this connection only
             log.exception("load balancer for service %s: answering a request failed", self._lb.service)
             self.abort()
             return
         if self.transport is not None:
             self.transport.close()  # after what is buffered has been sent
+
+    def _take(self) -> tuple[RequestHead, aiohttp.StreamReader | None]:
+        message, payload = self._queue.popleft()
+        if self._queue_paused and self._bad_request is None and len(self._queue) < MAX_PIPELINED:
+            self._set_reading(queue_paused=False)
+        return message, payload
+
+    def _after_answer(self) -> None:
+        if not self._queue and not self.closing and not self._lost and not self._requests.done:
+            self._become_idle()
+
+    # -- answering without the task --------------------------------------------------------------------------
+
+    def _answer_now(self) -> bool:
+        """Begin answering the one queued request here, in the protocol's callback, when nothing in it has to
+        wait: no body still to come, no Expect, no upgrade. Whatever then has to wait (holding for a
+        replica, a new connection, a streamed response) goes to the task with ``_hand_off``; a response that
+        came whole is relayed in the replica's callback (``forwarded``). The same steps as ``_answer``, in
+        the same order; False, with nothing done, when the request is not one of these."""
+        message, payload = self._queue[0]
+        if message.upgrade or self.closing or message.expect is not None:
+            return False
+        body = None
+        if payload is not None:
+            if message.chunked or not payload.is_eof() or payload.exception() is not None:
+                return False
+            body = payload.read_nowait()
+        self._take()
+        self.busy = True
+        try:
+            self._begin_now(message, body)
+        except Exception:  # as the task's loop does: log with context, drop this connection only
+            log.exception("load balancer for service %s: answering a request failed", self._lb.service)
+            self.abort()
+        return True
+
+    def _begin_now(self, message: RequestHead, body: bytes | None) -> None:
+        lb = self._lb
+        keep_alive = message.keep_alive and not self.closing
+        refusal = lb.check_request(message.target, self._peer, message.headers)
+        if refusal is not None:
+            self._write(render_local_answer(refusal, keep_alive, message.method == "HEAD"))
+            self._end_now(keep_alive)
+            return
+        url = lb.select_now()
+        if url is None:
+            self._hand_off(self._answer_held(message, body, keep_alive))
+            return
+        headers = render_upstream_headers(message.headers, self._peer, self._scheme, lb.strips_authorization)
+        path = compute_origin_form(message.target)
+        pending = lb.forward_now(url, message.method, path, headers, body, self)
+        if pending is None:
+            self._hand_off(self._forward_and_relay(message, url, headers, body, keep_alive))
+            return
+        self._pending = pending
+        self._now = (message, keep_alive)
+
+    def _hand_off(self, coroutine: Coroutine[Any, Any, bool], undo: Callable[[], None] = lambda: None) -> None:
+        """Have the task await ``coroutine`` for the request begun here; ``undo`` if the client goes first."""
+        self._handoff = (coroutine, undo)
+        self._wake()
+
+    def _end_now(self, keep_alive: bool) -> None:
+        """The request begun here is answered."""
+        self.busy = False
+        if not keep_alive:
+            self._ended = True
+            self._wake()
+        elif self._queue or self._bad_request is not None or self.closing or self._requests.done:
+            self._wake()
+        elif not self._lost:
+            self._become_idle()
+
+    # ForwardListener: the end of the request begun here, told by the load balancer.
+
+    def forwarded(self, forwarded: Forwarded) -> None:
+        assert self._now is not None
+        message, keep_alive = self._now
+        self._pending = self._now = None
+        keep_alive = keep_alive and not self._lost
+        response = forwarded.response
+        if is_buffered_response(response.status, response.content_length, message.method):
+            data = response.read_now()
+            if data is not None:
+                try:
+                    head = render_response_head(
+                        response.status, response.reason, response.headers, _connection_line(message, keep_alive)
+                    )
+                    # Written after the other callbacks of this turn of the loop, as pooled_upstream writes
+                    # requests (``_Pending.write`` says why).
+                    self._loop.call_soon(self._write, head + data)
+                finally:
+                    forwarded.release()
+                self._end_now(keep_alive)
+                return
+        self._hand_off(self._relay(message, forwarded, keep_alive, False), forwarded.release)
+
+    def answer(self, answer: LocalAnswer) -> None:
+        assert self._now is not None
+        message, keep_alive = self._now
+        self._pending = self._now = None
+        keep_alive = keep_alive and not self._lost
+        self._write(render_local_answer(answer, keep_alive, message.method == "HEAD"))
+        self._end_now(keep_alive)
+
+    def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer]) -> None:
+        assert self._now is not None
+        message, keep_alive = self._now
+        self._pending = self._now = None
+        self._hand_off(self._relay_result(message, forwarding, keep_alive, False), forwarding.close)
+
+    async def _answer_held(self, message: RequestHead, body: bytes | None, keep_alive: bool) -> bool:
+        url = await self._lb.hold_target()
+        if url is None:
+            self._write(render_local_answer(self._lb.no_replica_answer(), keep_alive, message.method == "HEAD"))
+            return keep_alive
+        lb = self._lb
+        headers = render_upstream_headers(message.headers, self._peer, self._scheme, lb.strips_authorization)
+        return await self._forward_and_relay(message, url, headers, body, keep_alive)
+
+    async def _forward_and_relay(
+        self,
+        message: RequestHead,
+        url: str,
+        headers: bytes,
+        body: bytes | aiohttp.StreamReader | None,
+        keep_alive: bool,
+        payload: aiohttp.StreamReader | None = None,
+        upgrade: bool = False,
+    ) -> bool:
+        """Forward the request to ``url`` and relay what comes back; ``payload`` is the body's stream when it
+        was read here (the connection stays open only when it was read to its end)."""
+        length = None if message.chunked else message.content_length  # for a streamed body
+        forwarding = self._lb.forward(url, message.method, compute_origin_form(message.target), headers, body, upgrade,
+                                      content_length=length)
+        return await self._relay_result(message, forwarding, keep_alive, upgrade, payload)
+
+    async def _relay_result(
+        self,
+        message: RequestHead,
+        forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer],
+        keep_alive: bool,
+        upgrade: bool,
+        payload: aiohttp.StreamReader | None = None,
+    ) -> bool:
+        result = await forwarding
+        keep_alive = keep_alive and (payload is None or payload.is_eof()) and not self._lost
+        if isinstance(result, LocalAnswer):
+            self._write(render_local_answer(result, keep_alive, message.method == "HEAD"))
+            return keep_alive
+        return await self._relay(message, result, keep_alive, upgrade)
 
     async def _answer(self, message: RequestHead, payload: aiohttp.StreamReader | None) -> bool:
         """Answer one request; returns whether the connection stays open for the next one."""
@@ -444,7 +617,7 @@ class _ClientConnection(asyncio.Protocol):
         head_only = method == "HEAD"
         upgrade = message.upgrade
         keep_alive = message.keep_alive and not upgrade and not self.closing
-        expect = message.headers.get(_EXPECT)
+        expect = message.expect
         if expect is not None and expect.lower() != "100-continue":
             answer = LocalAnswer(417, f"Unsupported expectation: {expect!r}; only 100-continue is.\n")
             self._write(render_local_answer(answer, False, head_only))
@@ -474,19 +647,14 @@ class _ClientConnection(asyncio.Protocol):
                     return False  # the client went away, or sent a broken body: nobody to answer
             else:
                 body = payload
-        headers = compute_upstream_headers(message.headers, self._peer, self._scheme, lb.strips_authorization)
+        headers = render_upstream_headers(message.headers, self._peer, self._scheme, lb.strips_authorization)
         # A WebSocket handshake the parser switched on (no body: the switch waits for none) goes to the
         # replica with the two headers that ask for it; any other Upgrade is dropped as hop-by-hop.
         upgrade = message.websocket and self._tunnel_in is not None
         if upgrade:
-            headers[_CONNECTION] = "Upgrade"
-            headers[_UPGRADE] = message.headers.get(_UPGRADE, "")
-        result = await lb.forward(url, method, compute_origin_form(message.target), headers, body, upgrade)
-        keep_alive = keep_alive and (payload is None or payload.is_eof()) and not self._lost
-        if isinstance(result, LocalAnswer):
-            self._write(render_local_answer(result, keep_alive, head_only))
-            return keep_alive
-        return await self._relay(message, result, keep_alive, upgrade)
+            headers += b"Connection: Upgrade\r\nUpgrade: %s\r\n" % message.headers.get(_UPGRADE, "").encode(
+                "utf-8", "surrogateescape")
+        return await self._forward_and_relay(message, url, headers, body, keep_alive, payload, upgrade)
 
     async def _relay(self, message: RequestHead, forwarded: Forwarded, keep_alive: bool, upgrade: bool) -> bool:
         """Send the replica's response to the client; always releases it. Returns whether to keep alive."""
@@ -526,7 +694,7 @@ class _ClientConnection(asyncio.Protocol):
         chunked = response.content_length is None and message.version >= (1, 1)
         if response.content_length is None and not chunked:
             keep_alive = False  # an HTTP/1.0 client learns where the body ends by the connection's end
-        extra = _connection_line(message, keep_alive) + ("Transfer-Encoding: chunked\r\n" if chunked else "")
+        extra = _connection_line(message, keep_alive) + (b"Transfer-Encoding: chunked\r\n" if chunked else b"")
         self._write(render_response_head(response.status, response.reason, response.headers, extra))
         while True:
             try:
@@ -561,12 +729,13 @@ class _ClientConnection(asyncio.Protocol):
             reader.feed_data(tail)
         self._tunnel_in = reader
 
-    async def _tunnel(self, upstream: UpstreamTunnel, headers: CIMultiDictProxy[str], reason: str | None) -> None:
+    async def _tunnel(self, upstream: UpstreamTunnel, headers: RawHeaders, reason: str | None) -> None:
         """Send the 101, then pass bytes both ways until either side closes or fails; closes the replica's side."""
         client_in = self._tunnel_in
         assert client_in is not None
         upgrade = headers.get(_UPGRADE, "websocket")
-        self._write(render_response_head(101, reason, headers, f"Connection: Upgrade\r\nUpgrade: {upgrade}\r\n"))
+        extra = f"Connection: Upgrade\r\nUpgrade: {upgrade}\r\n".encode("utf-8", "surrogateescape")
+        self._write(render_response_head(101, reason, headers, extra))
         pipes = (
             self._loop.create_task(_pipe(client_in, upstream.write, upstream.drain)),
             self._loop.create_task(_pipe(upstream.reader, self._write, self._drain)),
@@ -594,11 +763,11 @@ async def _pipe(
         return
 
 
-def _connection_line(message: RequestHead, keep_alive: bool) -> str:
+def _connection_line(message: RequestHead, keep_alive: bool) -> bytes:
     if not keep_alive:
-        return "Connection: close\r\n"
+        return b"Connection: close\r\n"
     # HTTP/1.1 keeps alive unless told; an HTTP/1.0 client that asked for keep-alive must hear it granted.
-    return "" if message.version >= (1, 1) else "Connection: keep-alive\r\n"
+    return b"" if message.version >= (1, 1) else b"Connection: keep-alive\r\n"
 
 
 class HttpServer:

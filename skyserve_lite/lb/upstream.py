@@ -28,11 +28,14 @@ from __future__ import annotations
 from typing import Final, Protocol
 
 import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
+
+from skyserve_lite.lb.http1 import RawHeaders
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
     "POOL_KEEPALIVE_SECONDS",
+    "PendingResponse",
+    "ResponseCallbacks",
     "UpstreamClient",
     "UpstreamConnectError",
     "UpstreamError",
@@ -106,7 +109,7 @@ class UpstreamResponse(Protocol):
     def reason(self) -> str | None: ...
 
     @property
-    def headers(self) -> CIMultiDictProxy[str]:
+    def headers(self) -> RawHeaders:
         """As received, hop-by-hop headers included."""
         ...
 
@@ -117,6 +120,11 @@ class UpstreamResponse(Protocol):
 
     async def read(self) -> bytes:
         """The whole (rest of the) body; b"" for a response without one. Raises ``UpstreamError``."""
+        ...
+
+    def read_now(self) -> bytes | None:
+        """What ``read`` would return, when the whole body has arrived already (as a small answer's does,
+        with its head); None, with nothing read, while some of it is still to come."""
         ...
 
     async def read_chunk(self, size: int) -> bytes:
@@ -131,28 +139,69 @@ class UpstreamResponse(Protocol):
     def release(self) -> None: ...
 
 
+class ResponseCallbacks(Protocol):
+    """Told the outcome of a request sent with ``UpstreamClient.send_now``: exactly one of the two is called,
+    once, from the event loop (never from within ``send_now`` itself), unless the request is cancelled."""
+
+    def response_arrived(self, response: UpstreamResponse) -> None: ...
+
+    def response_failed(self, error: UpstreamError) -> None: ...
+
+
+class PendingResponse(Protocol):
+    """A request sent with ``send_now`` whose response head has not arrived yet."""
+
+    def cancel(self) -> None:
+        """Stop waiting: the connection is closed (the replica can stop working on the request) and neither
+        callback is called. Does nothing once one was."""
+        ...
+
+
 class UpstreamClient(Protocol):
-    """Sends requests to replicas. Used from one event loop; created inside it."""
+    """Sends requests to replicas. Used from one event loop; created inside it.
+
+    ``request`` waits for the response head; ``send_now`` is the same request sent without waiting, when
+    it can go out at once (an idle pooled connection), its outcome told to callbacks: the load balancer's
+    common case then runs without a coroutine (docs/architecture.md, "The load balancer").
+    """
 
     async def request(
         self,
         url: str,
         method: str,
         path: str,
-        headers: CIMultiDict[str],
+        headers: bytes,
         body: bytes | aiohttp.StreamReader | None,
         upgrade: bool = False,
+        content_length: int | None = None,
     ) -> UpstreamResponse:
         """Send ``method path`` to the replica at ``url`` and return once the response head has arrived.
 
         ``url`` is the replica's base url (``http://host:port``, maybe with a path prefix); ``path`` is the
-        raw path and query, starting with "/". ``headers`` are sent as given (no default headers are added)
-        plus Host and the body's framing: Content-Length for a ``bytes`` body, and for a stream the given
-        Content-Length when ``headers`` has one, else chunked transfer coding. Informational (1xx)
+        raw path and query, starting with "/". ``headers`` are header lines, each ending in CRLF, sent as
+        given (no default headers are added; none may be Host, Content-Length or Transfer-Encoding) plus
+        Host and the body's framing: Content-Length for a ``bytes`` body (0 for no body, except for
+        methods that have none by convention), and for a stream ``content_length`` when given, else chunked
+        transfer coding. Informational (1xx)
         responses are skipped; with ``upgrade`` (``headers`` then carry Connection and Upgrade) a 101 is
         the response, and its ``tunnel`` the connection from then on. Raises ``UpstreamConnectError``,
         ``UpstreamResetError``, ``UpstreamTimeoutError`` or ``UpstreamError`` as the module docstring says.
         """
+        ...
+
+    def send_now(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        headers: bytes,
+        body: bytes | None,
+        callbacks: ResponseCallbacks,
+    ) -> PendingResponse | None:
+        """Send the request as ``request`` would (never an upgrade, never a streamed body) when it can be
+        written at once, and return without waiting: ``callbacks`` are told the response or the failure,
+        as ``request`` would return or raise them. None, with nothing sent, when it cannot go out without
+        waiting (no idle connection to ``url``): the caller then uses ``request``."""
         ...
 
     async def close(self) -> None:

@@ -152,11 +152,10 @@ def test_a_replica_on_trial_gets_one_request_whatever_was_chosen_before() -> Non
     from collections.abc import Callable
 
     import aiohttp
-    from multidict import CIMultiDict
 
     from skyserve_lite.clock import FakeClock
     from skyserve_lite.lb.proxy import Forwarded, LoadBalancer
-    from skyserve_lite.lb.upstream import UpstreamClient, UpstreamResponse
+    from skyserve_lite.lb.upstream import PendingResponse, ResponseCallbacks, UpstreamClient, UpstreamResponse
     from skyserve_lite.state.models import LbView
 
     A, B = "http://127.0.0.1:9/a", "http://127.0.0.1:9/b"  # nothing is contacted: the upstream is a fake
@@ -169,14 +168,19 @@ def test_a_replica_on_trial_gets_one_request_whatever_was_chosen_before() -> Non
     trial_answer: asyncio.Future[None] | None = None
 
     class Upstream:
-        async def request(self, url: str, method: str, path: str, headers: CIMultiDict[str],
-                          body: bytes | aiohttp.StreamReader | None, upgrade: bool = False) -> UpstreamResponse:
+        async def request(self, url: str, method: str, path: str, headers: bytes,
+                          body: bytes | aiohttp.StreamReader | None, upgrade: bool = False,
+                          content_length: int | None = None) -> UpstreamResponse:
             sent.append(url)
             if url == A:
                 assert trial_answer is not None
                 await trial_answer  # the trial takes its time
             # Only where requests went counts here; a POST reset is not retried, so nothing goes anywhere else.
             raise UpstreamResetError("reset")
+
+        def send_now(self, url: str, method: str, path: str, headers: bytes, body: bytes | None,
+                     callbacks: ResponseCallbacks) -> PendingResponse | None:
+            return None  # every request waits: the trial's timing is ``request``'s
 
         async def close(self) -> None:
             pass
@@ -192,9 +196,9 @@ def test_a_replica_on_trial_gets_one_request_whatever_was_chosen_before() -> Non
             outliers.failures = {A: 3}
             outliers.probation = frozenset({A})
             # Both requests were given A (select_target's choice while A was on probation).
-            one = asyncio.ensure_future(lb.forward(A, "POST", "/", CIMultiDict(), b"x"))
+            one = asyncio.ensure_future(lb.forward(A, "POST", "/", b"", b"x"))
             await asyncio.sleep(0)  # the first request begins A's trial
-            other = await asyncio.wait_for(lb.forward(A, "POST", "/", CIMultiDict(), b"y"), 5)
+            other = await asyncio.wait_for(lb.forward(A, "POST", "/", b"", b"y"), 5)
             assert not isinstance(other, Forwarded)
             trial_answer.set_result(None)
             await one

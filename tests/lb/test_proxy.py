@@ -18,18 +18,17 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from multidict import CIMultiDict
 
 from skyserve_lite.clock import FakeClock
+from skyserve_lite.lb.http1 import RawHeaders
 from skyserve_lite.lb.proxy import (
     LbReport,
     LbView,
     LoadBalancer,
-    compute_upstream_headers,
     is_report_due,
     merge_counts,
+    render_upstream_headers,
     split_completed_seconds,
-    strip_hop_by_hop,
 )
 from skyserve_lite.lb.server import serve
 from skyserve_lite.procs import find_free_port
@@ -204,68 +203,103 @@ def _run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
 # -- pure helpers -----------------------------------------------------------------------------------------
 
 
+def _raw(pairs: list[tuple[str, str]]) -> RawHeaders:
+    return RawHeaders([(name.encode(), value.encode()) for name, value in pairs])
+
+
+def _lines(block: bytes) -> list[tuple[str, str]]:
+    """Header lines back into (name, value) pairs; every line must end in CRLF."""
+    assert block == b"" or block.endswith(b"\r\n")
+    pairs = []
+    for line in block.split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b": ")
+        pairs.append((name.decode(), value.decode()))
+    return pairs
+
+
 @pytest.mark.parametrize(
     ("given", "kept"),
     [
-        ({"Connection": "keep-alive", "Keep-Alive": "timeout=5", "X-A": "1"}, {"X-A": "1"}),
-        ({"Connection": "X-Private, x-other", "X-Private": "1", "X-Other": "2", "X-A": "3"}, {"X-A": "3"}),
+        ([("Connection", "keep-alive"), ("Keep-Alive", "timeout=5"), ("X-A", "1")], [("X-A", "1")]),
         (
-            {
-                "TE": "trailers",
-                "Trailers": "X",
-                "Transfer-Encoding": "chunked",
-                "Upgrade": "h2c",
-                "Proxy-Authorization": "Basic x",
-                "Proxy-Authenticate": "Basic",
-                "Content-Type": "text/plain",
-            },
-            {"Content-Type": "text/plain"},
+            [("Connection", "X-Private, x-other"), ("X-Private", "1"), ("X-Other", "2"), ("X-A", "3")],
+            [("X-A", "3")],
         ),
-        ({"X-A": "1"}, {"X-A": "1"}),
+        (
+            [
+                ("TE", "trailers"),
+                ("Trailer", "X"),
+                ("Trailers", "X"),
+                ("Transfer-Encoding", "chunked"),
+                ("Upgrade", "h2c"),
+                ("Proxy-Authorization", "Basic x"),
+                ("Proxy-Authenticate", "Basic"),
+                ("Proxy-Connection", "keep-alive"),
+                ("Content-Type", "text/plain"),
+            ],
+            [("Content-Type", "text/plain")],
+        ),
+        # Repeats keep their order and count; Content-Length is the upstream client's to write.
+        ([("X-A", "1"), ("x-a", "2"), ("Content-Length", "5")], [("X-A", "1"), ("x-a", "2")]),
     ],
 )
-def test_strip_hop_by_hop_table(given: dict[str, str], kept: dict[str, str]) -> None:
-    headers = CIMultiDict(given)
-    strip_hop_by_hop(headers)
-    assert dict(headers) == kept
+def test_render_upstream_headers_drops_hop_by_hop_table(
+    given: list[tuple[str, str]], kept: list[tuple[str, str]]
+) -> None:
+    assert _lines(render_upstream_headers(_raw(given), None, "http")) == [*kept, ("X-Forwarded-Proto", "http")]
 
 
 @pytest.mark.parametrize(
     ("given", "peer", "scheme", "expected"),
     [
         (
-            {"Host": "lb:8080", "Accept": "*/*"},
+            [("Host", "lb:8080"), ("Accept", "*/*")],
             "192.0.2.7",
             "http",
-            {
-                "Accept": "*/*",
-                "X-Forwarded-For": "192.0.2.7",
-                "X-Forwarded-Host": "lb:8080",
-                "X-Forwarded-Proto": "http",
-            },
+            [
+                ("Accept", "*/*"),
+                ("X-Forwarded-For", "192.0.2.7"),
+                ("X-Forwarded-Host", "lb:8080"),
+                ("X-Forwarded-Proto", "http"),
+            ],
         ),
         (
-            {
-                "Host": "lb",
-                "X-Forwarded-For": "1.2.3.4",
-                "X-Forwarded-Proto": "https",
-                "Expect": "100-continue",
-            },
+            [
+                ("Host", "lb"),
+                ("X-Forwarded-For", "1.2.3.4"),
+                ("x-forwarded-for", "5.6.7.8"),
+                ("X-Forwarded-Host", "claimed"),
+                ("X-Forwarded-Proto", "https"),
+                ("Expect", "100-continue"),
+            ],
             "192.0.2.7",
             "http",
-            {
-                "X-Forwarded-For": "1.2.3.4, 192.0.2.7",
-                "X-Forwarded-Host": "lb",
-                "X-Forwarded-Proto": "http",
-            },
+            [
+                ("X-Forwarded-For", "1.2.3.4, 5.6.7.8, 192.0.2.7"),
+                ("X-Forwarded-Host", "lb"),
+                ("X-Forwarded-Proto", "http"),
+            ],
         ),
-        ({}, None, "https", {"X-Forwarded-Proto": "https"}),
+        # A second Host goes nowhere: the replica gets one, its own.
+        ([("Host", "a"), ("Host", "b")], "192.0.2.7", "https",
+         [("X-Forwarded-For", "192.0.2.7"), ("X-Forwarded-Host", "a"), ("X-Forwarded-Proto", "https")]),
+        ([], None, "https", [("X-Forwarded-Proto", "https")]),
     ],
 )
-def test_compute_upstream_headers_table(
-    given: dict[str, str], peer: str | None, scheme: str, expected: dict[str, str]
+def test_render_upstream_headers_table(
+    given: list[tuple[str, str]], peer: str | None, scheme: str, expected: list[tuple[str, str]]
 ) -> None:
-    assert dict(compute_upstream_headers(CIMultiDict(given), peer, scheme)) == expected
+    assert _lines(render_upstream_headers(_raw(given), peer, scheme)) == expected
+
+
+def test_render_upstream_headers_relays_the_clients_very_bytes() -> None:
+    raw = RawHeaders([(b"X-Name", b"caf\xc3\xa9 \xff"), (b"authorization", b"Bearer k")])
+    assert render_upstream_headers(raw, None, "http") == (
+        b"X-Name: caf\xc3\xa9 \xff\r\nauthorization: Bearer k\r\nX-Forwarded-Proto: http\r\n"
+    )
+    assert render_upstream_headers(raw, None, "http", strip_authorization=True) == (
+        b"X-Name: caf\xc3\xa9 \xff\r\nX-Forwarded-Proto: http\r\n"
+    )
 
 
 @pytest.mark.parametrize(
