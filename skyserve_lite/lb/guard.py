@@ -240,6 +240,7 @@ class _Rule:
     limit: RateLimit
     interval: float
     tolerance: float
+    header: str | None  # the header keying the buckets (``key: header NAME``); None: the client's address
 
 
 class RateLimiter:
@@ -256,8 +257,12 @@ class RateLimiter:
         self.limits = tuple(limits)
         # Longest prefix first: the first that matches is the longest (prefixes are distinct).
         self._rules = sorted(
-            (_Rule(index, limit, 1 / limit.rps, limit.burst / limit.rps) for index, limit in enumerate(limits)),
+            (_Rule(index, limit, 1 / limit.rps, limit.burst / limit.rps,
+                   limit.key.header if limit.key.type is RateLimitKeyType.HEADER and limit.key.header else None)
+             for index, limit in enumerate(limits)),
             key=lambda rule: -len(rule.limit.prefix))
+        # One limit on "/" (the default prefix) decides every request: its path need not be normalized.
+        self._only_root = self._rules[0] if len(self._rules) == 1 and self._rules[0].limit.prefix == "/" else None
         self._max_buckets = max_buckets
         # (limit index, client key) -> tat, least recently used first. A client key is a str for an address
         # and 16 bytes for a header's value: the two types never compare equal, so a header cannot be made
@@ -283,29 +288,34 @@ class RateLimiter:
         """Count one request to ``path`` (the request target as sent) from ``client_ip`` with ``headers``
         (looked up with ``get``: pass a case-insensitive mapping, as the server's are) at ``now``, or refuse
         it. Only allowed requests use up their bucket."""
-        if not self._rules:
-            return ALLOWED
-        rule = self._match(normalize_path(path))
+        rule = self._only_root
         if rule is None:
-            return ALLOWED
-        key = rule.limit.key
+            if not self._rules:
+                return ALLOWED
+            rule = self._match(normalize_path(path))
+            if rule is None:
+                return ALLOWED
         client: str | bytes
-        value = headers.get(key.header) if key.type is RateLimitKeyType.HEADER and key.header else None
+        value = headers.get(rule.header) if rule.header is not None else None
         if value is not None:
             client = hashlib.blake2b(value.encode("utf-8", "surrogateescape"), digest_size=16).digest()
+        elif client_ip and ":" not in client_ip:
+            client = client_ip  # compute_client_key's IPv4 case, inlined: this runs per request
         else:
             client = compute_client_key(client_ip)
-        self._drop_idle(now)
+        buckets = self._buckets
+        if buckets and buckets[next(iter(buckets))] <= now:
+            self._drop_idle(now)
         bucket = (rule.index, client)
-        start = max(self._buckets.get(bucket, now), now)
+        start = max(buckets.get(bucket, now), now)
         wait = start - now - rule.tolerance
         if wait > _SLACK:
-            self._buckets.move_to_end(bucket)  # present: an absent bucket is full, never refuses
+            buckets.move_to_end(bucket)  # present: an absent bucket is full, never refuses
             return Limited(compute_retry_after(wait), rule.limit.prefix)
-        self._buckets[bucket] = start + rule.interval
-        self._buckets.move_to_end(bucket)
-        if len(self._buckets) > self._max_buckets:
-            self._buckets.popitem(last=False)
+        buckets[bucket] = start + rule.interval
+        buckets.move_to_end(bucket)
+        if len(buckets) > self._max_buckets:
+            buckets.popitem(last=False)
         return ALLOWED
 
     def _drop_idle(self, now: float) -> None:
@@ -331,6 +341,7 @@ class Guard:
         self._max_buckets = max_buckets
         self._config = GuardConfig()
         self._limiter = RateLimiter((), max_buckets)
+        self.keys: ApiKeys | None = None  # the config's keys (None: an open endpoint)
         self.configure(config or GuardConfig())
 
     @property
@@ -345,14 +356,15 @@ class Guard:
         if config.rate_limits != self._limiter.limits:
             self._limiter = RateLimiter(config.rate_limits, self._max_buckets)
         self._config = config
+        self.keys = config.keys  # asked per request (``LoadBalancer.strips_authorization``)
 
     def decide(self, path: str, client_ip: str | None, headers: Mapping[str, str], now: float) -> Verdict:
         """The rate limit first (``RateLimiter.decide``), then the key (``check_auth`` of the
         ``Authorization`` header) when the service asks for one."""
         limited = self._limiter.decide(path, client_ip, headers, now)
-        if isinstance(limited, Limited):
+        if limited is not ALLOWED:
             return limited
-        keys = self._config.keys
+        keys = self.keys
         if keys is None:
             return ALLOWED
         header = headers.get(AUTHORIZATION)

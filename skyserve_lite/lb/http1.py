@@ -179,35 +179,25 @@ def compute_origin_form(target: str) -> str:
 
 class _HeadBound:
     """Counts the bytes of the head being parsed, by whole socket reads: a read that began inside the head
-    and left it unfinished was all head; the read a head began in counts as nothing (it is at most one)."""
+    and left it unfinished was all head; the read a head began in counts as nothing (it is at most one).
 
-    __slots__ = ("_began_here", "_bytes", "_in_head", "_read")
+    The parsers set the attributes themselves (per request: a call costs more than the work): before each
+    read ``began_here = False``; when a message begins ``in_head = began_here = True`` and ``bytes = 0``;
+    when its head is whole ``in_head = False``; after the read, while ``in_head``, ``is_over(len(read))``.
+    """
+
+    __slots__ = ("began_here", "bytes", "in_head")
 
     def __init__(self) -> None:
-        self._in_head = False
-        self._began_here = False
-        self._bytes = 0
-        self._read = 0
+        self.in_head = False
+        self.began_here = False
+        self.bytes = 0
 
-    def before(self, data: bytes) -> None:
-        self._began_here = False
-        self._read = len(data)
-
-    def begin(self) -> None:
-        self._in_head = True
-        self._began_here = True
-        self._bytes = 0
-
-    def end(self) -> None:
-        self._in_head = False
-
-    def is_over(self) -> bool:
-        """After a read: whether the unfinished head has passed ``MAX_HEAD_BYTES``."""
-        if not self._in_head:
-            return False
-        if not self._began_here:
-            self._bytes += self._read
-        return self._bytes > MAX_HEAD_BYTES
+    def is_over(self, read: int) -> bool:
+        """After a read of ``read`` bytes that left a head unfinished: whether it passed ``MAX_HEAD_BYTES``."""
+        if not self.began_here:
+            self.bytes += read
+        return self.bytes > MAX_HEAD_BYTES
 
 
 class RequestParser:
@@ -235,7 +225,8 @@ class RequestParser:
             return Feed([])
         found: list[tuple[RequestHead, aiohttp.StreamReader | None]] = []
         self._found = found
-        self._heads.before(data)
+        heads = self._heads
+        heads.began_here = False
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as switch:
@@ -252,7 +243,7 @@ class RequestParser:
             if not self._complete:
                 self._fail_message_in_progress(found, refusal)
             return Feed(found, error=refusal)
-        if self._heads.is_over():
+        if heads.in_head and heads.is_over(len(data)):
             self.done = True
             return Feed(found, error=f"request head larger than {MAX_HEAD_BYTES} bytes")
         return Feed(found)
@@ -274,7 +265,9 @@ class RequestParser:
         self._head = None
         self._body = None
         self._complete = False
-        self._heads.begin()
+        heads = self._heads
+        heads.in_head = heads.began_here = True
+        heads.bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -283,7 +276,7 @@ class RequestParser:
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._heads.end()
+        self._heads.in_head = False
         parser = self._parser
         raw = self._headers
         chunked = False
@@ -440,7 +433,8 @@ class ResponseParser:
         return self._feed(data)
 
     def _feed(self, data: bytes) -> ResponseFeed:
-        self._heads.before(data)
+        heads = self._heads
+        heads.began_here = False
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as switch:
@@ -462,7 +456,7 @@ class ResponseParser:
         if head is not None and head.status == 101:
             # llhttp switches only when the 101 names what it switches to (Connection and Upgrade).
             return ResponseFeed(error=f"unexpected response from the replica: 101 {head.reason}")
-        if self._heads.is_over():
+        if heads.in_head and heads.is_over(len(data)):
             return ResponseFeed(error=f"invalid response from the replica: a head larger than {MAX_HEAD_BYTES} bytes")
         return ResponseFeed(self._hand_over())
 
@@ -526,7 +520,9 @@ class ResponseParser:
             raise _Stop
         self._reason = b""
         self._headers = []
-        self._heads.begin()
+        heads = self._heads
+        heads.in_head = heads.began_here = True
+        heads.bytes = 0
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
@@ -535,7 +531,7 @@ class ResponseParser:
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._heads.end()
+        self._heads.in_head = False
         parser = self._parser
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:

@@ -825,7 +825,7 @@ class LoadBalancer:
         """Whether the client's ``Authorization`` stays here: with ``service.auth`` the keys are the load
         balancer's, and a replica never sees one."""
         guard = self._guard
-        return guard is not None and guard.config.keys is not None
+        return guard is not None and guard.keys is not None
 
     async def select_target(self) -> str | None:
         """Count the request and choose its replica; None means "answer ``no_replica_answer``" (503, which
@@ -842,7 +842,9 @@ class LoadBalancer:
     def select_now(self) -> str | None:
         """``select_target`` without holding: count the request and choose its replica; None when no READY
         replica is there now, and the request is then to be held with ``hold_target``."""
-        self._count_request()
+        second = int(self._clock.now())  # _count_request, inlined: this runs per request
+        counts = self._counts
+        counts[second] = counts.get(second, 0) + 1
         return self._select()
 
     async def hold_target(self) -> str | None:
@@ -932,12 +934,16 @@ class LoadBalancer:
         The returned handle's ``cancel`` is ``forward``'s cancellation (the client went away)."""
         upstream = self._upstream
         assert upstream is not None, "the load balancer has not started"
-        url = self._attempt_target(url, 1)
+        outliers = self._outliers
+        if outliers.failures:
+            url = self._attempt_target(url, 1)
         pending = PendingForward(self, url, method, path, headers, body, listener)
         sent = upstream.send_now(url, method, path, headers, body, pending)
         if sent is None:
             return None
-        self._start_attempt(url)
+        if outliers.failures:  # _start_attempt, its common case inlined: this runs per request
+            outliers.begin_trial(url)
+        self._in_flight.start(url)
         pending.sent(sent, url, self._monotonic())
         return pending
 

@@ -476,8 +476,10 @@ class _ClientConnection(asyncio.Protocol):
         wait: no body still to come, no Expect, no upgrade. Whatever then has to wait (holding for a
         replica, a new connection, a streamed response) goes to the task with ``_hand_off``; a response that
         came whole is relayed in the replica's callback (``forwarded``). The same steps as ``_answer``, in
-        the same order; False, with nothing done, when the request is not one of these."""
-        message, payload = self._queue[0]
+        the same order; False, with nothing done, when the request is not one of these. (One method, not
+        several: it runs per request, and a call costs about what a step does.)"""
+        queue = self._queue
+        message, payload = queue[0]
         if message.upgrade or self.closing or message.expect is not None:
             return False
         body = None
@@ -485,35 +487,35 @@ class _ClientConnection(asyncio.Protocol):
             if message.chunked or not payload.is_eof() or payload.exception() is not None:
                 return False
             body = payload.read_nowait()
-        self._take()
+        queue.popleft()
+        if self._queue_paused and self._bad_request is None:
+            self._set_reading(queue_paused=False)
         self.busy = True
+        lb = self._lb
         try:
-            self._begin_now(message, body)
+            keep_alive = message.keep_alive and not self.closing
+            target = message.target
+            refusal = lb.check_request(target, self._peer, message.headers)
+            if refusal is not None:
+                self._write(render_local_answer(refusal, keep_alive, message.method == "HEAD"))
+                self._end_now(keep_alive)
+                return True
+            url = lb.select_now()
+            if url is None:
+                self._hand_off(self._answer_held(message, body, keep_alive))
+                return True
+            headers = render_upstream_headers(message.headers, self._peer, self._scheme, lb.strips_authorization)
+            path = target if target[:1] == "/" else compute_origin_form(target)
+            pending = lb.forward_now(url, message.method, path, headers, body, self)
+            if pending is None:
+                self._hand_off(self._forward_and_relay(message, url, headers, body, keep_alive))
+                return True
+            self._pending = pending
+            self._now = (message, keep_alive)
         except Exception:  # as the task's loop does: log with context, drop this connection only
-            log.exception("load balancer for service %s: answering a request failed", self._lb.service)
+            log.exception("load balancer for service %s: answering a request failed", lb.service)
             self.abort()
         return True
-
-    def _begin_now(self, message: RequestHead, body: bytes | None) -> None:
-        lb = self._lb
-        keep_alive = message.keep_alive and not self.closing
-        refusal = lb.check_request(message.target, self._peer, message.headers)
-        if refusal is not None:
-            self._write(render_local_answer(refusal, keep_alive, message.method == "HEAD"))
-            self._end_now(keep_alive)
-            return
-        url = lb.select_now()
-        if url is None:
-            self._hand_off(self._answer_held(message, body, keep_alive))
-            return
-        headers = render_upstream_headers(message.headers, self._peer, self._scheme, lb.strips_authorization)
-        path = compute_origin_form(message.target)
-        pending = lb.forward_now(url, message.method, path, headers, body, self)
-        if pending is None:
-            self._hand_off(self._forward_and_relay(message, url, headers, body, keep_alive))
-            return
-        self._pending = pending
-        self._now = (message, keep_alive)
 
     def _hand_off(self, coroutine: Coroutine[Any, Any, bool], undo: Callable[[], None] = lambda: None) -> None:
         """Have the task await ``coroutine`` for the request begun here; ``undo`` if the client goes first."""
@@ -529,7 +531,12 @@ class _ClientConnection(asyncio.Protocol):
         elif self._queue or self._bad_request is not None or self.closing or self._requests.done:
             self._wake()
         elif not self._lost:
-            self._become_idle()
+            now = self._loop.time()  # _become_idle, inlined: this runs per request
+            self.idle_since = now
+            self.deadline = now + self._server.keepalive_seconds
+            self._served = True
+            self._head_started = False
+            self._server.idle[self] = None
 
     # ForwardListener: the end of the request begun here, told by the load balancer.
 

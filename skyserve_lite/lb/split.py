@@ -59,6 +59,7 @@ class VersionSplit:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng if rng is not None else random.Random()
         self._groups: tuple[Group, ...] = ()
+        self.active = False  # a split is in force (groups were found)
         self._policies: tuple[Policy, ...] = ()
         self._key: tuple[object, ...] = ()
 
@@ -78,10 +79,7 @@ class VersionSplit:
                                      [accelerators[i] for i in members] if accelerators else ())
             policies.append(group_policy)
         self._policies = tuple(policies)
-
-    @property
-    def active(self) -> bool:
-        return bool(self._groups)
+        self.active = bool(self._groups)  # asked per request: an attribute, not a property
 
     def select(self, exclude: Collection[str] = ()) -> str | None:
         """The drawn group's policy's choice, never one in ``exclude``; None without a split or when every
