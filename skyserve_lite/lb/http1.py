@@ -86,10 +86,12 @@ class RawHeaders(Mapping[str, str]):
     or two per request (``lb.proxy.render_upstream_headers``, ``lb.server.render_response_head``).
     """
 
-    __slots__ = ("raw",)
+    __slots__ = ("_listed", "raw")
 
-    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, raw: list[tuple[bytes, bytes]], listed: frozenset[bytes] | None = None) -> None:
         self.raw = raw
+        # The names ``Connection`` lists, when the parser has found them already (it reads that header).
+        self._listed = listed
 
     @overload
     def get(self, name: str, /) -> str | None: ...
@@ -125,11 +127,14 @@ class RawHeaders(Mapping[str, str]):
 
     def connection_tokens(self) -> frozenset[bytes]:
         """The names listed in ``Connection`` headers, lowercase: the ones meant for this hop only."""
-        tokens: frozenset[bytes] = frozenset()
-        for name, value in self.raw:
-            if len(name) == 10 and name.lower() == b"connection":
-                tokens = tokens.union(token.strip().lower() for token in value.split(b",") if token.strip())
-        return tokens
+        listed = self._listed
+        if listed is None:
+            listed = _NOTHING_LISTED
+            for name, value in self.raw:
+                if name.lower() == b"connection":
+                    listed = add_connection_tokens(listed, value)
+            self._listed = listed
+        return listed
 
     def pairs(self) -> list[tuple[str, str]]:
         """Every (name, value), decoded, in order."""
@@ -138,6 +143,14 @@ class RawHeaders(Mapping[str, str]):
 
     def __repr__(self) -> str:
         return f"RawHeaders({self.raw!r})"
+
+
+_NOTHING_LISTED: Final[frozenset[bytes]] = frozenset()
+
+
+def add_connection_tokens(listed: frozenset[bytes], value: bytes) -> frozenset[bytes]:
+    """``listed`` and the names a ``Connection`` header's ``value`` lists (lowercase, without blanks)."""
+    return listed.union(token.strip().lower() for token in value.split(b",") if token.strip())
 
 
 class RequestHead(NamedTuple):
@@ -281,7 +294,7 @@ class RequestParser:
         raw = self._headers
         chunked = False
         length_value = upgrade_value = expect = None
-        connection_upgrade = False
+        listed = _NOTHING_LISTED
         for name, value in raw:
             lower = name.lower()
             if lower == b"content-length":
@@ -291,8 +304,7 @@ class RequestParser:
             elif lower == b"upgrade":
                 upgrade_value = value if upgrade_value is None else upgrade_value
             elif lower == b"connection":
-                connection_upgrade = connection_upgrade or any(
-                    token.strip().lower() == b"upgrade" for token in value.split(b","))
+                listed = add_connection_tokens(listed, value)
             elif lower == b"expect":
                 expect = value if expect is None else expect
         version = _VERSIONS.get(parser.get_http_version(), (1, 0))
@@ -301,14 +313,14 @@ class RequestParser:
             raise _Stop
         length = int(length_value) if length_value is not None else None  # llhttp checked: digits
         has_body = chunked or bool(length)
-        upgrade = parser.should_upgrade() and upgrade_value is not None and connection_upgrade
+        upgrade = parser.should_upgrade() and upgrade_value is not None and b"upgrade" in listed
         websocket = upgrade and not has_body and upgrade_value is not None and (
             upgrade_value.strip().lower() == b"websocket")
         head = RequestHead(
             parser.get_method().decode("ascii"),
             self._url.decode("utf-8", "surrogateescape"),
             version,
-            RawHeaders(raw),
+            RawHeaders(raw, listed),
             parser.should_keep_alive(),
             upgrade,
             websocket,
@@ -538,6 +550,7 @@ class ResponseParser:
             return  # informational: the final response follows on the same connection
         length_value = None
         framed = False  # a Content-Length or Transfer-Encoding says where the body ends
+        listed = _NOTHING_LISTED
         for name, value in self._headers:
             lower = name.lower()
             if lower == b"content-length":
@@ -545,10 +558,12 @@ class ResponseParser:
                 length_value = length_value or value
             elif lower == b"transfer-encoding":
                 framed = True
+            elif lower == b"connection":
+                listed = add_connection_tokens(listed, value)
         length = int(length_value) if length_value is not None and length_value.isdigit() else None
         self.keep_alive = parser.should_keep_alive()
-        self._head = ResponseHead(status, self._reason.decode("utf-8", "surrogateescape"), RawHeaders(self._headers),
-                                  self.keep_alive, length)
+        reason = self._reason.decode("utf-8", "surrogateescape")
+        self._head = ResponseHead(status, reason, RawHeaders(self._headers, listed), self.keep_alive, length)
         has_body = self._response_has_body = self._has_body and status not in _BODYLESS_STATUSES and status != 101
         self._body_until_eof = has_body and not framed
 

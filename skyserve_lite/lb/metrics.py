@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from skyserve_lite.codec import decode, encode
-from skyserve_lite.lb.outcomes import Outcome, find_status_class
+from skyserve_lite.lb.outcomes import STATUS_CLASSES, Outcome
 
 __all__ = [
     "FORGET_SECONDS",
@@ -126,7 +126,7 @@ class LbMetrics:
             failures = self._failures
             failures[key] = failures.get(key, 0) + 1
             return
-        request = (outcome.version, outcome.replica, find_status_class(status))
+        request = (outcome.version, outcome.replica, STATUS_CLASSES[status // 100])  # find_status_class's table
         requests = self._requests
         requests[request] = requests.get(request, 0) + 1
         replica = outcome.replica

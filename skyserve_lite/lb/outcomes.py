@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from typing import Final, NamedTuple, Protocol
 
-__all__ = ["Failure", "Outcome", "OutcomeSink", "RecordingSink", "find_status_class"]
+__all__ = ["STATUS_CLASSES", "Failure", "Outcome", "OutcomeSink", "RecordingSink", "find_status_class"]
 
 
 class Failure(str, enum.Enum):
@@ -62,14 +62,14 @@ class Outcome(NamedTuple):
 
 # Indexed by status // 100. llhttp takes any three-digit status (100 to 999): one from 600 up is a replica
 # answering outside HTTP, counted with the server errors ("5xx") by every sink alike.
-_CLASSES: Final = ("0xx", "1xx", "2xx", "3xx", "4xx", "5xx", "5xx", "5xx", "5xx", "5xx")
+STATUS_CLASSES: Final = ("0xx", "1xx", "2xx", "3xx", "4xx", "5xx", "5xx", "5xx", "5xx", "5xx")
 
 
 def find_status_class(status: int | None) -> str:
     """The class a status is counted under: ``"2xx"`` for 204, ``"5xx"`` for 503 and for 600 to 999,
     ``"failed"`` for an attempt without a response (None). One table lookup, no string built: it runs per
     request, and the canary counts and the metrics must agree on it."""
-    return "failed" if status is None else _CLASSES[status // 100]
+    return "failed" if status is None else STATUS_CLASSES[status // 100]
 
 
 class OutcomeSink(Protocol):

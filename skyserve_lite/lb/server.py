@@ -140,7 +140,7 @@ def render_response_head(status: int, reason: str | None, headers: RawHeaders, e
     if listed:
         drop = drop | listed
     lines = [b"%s: %s\r\n" % (name, value) for name, value in headers.raw if name.lower() not in drop]
-    status_line = f"HTTP/1.1 {status} {_reason(status, reason)}\r\n".encode("utf-8", "surrogateescape")
+    status_line = f"HTTP/1.1 {status} {reason or _reason(status, reason)}\r\n".encode("utf-8", "surrogateescape")
     return b"%s%s%s\r\n" % (status_line, b"".join(lines), extra)
 
 
@@ -513,8 +513,7 @@ class _ClientConnection(asyncio.Protocol):
             self._pending = pending
             self._now = (message, keep_alive)
         except Exception:  # as the task's loop does: log with context, drop this connection only
-            log.exception("load balancer for service %s: answering a request failed", lb.service)
-            self.abort()
+            self._failed_now()
         return True
 
     def _hand_off(self, coroutine: Coroutine[Any, Any, bool], undo: Callable[[], None] = lambda: None) -> None:
@@ -544,9 +543,19 @@ class _ClientConnection(asyncio.Protocol):
         assert self._now is not None
         message, keep_alive = self._now
         self._pending = self._now = None
-        keep_alive = keep_alive and not self._lost
+        try:
+            self._relay_now(message, forwarded, keep_alive and not self._lost)
+        except Exception:  # a callback of the replica's connection: this request's client alone is dropped
+            forwarded.release()
+            self._failed_now()
+
+    def _relay_now(self, message: RequestHead, forwarded: Forwarded, keep_alive: bool) -> None:
+        """Relay a response that came whole here; hand any other to the task (``_relay``)."""
         response = forwarded.response
-        if is_buffered_response(response.status, response.content_length, message.method):
+        length = response.content_length
+        if (length is not None and length <= BUFFER_LIMIT) or is_buffered_response(
+            response.status, length, message.method
+        ):
             data = response.read_now()
             if data is not None:
                 try:
@@ -566,15 +575,25 @@ class _ClientConnection(asyncio.Protocol):
         assert self._now is not None
         message, keep_alive = self._now
         self._pending = self._now = None
-        keep_alive = keep_alive and not self._lost
-        self._write(render_local_answer(answer, keep_alive, message.method == "HEAD"))
-        self._end_now(keep_alive)
+        try:
+            keep_alive = keep_alive and not self._lost
+            self._write(render_local_answer(answer, keep_alive, message.method == "HEAD"))
+            self._end_now(keep_alive)
+        except Exception:  # as in ``forwarded``
+            self._failed_now()
 
     def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer]) -> None:
         assert self._now is not None
         message, keep_alive = self._now
         self._pending = self._now = None
         self._hand_off(self._relay_result(message, forwarding, keep_alive, False), forwarding.close)
+
+    def _failed_now(self) -> None:
+        """Answering the request begun here failed: log with context and drop this connection, as the
+        task's loop does."""
+        log.exception("load balancer for service %s: answering a request failed", self._lb.service)
+        self.busy = False
+        self.abort()
 
     async def _answer_held(self, message: RequestHead, body: bytes | None, keep_alive: bool) -> bool:
         url = await self._lb.hold_target()

@@ -14,6 +14,7 @@ from skyserve_lite.lb.upstream import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamResetError,
+    UpstreamResponse,
 )
 
 from .scripted import CLOSE, scripted_backend
@@ -237,3 +238,64 @@ def _buffered_bytes(response: object) -> int:
     payload = vars(response)["_payload"]
     size: int = payload._size
     return size
+
+
+class _Told:
+    """``ResponseCallbacks`` that keep what they are told, and wake the test."""
+
+    def __init__(self) -> None:
+        self.responses: list[UpstreamResponse] = []
+        self.errors: list[UpstreamError] = []
+        self.told = asyncio.Event()
+
+    def response_arrived(self, response: UpstreamResponse) -> None:
+        self.responses.append(response)
+        self.told.set()
+
+    def response_failed(self, error: UpstreamError) -> None:
+        self.errors.append(error)
+        self.told.set()
+
+
+@pytest.mark.timeout(30)
+def test_send_now_uses_an_idle_connection_and_tells_the_callbacks() -> None:
+    async def run() -> None:
+        async with scripted_backend(OK) as backend:
+            client = PooledUpstream()
+            try:
+                told = _Told()
+                # Never connected: nothing goes out without waiting, and nothing is sent.
+                assert client.send_now(backend.url, "GET", "/", b"", None, told) is None
+                assert await _get(client, backend.url) == (200, b"ok")
+                assert client.send_now(backend.url, "POST", "/p", b"X-A: 1\r\n", b"hi", told) is not None
+                assert not told.told.is_set()  # never from within send_now
+                await asyncio.wait_for(told.told.wait(), 10)
+                [response] = told.responses
+                assert (response.status, response.read_now(), told.errors) == (200, b"ok", [])
+                response.release()
+                assert backend.connections == 1  # the pooled connection carried both
+                second = backend.requests[1].split(b"\r\n")
+                assert second[0] == b"POST /p HTTP/1.1" and b"X-A: 1" in second and b"Content-Length: 2" in second
+            finally:
+                await client.close()
+
+    _run(run)
+
+
+@pytest.mark.timeout(30)
+def test_send_now_cancelled_before_its_write_sends_nothing_and_tells_nobody() -> None:
+    async def run() -> None:
+        async with scripted_backend(OK) as backend:
+            client = PooledUpstream()
+            try:
+                assert await _get(client, backend.url) == (200, b"ok")
+                told = _Told()
+                pending = client.send_now(backend.url, "GET", "/", b"", None, told)
+                assert pending is not None
+                pending.cancel()  # before the loop ran the write it scheduled
+                await asyncio.sleep(0.2)
+                assert (len(backend.requests), told.responses, told.errors) == (1, [], [])
+            finally:
+                await client.close()
+
+    _run(run)
