@@ -420,24 +420,24 @@ class _Pending:
         self._callbacks.response_arrived(_PooledResponse(self._pool, self._replica, connection, message, payload))
 
     def set_exception(self, exception: BaseException, /) -> None:
-        if self._done:
-            return
-        self._done = True
-        connection = self._connection
-        self._pool._awaiting_head.discard(connection)
-        connection.finish()
-        connection.abort()
-        error = exception if isinstance(exception, UpstreamError) else UpstreamError(describe(exception))
-        self._callbacks.response_failed(error)
+        if self._stop():
+            error = exception if isinstance(exception, UpstreamError) else UpstreamError(describe(exception))
+            self._callbacks.response_failed(error)
 
     def cancel(self) -> None:
+        self._stop()
+
+    def _stop(self) -> bool:
+        """Stop waiting and close the connection (a half-done request leaves it unusable), as ``request``
+        does when it fails or is cancelled; False when the response or a failure was told already."""
         if self._done:
-            return
+            return False
         self._done = True
         connection = self._connection
         self._pool._awaiting_head.discard(connection)
         connection.finish()
         connection.abort()
+        return True
 
 
 class PooledUpstream:
