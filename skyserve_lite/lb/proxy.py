@@ -170,8 +170,8 @@ HOP_BY_HOP_HEADERS: Final = (
 # The same, lowercase bytes, as headers are compared (``RawHeaders``).
 HOP_BY_HOP_NAMES: Final = frozenset(name.lower().encode() for name in HOP_BY_HOP_HEADERS)
 # Besides: Expect (the load balancer answered "100 Continue" itself; the replica gets the whole request),
-# Content-Length (the upstream client writes the framing) and X-Forwarded-Proto (this hop says it).
-_UPSTREAM_DROPPED: Final = HOP_BY_HOP_NAMES | {b"expect", b"content-length", b"x-forwarded-proto"}
+# Content-Length (the upstream client writes the framing), X-Forwarded-Host and -Proto (this hop says them).
+_UPSTREAM_DROPPED: Final = HOP_BY_HOP_NAMES | {b"expect", b"content-length", b"x-forwarded-host", b"x-forwarded-proto"}
 _UPSTREAM_DROPPED_AUTH: Final = _UPSTREAM_DROPPED | {b"authorization"}
 _FORWARDED_PROTO: Final = {scheme: b"X-Forwarded-Proto: %s\r\n" % scheme.encode() for scheme in ("http", "https")}
 # Responses that never have a body (RFC 9110 6.4.1); they take the buffered path whatever their headers say.
@@ -326,17 +326,14 @@ def render_upstream_headers(
     lines = []
     host = None
     forwarded_for = []
-    forwarded_host = []
     for name, value in headers.raw:
         lower = name.lower()
-        if lower in drop:
-            continue
-        if lower == b"host":
+        if lower == b"host":  # whatever Connection lists: X-Forwarded-Host is this hop's to say
             host = value if host is None else host
+        elif lower in drop:
+            continue
         elif lower == b"x-forwarded-for" and peer is not None:
             forwarded_for.append(value)
-        elif lower == b"x-forwarded-host":
-            forwarded_host.append(b"%s: %s\r\n" % (name, value))
         else:
             lines.append(b"%s: %s\r\n" % (name, value))
     if peer is not None:
@@ -344,8 +341,6 @@ def render_upstream_headers(
         lines.append(b"X-Forwarded-For: %s\r\n" % b", ".join(forwarded_for))
     if host is not None:
         lines.append(b"X-Forwarded-Host: %s\r\n" % host)
-    else:
-        lines.extend(forwarded_host)
     proto = _FORWARDED_PROTO.get(scheme)
     lines.append(proto if proto is not None else b"X-Forwarded-Proto: %s\r\n" % scheme.encode())
     return b"".join(lines)
@@ -414,9 +409,10 @@ class ForwardListener(Protocol):
         """The 502 or 504 to give after failed attempts."""
         ...
 
-    def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer]) -> None:
+    def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer], abandon: Callable[[], None]) -> None:
         """A retry that has to wait for a connection: await ``forwarding`` (``forward`` going on from the
-        next attempt) for the response or answer."""
+        next attempt) for the response or answer; if it will never be awaited (the client went first),
+        close it and call ``abandon``, which counts that attempt as aborted."""
         ...
 
 
@@ -466,12 +462,25 @@ class PendingForward:
             response.release()
             return
         self._pending = None
-        self._listener.forwarded(self._lb._attempt_answered(self._url, response, self._started, self._attempt))
+        try:
+            forwarded = self._lb._attempt_answered(self._url, response, self._started, self._attempt)
+        except Exception:  # a replica's callback: this request alone fails, as in ``forward`` it would
+            response.release()
+            self._lb._in_flight.end(self._url)
+            self._fail()
+            return
+        self._listener.forwarded(forwarded)
 
     def response_failed(self, error: UpstreamError) -> None:
         if self._pending is None:
             return
         self._pending = None
+        try:
+            self._go_on_after(error)
+        except Exception:  # as in ``response_arrived``
+            self._fail()
+
+    def _go_on_after(self, error: UpstreamError) -> None:
         lb, url = self._lb, self._url
         self._tried += (url,)
         next_step = lb._attempt_failed(url, error, self._started, self._attempt, self._tried, self._first_started,
@@ -487,9 +496,15 @@ class PendingForward:
             lb._start_attempt(next_step)
             self.sent(sent, next_step, lb._monotonic())
             return
-        self._listener.go_on(lb.forward(next_step, self._method, self._path, self._headers, self._body,
-                                        attempt=self._attempt, tried=self._tried,
-                                        first_started=self._first_started))
+        attempt = self._attempt
+        self._listener.go_on(
+            lb.forward(next_step, self._method, self._path, self._headers, self._body, attempt=attempt,
+                       tried=self._tried, first_started=self._first_started),
+            lambda: lb.abandon_unsent(next_step, attempt))
+
+    def _fail(self) -> None:
+        log.exception("service %s: a request to %s failed in the load balancer", self._lb.service, self._url)
+        self._listener.answer(self._lb.bad_gateway_answer(self._attempt, "an error in the load balancer"))
 
 
 class LoadBalancer:
@@ -962,6 +977,12 @@ class LoadBalancer:
         if self._outliers.failures:
             self._outliers.begin_trial(url)
         self._in_flight.start(url)
+
+    def abandon_unsent(self, url: str, attempt: int) -> None:
+        """Attempt number ``attempt`` to ``url`` was handed to ``forward``, which never ran (the client went
+        first): counted as aborted, as ``forward``'s cancellation would have counted it."""
+        if self._outcomes:
+            self._record_attempt(url, self._monotonic(), attempt, Failure.ABORTED)
 
     def _abandon_attempt(self, url: str, started: float, attempt: int) -> None:
         """The client went away during the attempt: the replica is neither good nor bad."""

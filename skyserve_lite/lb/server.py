@@ -120,6 +120,7 @@ SHUTDOWN_SECONDS: Final = 60.0
 
 _UPGRADE = istr("Upgrade")
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_FRAMING: Final = frozenset({b"content-length"})
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
@@ -138,7 +139,9 @@ def render_response_head(status: int, reason: str | None, headers: RawHeaders, e
     drop = HOP_BY_HOP_NAMES
     listed = headers.connection_tokens()
     if listed:
-        drop = drop | listed
+        # Never the Content-Length a buffered body is sent with: a replica naming it in Connection would
+        # leave the client no way to tell where the body ends.
+        drop = drop | (listed - _FRAMING)
     lines = [b"%s: %s\r\n" % (name, value) for name, value in headers.raw if name.lower() not in drop]
     status_line = f"HTTP/1.1 {status} {reason or _reason(status, reason)}\r\n".encode("utf-8", "surrogateescape")
     return b"%s%s%s\r\n" % (status_line, b"".join(lines), extra)
@@ -508,7 +511,8 @@ class _ClientConnection(asyncio.Protocol):
             path = target if target[:1] == "/" else compute_origin_form(target)
             pending = lb.forward_now(url, message.method, path, headers, body, self)
             if pending is None:
-                self._hand_off(self._forward_and_relay(message, url, headers, body, keep_alive))
+                self._hand_off(self._forward_and_relay(message, url, headers, body, keep_alive),
+                               lambda: lb.abandon_unsent(url, 1))
                 return True
             self._pending = pending
             self._now = (message, keep_alive)
@@ -562,14 +566,18 @@ class _ClientConnection(asyncio.Protocol):
                     head = render_response_head(
                         response.status, response.reason, response.headers, _connection_line(message, keep_alive)
                     )
-                    # Written after the other callbacks of this turn of the loop, as pooled_upstream writes
-                    # requests (``_Pending.write`` says why).
-                    self._loop.call_soon(self._write, head + data)
                 finally:
                     forwarded.release()
-                self._end_now(keep_alive)
+                # Written after the other callbacks of this turn of the loop, as pooled_upstream writes
+                # requests (``_Pending.write`` says why). The request stays this connection's until then:
+                # a pipelined request's answer, or a close of the idle connection, must not come first.
+                self._loop.call_soon(self._send_and_end, head + data, keep_alive)
                 return
         self._hand_off(self._relay(message, forwarded, keep_alive, False), forwarded.release)
+
+    def _send_and_end(self, data: bytes, keep_alive: bool) -> None:
+        self._write(data)
+        self._end_now(keep_alive)
 
     def answer(self, answer: LocalAnswer) -> None:
         assert self._now is not None
@@ -582,11 +590,16 @@ class _ClientConnection(asyncio.Protocol):
         except Exception:  # as in ``forwarded``
             self._failed_now()
 
-    def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer]) -> None:
+    def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer], abandon: Callable[[], None]) -> None:
         assert self._now is not None
         message, keep_alive = self._now
         self._pending = self._now = None
-        self._hand_off(self._relay_result(message, forwarding, keep_alive, False), forwarding.close)
+
+        def undo() -> None:
+            forwarding.close()
+            abandon()
+
+        self._hand_off(self._relay_result(message, forwarding, keep_alive, False), undo)
 
     def _failed_now(self) -> None:
         """Answering the request begun here failed: log with context and drop this connection, as the

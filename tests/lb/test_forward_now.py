@@ -5,7 +5,7 @@ records what is sent and lets the test say when a response or a failure comes; n
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +116,7 @@ class _Listener:
     def answer(self, answer: LocalAnswer) -> None:
         self.answers.append(answer)
 
-    def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer]) -> None:
+    def go_on(self, forwarding: Coroutine[Any, Any, Forwarded | LocalAnswer], abandon: Callable[[], None]) -> None:
         self.going_on.append(forwarding)
 
 

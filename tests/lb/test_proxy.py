@@ -284,6 +284,11 @@ def test_render_upstream_headers_drops_hop_by_hop_table(
         ([("Host", "a"), ("Host", "b")], "192.0.2.7", "https",
          [("X-Forwarded-For", "192.0.2.7"), ("X-Forwarded-Host", "a"), ("X-Forwarded-Proto", "https")]),
         ([], None, "https", [("X-Forwarded-Proto", "https")]),
+        # X-Forwarded-Host is this hop's to say: a client's goes, even when Connection lists Host or the
+        # request has none (HTTP/1.0).
+        ([("Connection", "host"), ("Host", "lb"), ("X-Forwarded-Host", "evil.example")], None, "http",
+         [("X-Forwarded-Host", "lb"), ("X-Forwarded-Proto", "http")]),
+        ([("X-Forwarded-Host", "evil.example")], None, "http", [("X-Forwarded-Proto", "http")]),
     ],
 )
 def test_render_upstream_headers_table(

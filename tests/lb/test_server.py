@@ -292,6 +292,8 @@ def test_no_replica_gives_503_and_an_unread_body_closes_the_connection() -> None
         ({"A": "1", "Connection": "X-Hop", "X-Hop": "2", "Keep-Alive": "t"}, b"", b"HTTP/1.1 200 OK\r\nA: 1\r\n\r\n"),
         ({"Transfer-Encoding": "chunked"}, b"Connection: close\r\n", b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"),
         ({"Set-Cookie": "a=\udcff"}, b"", b"HTTP/1.1 200 OK\r\nSet-Cookie: a=\xff\r\n\r\n"),
+        # A replica naming Content-Length in Connection does not take the body's framing away.
+        ({"Connection": "content-length", "Content-Length": "2"}, b"", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"),
     ],
 )
 def test_render_response_head_table(headers: dict[str, str], extra: bytes, expected: bytes) -> None:
