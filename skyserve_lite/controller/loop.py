@@ -74,11 +74,10 @@ def controller_lock(home: Path, timeout_seconds: float,
 @dataclass(frozen=True)
 class LoopParts:
     """What a controller of ``home`` runs each pass: the reconciler of the services it owns, and the load
-    balancers this host keeps for every service, both starting them through ``lb_runner``."""
+    balancers this host keeps for every service, both starting them through one runner."""
 
     reconciler: Reconciler
     host_lbs: HostLoadBalancers
-    lb_runner: HostLoadBalancerRunner
 
 
 def build_loop_parts(home: Path, store: Store, settings: ControllerSettings, *,
@@ -106,7 +105,7 @@ def build_loop_parts(home: Path, store: Store, settings: ControllerSettings, *,
     reconciler = Reconciler(store, providers, prober, runner, clock, settings, blobs=blob_store_of(home),
                             secrets=secrets, leases=leases)
     # A load balancer of every service on this host, not only of the services this loop owns.
-    return LoopParts(reconciler, HostLoadBalancers(store, runner, time.monotonic), runner)
+    return LoopParts(reconciler, HostLoadBalancers(store, runner, time.monotonic))
 
 
 def run_tick(home: Path, settings: ControllerSettings, lock_timeout_seconds: float = 10.0) -> None:

@@ -341,7 +341,6 @@ class Guard:
         self._max_buckets = max_buckets
         self._config = GuardConfig()
         self._limiter = RateLimiter((), max_buckets)
-        self.keys: ApiKeys | None = None  # the config's keys (None: an open endpoint)
         self.configure(config or GuardConfig())
 
     @property
@@ -356,7 +355,6 @@ class Guard:
         if config.rate_limits != self._limiter.limits:
             self._limiter = RateLimiter(config.rate_limits, self._max_buckets)
         self._config = config
-        self.keys = config.keys  # asked per request (``LoadBalancer.strips_authorization``)
 
     def decide(self, path: str, client_ip: str | None, headers: Mapping[str, str], now: float) -> Verdict:
         """The rate limit first (``RateLimiter.decide``), then the key (``check_auth`` of the
@@ -364,7 +362,7 @@ class Guard:
         limited = self._limiter.decide(path, client_ip, headers, now)
         if limited is not ALLOWED:
             return limited
-        keys = self.keys
+        keys = self._config.keys
         if keys is None:
             return ALLOWED
         header = headers.get(AUTHORIZATION)

@@ -840,7 +840,7 @@ class LoadBalancer:
         """Whether the client's ``Authorization`` stays here: with ``service.auth`` the keys are the load
         balancer's, and a replica never sees one."""
         guard = self._guard
-        return guard is not None and guard.keys is not None
+        return guard is not None and guard.config.keys is not None
 
     async def select_target(self) -> str | None:
         """Count the request and choose its replica; None means "answer ``no_replica_answer``" (503, which

@@ -490,9 +490,7 @@ class _ClientConnection(asyncio.Protocol):
             if message.chunked or not payload.is_eof() or payload.exception() is not None:
                 return False
             body = payload.read_nowait()
-        queue.popleft()
-        if self._queue_paused and self._bad_request is None:
-            self._set_reading(queue_paused=False)
+        self._take()
         self.busy = True
         lb = self._lb
         try:
@@ -534,12 +532,7 @@ class _ClientConnection(asyncio.Protocol):
         elif self._queue or self._bad_request is not None or self.closing or self._requests.done:
             self._wake()
         elif not self._lost:
-            now = self._loop.time()  # _become_idle, inlined: this runs per request
-            self.idle_since = now
-            self.deadline = now + self._server.keepalive_seconds
-            self._served = True
-            self._head_started = False
-            self._server.idle[self] = None
+            self._become_idle()
 
     # ForwardListener: the end of the request begun here, told by the load balancer.
 

@@ -972,9 +972,7 @@ class Store:
 
     def list_lb_endpoints(self, service: str) -> list[LbEndpoint]:
         """What the service's load balancers recorded, one per host, by host."""
-        rows = self._db.execute("SELECT service, host, address, pid, bound_at FROM lb_endpoints WHERE service = ?"
-                                " ORDER BY host", (service,)).fetchall()
-        return [LbEndpoint(*row) for row in rows]
+        return list(self.list_lb_endpoints_of((service,))[service])
 
     def list_lb_endpoints_of(self, services: Collection[str]) -> dict[str, tuple[LbEndpoint, ...]]:
         """What the load balancers of each of ``services`` recorded, one per host, by host (an empty tuple for
