@@ -36,7 +36,11 @@ from typing import Final, NamedTuple, Protocol, TypeVar, overload
 import aiohttp
 import httptools
 
+from skyserve_lite.lb.records import tuple_maker
+
 __all__ = [
+    "HOP_BY_HOP_HEADERS",
+    "HOP_BY_HOP_NAMES",
     "MAX_HEAD_BYTES",
     "Feed",
     "FlowControl",
@@ -50,7 +54,27 @@ __all__ = [
     "new_stream",
 ]
 
+# The headers meant for one hop of a connection only (RFC 9110 7.6.1), never relayed, plus the names a
+# message's Connection header lists; "Proxy-Connection", "Trailers" and "Keep-Alive" are what old clients
+# send.
+HOP_BY_HOP_HEADERS: Final = (
+    "Connection",
+    "Keep-Alive",
+    "Proxy-Authenticate",
+    "Proxy-Authorization",
+    "Proxy-Connection",
+    "TE",
+    "Trailer",
+    "Trailers",
+    "Transfer-Encoding",
+    "Upgrade",
+)
+# The same, lowercase bytes, as headers are compared (``RawHeaders``).
+HOP_BY_HOP_NAMES: Final = frozenset(name.lower().encode() for name in HOP_BY_HOP_HEADERS)
 _VERSIONS: Final = {"1.1": (1, 1), "1.0": (1, 0)}
+# The headers whose values the parsers read (lowercase), the rest are only kept.
+_REQUEST_FIELDS: Final = frozenset({b"content-length", b"transfer-encoding", b"upgrade", b"connection", b"expect"})
+_RESPONSE_FIELDS: Final = HOP_BY_HOP_NAMES | {b"content-length"}
 # A request or response head larger than this is refused. nginx's default is 4 buffers of 8 KiB for a
 # request's headers; 64 KiB leaves room for the large cookies and tokens some clients send.
 MAX_HEAD_BYTES: Final = 64 * 1024
@@ -86,12 +110,17 @@ class RawHeaders(Mapping[str, str]):
     or two per request (``lb.proxy.render_upstream_headers``, ``lb.server.render_response_head``).
     """
 
-    __slots__ = ("_listed", "raw")
+    __slots__ = ("_listed", "hop_by_hop", "raw")
 
-    def __init__(self, raw: list[tuple[bytes, bytes]], listed: frozenset[bytes] | None = None) -> None:
+    def __init__(
+        self, raw: list[tuple[bytes, bytes]], listed: frozenset[bytes] | None = None, hop_by_hop: bool = True
+    ) -> None:
         self.raw = raw
         # The names ``Connection`` lists, when the parser has found them already (it reads that header).
         self._listed = listed
+        # False only when it is known that no name is one of ``HOP_BY_HOP_NAMES`` (so none is listed either):
+        # the headers may then be relayed whole, without looking at each.
+        self.hop_by_hop = hop_by_hop
 
     @overload
     def get(self, name: str, /) -> str | None: ...
@@ -259,7 +288,7 @@ class RequestParser:
         if heads.in_head and heads.is_over(len(data)):
             self.done = True
             return Feed(found, error=f"request head larger than {MAX_HEAD_BYTES} bytes")
-        return Feed(found)
+        return _new_feed((found, None, None))
 
     def _fail_message_in_progress(
         self, found: list[tuple[RequestHead, aiohttp.StreamReader | None]], refusal: str
@@ -297,6 +326,8 @@ class RequestParser:
         listed = _NOTHING_LISTED
         for name, value in raw:
             lower = name.lower()
+            if lower not in _REQUEST_FIELDS:
+                continue  # most headers: one set lookup, not five comparisons
             if lower == b"content-length":
                 length_value = length_value or value  # llhttp refuses a second one
             elif lower == b"transfer-encoding":
@@ -313,10 +344,10 @@ class RequestParser:
             raise _Stop
         length = int(length_value) if length_value is not None else None  # llhttp checked: digits
         has_body = chunked or bool(length)
-        upgrade = parser.should_upgrade() and upgrade_value is not None and b"upgrade" in listed
+        upgrade = upgrade_value is not None and b"upgrade" in listed and parser.should_upgrade()
         websocket = upgrade and not has_body and upgrade_value is not None and (
             upgrade_value.strip().lower() == b"websocket")
-        head = RequestHead(
+        head = _new_request_head((
             parser.get_method().decode("ascii"),
             self._url.decode("utf-8", "surrogateescape"),
             version,
@@ -327,7 +358,7 @@ class RequestParser:
             chunked,
             length,
             expect.decode("utf-8", "surrogateescape") if expect is not None else None,
-        )
+        ))
         body = None
         if has_body:
             body = new_stream(self._protocol, self._loop, self._read_limit)
@@ -372,6 +403,11 @@ class ResponseFeed(NamedTuple):
     tunnel: bytes | None = None
 
 
+_new_feed: Final = tuple_maker(Feed)
+_new_request_head: Final = tuple_maker(RequestHead)
+_new_response_feed: Final = tuple_maker(ResponseFeed)
+_new_response_head: Final = tuple_maker(ResponseHead)
+_NO_RESPONSE: Final = ResponseFeed()
 _BODYLESS_STATUSES: Final = frozenset({204, 304})
 _HEAD_END: Final = b"\r\n\r\n"
 
@@ -439,7 +475,7 @@ class ResponseParser:
     def feed(self, data: bytes) -> ResponseFeed:
         if not self.active or self.complete:
             self.stray = self.stray or bool(data)
-            return ResponseFeed()
+            return _NO_RESPONSE
         if not self._has_body:
             return self._feed_head_only(data)
         return self._feed(data)
@@ -470,7 +506,7 @@ class ResponseParser:
             return ResponseFeed(error=f"unexpected response from the replica: 101 {head.reason}")
         if heads.in_head and heads.is_over(len(data)):
             return ResponseFeed(error=f"invalid response from the replica: a head larger than {MAX_HEAD_BYTES} bytes")
-        return ResponseFeed(self._hand_over())
+        return _new_response_feed((self._hand_over(), None, None))
 
     def _hand_over(self) -> tuple[ResponseHead, aiohttp.StreamReader | bytes] | None:
         """The response to hand over once its head is whole: the body as bytes when it is whole too (or there
@@ -551,19 +587,25 @@ class ResponseParser:
         length_value = None
         framed = False  # a Content-Length or Transfer-Encoding says where the body ends
         listed = _NOTHING_LISTED
+        hop_by_hop = False
         for name, value in self._headers:
             lower = name.lower()
+            if lower not in _RESPONSE_FIELDS:
+                continue
             if lower == b"content-length":
                 framed = True
                 length_value = length_value or value
-            elif lower == b"transfer-encoding":
+                continue
+            hop_by_hop = True
+            if lower == b"transfer-encoding":
                 framed = True
             elif lower == b"connection":
                 listed = add_connection_tokens(listed, value)
         length = int(length_value) if length_value is not None and length_value.isdigit() else None
         self.keep_alive = parser.should_keep_alive()
         reason = self._reason.decode("utf-8", "surrogateescape")
-        self._head = ResponseHead(status, reason, RawHeaders(self._headers, listed), self.keep_alive, length)
+        self._head = _new_response_head((status, reason, RawHeaders(self._headers, listed, hop_by_hop), self.keep_alive,
+                                          length))
         has_body = self._response_has_body = self._has_body and status not in _BODYLESS_STATUSES and status != 101
         self._body_until_eof = has_body and not framed
 

@@ -21,7 +21,7 @@ from typing import Final, Protocol, cast
 import aiohttp
 from yarl import URL
 
-from skyserve_lite.lb.http1 import ResponseHead, ResponseParser, new_stream
+from skyserve_lite.lb.http1 import RawHeaders, ResponseHead, ResponseParser, new_stream
 from skyserve_lite.lb.settings import DEFAULT_UPSTREAM_TIMEOUT_SECONDS
 from skyserve_lite.lb.upstream import (
     CONNECT_TIMEOUT_SECONDS,
@@ -56,11 +56,12 @@ _PAUSE_ERRORS: Final = (AttributeError, NotImplementedError, RuntimeError)
 
 
 _Found = tuple[ResponseHead, "aiohttp.StreamReader | bytes"]
+_NO_HEADERS: Final = RawHeaders([])  # a response's until its head comes
 
 
 class _HeadWaiter(Protocol):
     """What a connection tells the response head (or the failure before it) to: the future ``request``
-    awaits, or a ``_Pending`` of ``send_now``. The three methods of a future that ``_Connection`` uses."""
+    awaits, or the ``_PooledResponse`` of ``send_now``. The three methods of a future that ``_Connection`` uses."""
 
     def done(self) -> bool: ...
 
@@ -279,26 +280,44 @@ class _Replica:
 
 
 class _PooledResponse:
+    """A response on a pooled connection (``UpstreamResponse``). ``request`` makes it once the head is there;
+    ``send_now`` makes it before, as the request it wrote (``PendingResponse``): the connection then tells it
+    the head as it would a future (``_HeadWaiter``), and it tells the ``ResponseCallbacks`` itself as what
+    ``request`` would have returned, or what it would have raised. One object per request either way."""
+
+    __slots__ = ("_callbacks", "_connection", "_data", "_done", "_payload", "_pool", "_released", "_replica",
+                 "content_length", "headers", "reason", "status")
+
     def __init__(
         self,
         pool: PooledUpstream,
         replica: _Replica,
         connection: _Connection,
-        message: ResponseHead,
-        payload: aiohttp.StreamReader | bytes,
+        callbacks: ResponseCallbacks | None = None,
     ) -> None:
         self._pool = pool
         self._replica = replica
         self._connection = connection
-        self._message = message
-        # A body that came whole with the head is kept as bytes (``_data``); else it is read from the stream.
-        self._data: bytes | None = payload if isinstance(payload, bytes) else None
-        self._payload: aiohttp.StreamReader | None = None if isinstance(payload, bytes) else payload
+        self._callbacks = callbacks
+        self._done = False  # the head, a failure or a cancel came (``send_now``'s)
         self._released = False
-        self.status = message.status
-        self.reason: str | None = message.reason
-        self.headers = message.headers
-        self.content_length = message.content_length
+        # A body that came whole with the head is kept as bytes (``_data``); else it is read from the stream.
+        self._data: bytes | None = None
+        self._payload: aiohttp.StreamReader | None = None
+        self.status = 0
+        self.reason: str | None = None
+        self.headers = _NO_HEADERS
+        self.content_length: int | None = None
+
+    def _take(self, message: ResponseHead, payload: aiohttp.StreamReader | bytes) -> None:
+        """The head has come, and the body or its stream."""
+        if isinstance(payload, bytes):
+            self._data = payload
+        else:
+            self._payload = payload
+        self.status, self.reason, self.headers, _, self.content_length = message
+
+    # -- UpstreamResponse ------------------------------------------------------------------------------------
 
     async def read(self) -> bytes:
         data = self.read_now()
@@ -356,6 +375,57 @@ class _PooledResponse:
         reusable = whole and self._connection.reusable
         self._pool._give_back(self._replica, self._connection, reusable)
 
+    # -- _HeadWaiter and PendingResponse, for ``send_now`` ---------------------------------------------------
+
+    def done(self) -> bool:
+        return self._done
+
+    def write(self, data: bytes) -> None:
+        """Send the request, unless it was cancelled since ``send_now``. Called soon after it rather than
+        in it: a write wakes the process that reads it, which on a busy machine then takes the CPU from
+        the load balancer before it has handled the other sockets that were ready; writing after them
+        took about a fifth off the kernel's time per request in benchmarks/lb_bench.py."""
+        if self._done:
+            return
+        transport = self._connection.transport
+        if transport is None:
+            self.set_exception(UpstreamConnectError("the pooled connection closed before the request was sent"))
+            return
+        transport.write(data)
+
+    def set_result(self, result: _Found, /) -> None:
+        if self._done:
+            return
+        self._done = True
+        connection = self._connection
+        self._pool._awaiting_head.discard(connection)
+        self._take(*result)
+        callbacks = self._callbacks
+        assert callbacks is not None, "set_result is for a response send_now made"
+        callbacks.response_arrived(self)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        if self._stop():
+            error = exception if isinstance(exception, UpstreamError) else UpstreamError(describe(exception))
+            callbacks = self._callbacks
+            assert callbacks is not None, "set_exception is for a response send_now made"
+            callbacks.response_failed(error)
+
+    def cancel(self) -> None:
+        self._stop()
+
+    def _stop(self) -> bool:
+        """Stop waiting and close the connection (a half-done request leaves it unusable), as ``request``
+        does when it fails or is cancelled; False when the response or a failure was told already."""
+        if self._done:
+            return False
+        self._done = True
+        connection = self._connection
+        self._pool._awaiting_head.discard(connection)
+        connection.finish()
+        connection.abort()
+        return True
+
 
 class _Tunnel:
     """``UpstreamTunnel`` over a connection that switched protocols."""
@@ -377,67 +447,6 @@ class _Tunnel:
 
     def close(self) -> None:
         self._connection.close()
-
-
-class _Pending:
-    """A request ``send_now`` wrote: the connection tells it the head as it would a future, and it tells the
-    ``ResponseCallbacks`` what ``request`` would have returned or raised."""
-
-    __slots__ = ("_callbacks", "_connection", "_done", "_pool", "_replica")
-
-    def __init__(
-        self, pool: PooledUpstream, replica: _Replica, connection: _Connection, callbacks: ResponseCallbacks
-    ) -> None:
-        self._pool = pool
-        self._replica = replica
-        self._connection = connection
-        self._callbacks = callbacks
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def write(self, data: bytes) -> None:
-        """Send the request, unless it was cancelled since ``send_now``. Called soon after it rather than
-        in it: a write wakes the process that reads it, which on a busy machine then takes the CPU from
-        the load balancer before it has handled the other sockets that were ready; writing after them
-        took about a fifth off the kernel's time per request in benchmarks/lb_bench.py."""
-        if self._done:
-            return
-        connection = self._connection
-        if connection.transport is None:
-            self.set_exception(UpstreamConnectError("the pooled connection closed before the request was sent"))
-            return
-        connection.write(data)
-
-    def set_result(self, result: _Found, /) -> None:
-        if self._done:
-            return
-        self._done = True
-        connection = self._connection
-        self._pool._awaiting_head.discard(connection)
-        message, payload = result
-        self._callbacks.response_arrived(_PooledResponse(self._pool, self._replica, connection, message, payload))
-
-    def set_exception(self, exception: BaseException, /) -> None:
-        if self._stop():
-            error = exception if isinstance(exception, UpstreamError) else UpstreamError(describe(exception))
-            self._callbacks.response_failed(error)
-
-    def cancel(self) -> None:
-        self._stop()
-
-    def _stop(self) -> bool:
-        """Stop waiting and close the connection (a half-done request leaves it unusable), as ``request``
-        does when it fails or is cancelled; False when the response or a failure was told already."""
-        if self._done:
-            return False
-        self._done = True
-        connection = self._connection
-        self._pool._awaiting_head.discard(connection)
-        connection.finish()
-        connection.abort()
-        return True
 
 
 class PooledUpstream:
@@ -502,7 +511,9 @@ class PooledUpstream:
             connection.finish()
             connection.abort()
             raise
-        return _PooledResponse(self, replica, connection, message, payload)
+        response = _PooledResponse(self, replica, connection)
+        response._take(message, payload)
+        return response
 
     def send_now(
         self,
@@ -512,16 +523,16 @@ class PooledUpstream:
         headers: bytes,
         body: bytes | None,
         callbacks: ResponseCallbacks,
-    ) -> _Pending | None:
+    ) -> _PooledResponse | None:
         replica = self._replicas.get(url)
         if replica is None:
             return None  # never connected: ``request`` connects
         connection = self._checkout(replica)
         if connection is None:
             return None
-        pending = _Pending(self, replica, connection, callbacks)
+        pending = _PooledResponse(self, replica, connection, callbacks)
         connection.begin_with(pending, method != "HEAD")
-        # Written once this turn of the event loop has run its other callbacks (see ``_Pending.write``).
+        # Written once this turn of the event loop has run its other callbacks (see ``_PooledResponse.write``).
         connection._loop.call_soon(pending.write, _render_head(replica, method, path, headers, body) + (body or b""))
         self._watch(connection)
         return pending

@@ -68,11 +68,12 @@ from skyserve_lite.defaults import LB_REFRESH_SECONDS
 from skyserve_lite.endpoint_identity import IDENTITY_HEADER, IDENTITY_PATH
 from skyserve_lite.errors import StateConflictError
 from skyserve_lite.lb.guard import Allowed, Guard, GuardConfig, compute_answer
-from skyserve_lite.lb.http1 import RawHeaders
+from skyserve_lite.lb.http1 import HOP_BY_HOP_HEADERS, HOP_BY_HOP_NAMES, RawHeaders
 from skyserve_lite.lb.outcomes import Failure, Outcome, OutcomeSink
 from skyserve_lite.lb.outliers import OutlierDetector
 from skyserve_lite.lb.policies import ROUND_ROBIN, InFlight, Policy, make_policy
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
+from skyserve_lite.lb.records import tuple_maker
 from skyserve_lite.lb.settings import (
     DEFAULT_EJECT_AFTER_FAILURES,
     DEFAULT_EJECT_SECONDS,
@@ -154,28 +155,15 @@ HOLD_REFRESH_SECONDS: Final = 0.1
 # 256 held requests cost one coroutine and one socket each, and beyond them a burst gets 503 at once.
 DEFAULT_MAX_WAITING: Final = 256
 
-# RFC 9110 section 7.6.1, plus Proxy-Connection, which old clients still send and which means the same.
-HOP_BY_HOP_HEADERS: Final = (
-    "Connection",
-    "Keep-Alive",
-    "Proxy-Authenticate",
-    "Proxy-Authorization",
-    "Proxy-Connection",
-    "TE",
-    "Trailer",
-    "Trailers",
-    "Transfer-Encoding",
-    "Upgrade",
-)
-# The same, lowercase bytes, as headers are compared (``RawHeaders``).
-HOP_BY_HOP_NAMES: Final = frozenset(name.lower().encode() for name in HOP_BY_HOP_HEADERS)
-# Besides: Expect (the load balancer answered "100 Continue" itself; the replica gets the whole request),
+# Dropped from requests: the hop-by-hop headers (``http1.HOP_BY_HOP_HEADERS``), Expect (the load balancer
+# answered "100 Continue" itself; the replica gets the whole request),
 # Content-Length (the upstream client writes the framing), X-Forwarded-Host and -Proto (this hop says them).
 _UPSTREAM_DROPPED: Final = HOP_BY_HOP_NAMES | {b"expect", b"content-length", b"x-forwarded-host", b"x-forwarded-proto"}
 _UPSTREAM_DROPPED_AUTH: Final = _UPSTREAM_DROPPED | {b"authorization"}
 _FORWARDED_PROTO: Final = {scheme: b"X-Forwarded-Proto: %s\r\n" % scheme.encode() for scheme in ("http", "https")}
 # Responses that never have a body (RFC 9110 6.4.1); they take the buffered path whatever their headers say.
 _BODYLESS_STATUSES: Final = frozenset({204, 304})
+_new_outcome: Final = tuple_maker(Outcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +208,8 @@ class Forwarded:
             in_flight.end(self.url)
             sinks = self._sinks
             if sinks:
-                outcome = Outcome(self.version, self.url, self.response.status,
-                                  self._monotonic() - self.started, self.attempt)
+                outcome = _new_outcome((self.version, self.url, self.response.status,
+                                        self._monotonic() - self.started, self.attempt, None))
                 for sink in sinks:
                     sink.record(outcome)
 

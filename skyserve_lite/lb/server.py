@@ -122,6 +122,11 @@ _UPGRADE = istr("Upgrade")
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _FRAMING: Final = frozenset({b"content-length"})
 _LAST_CHUNK: Final = b"0\r\n\r\n"
+_FIELD_SEPARATOR: Final = b": "
+# Status lines by (status, reason) as replicas send them: a handful in practice; bounded against a replica
+# making up reasons.
+_STATUS_LINES: dict[tuple[int, str | None], bytes] = {}
+_MAX_STATUS_LINES: Final = 256
 
 
 def _reason(status: int, reason: str | None) -> str:
@@ -133,17 +138,29 @@ def _reason(status: int, reason: str | None) -> str:
         return ""
 
 
+def _render_status_line(status: int, reason: str | None) -> bytes:
+    line = _STATUS_LINES.get((status, reason))
+    if line is None:
+        line = f"HTTP/1.1 {status} {reason or _reason(status, reason)}\r\n".encode("utf-8", "surrogateescape")
+        if len(_STATUS_LINES) < _MAX_STATUS_LINES:
+            _STATUS_LINES[(status, reason)] = line
+    return line
+
+
 def render_response_head(status: int, reason: str | None, headers: RawHeaders, extra: bytes = b"") -> bytes:
     """The status line and ``headers`` minus hop-by-hop ones (``HOP_BY_HOP_NAMES`` and the names their
     ``Connection`` lists), then ``extra`` (whole header lines), as bytes: the replica's very bytes."""
+    status_line = _render_status_line(status, reason)
+    raw = headers.raw
+    if not headers.hop_by_hop and raw:  # nothing to drop: every line as it came, joined in C
+        return b"%s%s\r\n%s\r\n" % (status_line, b"\r\n".join(map(_FIELD_SEPARATOR.join, raw)), extra)
     drop = HOP_BY_HOP_NAMES
     listed = headers.connection_tokens()
     if listed:
         # Never the Content-Length a buffered body is sent with: a replica naming it in Connection would
         # leave the client no way to tell where the body ends.
         drop = drop | (listed - _FRAMING)
-    lines = [b"%s: %s\r\n" % (name, value) for name, value in headers.raw if name.lower() not in drop]
-    status_line = f"HTTP/1.1 {status} {reason or _reason(status, reason)}\r\n".encode("utf-8", "surrogateescape")
+    lines = [b"%s: %s\r\n" % (name, value) for name, value in raw if name.lower() not in drop]
     return b"%s%s%s\r\n" % (status_line, b"".join(lines), extra)
 
 
@@ -562,8 +579,9 @@ class _ClientConnection(asyncio.Protocol):
                 finally:
                     forwarded.release()
                 # Written after the other callbacks of this turn of the loop, as pooled_upstream writes
-                # requests (``_Pending.write`` says why). The request stays this connection's until then:
-                # a pipelined request's answer, or a close of the idle connection, must not come first.
+                # requests (``pooled_upstream._PooledResponse.write`` says why). The request stays this
+                # connection's until then: a pipelined request's answer, or a close of the idle connection,
+                # must not come first.
                 self._loop.call_soon(self._send_and_end, head + data, keep_alive)
                 return
         self._hand_off(self._relay(message, forwarded, keep_alive, False), forwarded.release)

@@ -235,7 +235,7 @@ def test_streams_a_large_body_with_bounded_buffering() -> None:
 
 
 def _buffered_bytes(response: object) -> int:
-    payload = vars(response)["_payload"]
+    payload = getattr(response, "_payload")  # noqa: B009 (a private attribute, named once)
     size: int = payload._size
     return size
 
