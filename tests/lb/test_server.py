@@ -303,6 +303,39 @@ def test_render_response_head_table(headers: dict[str, str], extra: bytes, expec
     assert render_response_head(200, None, raw, extra) == expected
 
 
+@pytest.mark.parametrize(("response", "hop_by_hop", "expected"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nX-A: \xff b\r\n\r\nok", False,
+     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nX-A: \xff b\r\nConnection: close\r\n\r\n"),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", False, b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"),
+    (b"HTTP/1.1 200 Fine\r\nKEEP-ALIVE: timeout=5\r\nContent-Length: 0\r\n\r\n", True,
+     b"HTTP/1.1 200 Fine\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+    (b"HTTP/1.1 200 OK\r\nConnection: x-hop\r\nX-Hop: 1\r\nContent-Length: 0\r\n\r\n", True,
+     b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+], ids=["plain", "no-headers", "keep-alive", "connection-lists"])
+def test_a_parsed_response_head_is_relayed_as_the_header_by_header_path_renders_it(
+    response: bytes, hop_by_hop: bool, expected: bytes
+) -> None:
+    """The parser says whether a response has hop-by-hop headers; without any, its lines are relayed whole:
+    the same bytes as looking at each header gives."""
+    from skyserve_lite.lb.http1 import RawHeaders, ResponseParser
+
+    from .recording_flow import RecordingFlow
+
+    async def parse() -> None:
+        parser = ResponseParser(RecordingFlow(), asyncio.get_running_loop(), 2**16)
+        parser.begin(True, upgrade=False)
+        found = parser.feed(response).response
+        assert found is not None
+        head = found[0]
+        assert head.headers.hop_by_hop is hop_by_hop
+        extra = b"Connection: close\r\n"
+        rendered = render_response_head(head.status, head.reason, head.headers, extra)
+        assert rendered == expected
+        assert rendered == render_response_head(head.status, head.reason, RawHeaders(head.headers.raw), extra)
+
+    asyncio.run(parse())
+
+
 def test_render_local_answer_head_only_keeps_the_length() -> None:
     rendered = render_local_answer(LocalAnswer(503, "no\n"), keep_alive=False, head_only=True)
     assert rendered.endswith(b"Content-Length: 3\r\nConnection: close\r\n\r\n")
