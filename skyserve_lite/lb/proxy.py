@@ -404,34 +404,41 @@ class ForwardListener(Protocol):
         ...
 
 
-class PendingForward:
+class PendingForward(Forwarded):
     """A request ``LoadBalancer.forward_now`` sent, waiting for its response head; the ``ResponseCallbacks``
     of its attempts. ``forward``'s loop in callbacks: the same steps (``_attempt_answered``,
-    ``_attempt_failed``, ``_abandon_attempt``) in the same order."""
+    ``_attempt_failed``, ``_abandon_attempt``) in the same order. Once a response arrives it is itself the
+    ``Forwarded`` its listener is told (one object per request, not two); until then ``release`` does
+    nothing."""
 
-    __slots__ = ("_attempt", "_body", "_first_started", "_headers", "_lb", "_listener", "_method", "_path",
-                 "_pending", "_started", "_tried", "_url")
+    __slots__ = ("_body", "_first_started", "_headers", "_lb", "_listener", "_method", "_path", "_pending",
+                 "_tried")
 
     def __init__(self, lb: LoadBalancer, url: str, method: str, path: str, headers: bytes,
                  body: bytes | None, listener: ForwardListener) -> None:
+        # Forwarded's fields; ``response`` and what ``release`` needs are set by ``_attempt_answered``.
+        self.url = url
+        self._in_flight = None
+        self._sinks = ()
+        self.version = None
+        self.started = 0.0
+        self.attempt = 1
+        self._monotonic = lb._monotonic
         self._lb = lb
-        self._url = url
         self._method = method
         self._path = path
         self._headers = headers
         self._body = body
         self._listener = listener
         self._pending: PendingResponse | None = None
-        self._attempt = 1
         self._tried: tuple[str, ...] = ()
-        self._started = 0.0
         self._first_started = 0.0
 
     def sent(self, pending: PendingResponse, url: str, started: float) -> None:
         self._pending = pending
-        self._url = url
-        self._started = started
-        if self._attempt == 1:
+        self.url = url
+        self.started = started
+        if self.attempt == 1:
             self._first_started = started
 
     def cancel(self) -> None:
@@ -441,7 +448,7 @@ class PendingForward:
             return
         self._pending = None
         pending.cancel()
-        self._lb._abandon_attempt(self._url, self._started, self._attempt)
+        self._lb._abandon_attempt(self.url, self.started, self.attempt)
 
     # -- ResponseCallbacks ----------------------------------------------------------------------------------
 
@@ -451,13 +458,14 @@ class PendingForward:
             return
         self._pending = None
         try:
-            forwarded = self._lb._attempt_answered(self._url, response, self._started, self._attempt)
+            self._lb._attempt_answered(self, response)
         except Exception:  # a replica's callback: this request alone fails, as in ``forward`` it would
+            self._in_flight = None
             response.release()
-            self._lb._in_flight.end(self._url)
+            self._lb._in_flight.end(self.url)
             self._fail()
             return
-        self._listener.forwarded(forwarded)
+        self._listener.forwarded(self)
 
     def response_failed(self, error: UpstreamError) -> None:
         if self._pending is None:
@@ -469,14 +477,14 @@ class PendingForward:
             self._fail()
 
     def _go_on_after(self, error: UpstreamError) -> None:
-        lb, url = self._lb, self._url
+        lb, url = self._lb, self.url
         self._tried += (url,)
-        next_step = lb._attempt_failed(url, error, self._started, self._attempt, self._tried, self._first_started,
+        next_step = lb._attempt_failed(url, error, self.started, self.attempt, self._tried, self._first_started,
                                        self._method, True)
         if isinstance(next_step, LocalAnswer):
             self._listener.answer(next_step)
             return
-        self._attempt += 1
+        self.attempt += 1
         upstream = lb._upstream
         assert upstream is not None, "the load balancer has not started"
         sent = upstream.send_now(next_step, self._method, self._path, self._headers, self._body, self)
@@ -484,15 +492,15 @@ class PendingForward:
             lb._start_attempt(next_step)
             self.sent(sent, next_step, lb._monotonic())
             return
-        attempt = self._attempt
+        attempt = self.attempt
         self._listener.go_on(
             lb.forward(next_step, self._method, self._path, self._headers, self._body, attempt=attempt,
                        tried=self._tried, first_started=self._first_started),
             lambda: lb.abandon_unsent(next_step, attempt))
 
     def _fail(self) -> None:
-        log.exception("service %s: a request to %s failed in the load balancer", self._lb.service, self._url)
-        self._listener.answer(self._lb.bad_gateway_answer(self._attempt, "an error in the load balancer"))
+        log.exception("service %s: a request to %s failed in the load balancer", self._lb.service, self.url)
+        self._listener.answer(self._lb.bad_gateway_answer(self.attempt, "an error in the load balancer"))
 
 
 class LoadBalancer:
@@ -911,7 +919,8 @@ class LoadBalancer:
                 self._abandon_attempt(url, started, attempt)
                 raise
             else:
-                return self._attempt_answered(url, response, started, attempt)
+                return self._attempt_answered(Forwarded(response, url, self._in_flight, started=started,
+                                                        attempt=attempt, monotonic=self._monotonic), response)
             tried += (url,)
             next_step = self._attempt_failed(url, error, started, attempt, tried, first_started, method,
                                              not isinstance(body, aiohttp.StreamReader))
@@ -979,13 +988,17 @@ class LoadBalancer:
         if self._outcomes:
             self._record_attempt(url, started, attempt, Failure.ABORTED)
 
-    def _attempt_answered(self, url: str, response: UpstreamResponse, started: float, attempt: int) -> Forwarded:
+    def _attempt_answered(self, forwarded: Forwarded, response: UpstreamResponse) -> Forwarded:
+        """The attempt ``forwarded`` stands for got ``response``: it becomes what its release records."""
+        url = forwarded.url
         if self._outliers.failures:
             self._record_success(url)
-        if not self._outcomes:
-            return Forwarded(response, url, self._in_flight)
-        return Forwarded(response, url, self._in_flight, self._outcomes, self._versions.get(url), started, attempt,
-                         self._monotonic)
+        forwarded.response = response
+        forwarded._in_flight = self._in_flight
+        if self._outcomes:
+            forwarded._sinks = self._outcomes
+            forwarded.version = self._versions.get(url)
+        return forwarded
 
     def _attempt_failed(
         self, url: str, error: UpstreamError, started: float, attempt: int, tried: tuple[str, ...],
