@@ -400,19 +400,22 @@ class _PooledResponse:
         connection = self._connection
         self._pool._awaiting_head.discard(connection)
         self._take(*result)
-        callbacks = self._callbacks
+        # Told once: the reference goes, or the callbacks (which keep this response) and this response would
+        # be a cycle left for the garbage collector, one per request.
+        callbacks, self._callbacks = self._callbacks, None
         assert callbacks is not None, "set_result is for a response send_now made"
         callbacks.response_arrived(self)
 
     def set_exception(self, exception: BaseException, /) -> None:
         if self._stop():
             error = exception if isinstance(exception, UpstreamError) else UpstreamError(describe(exception))
-            callbacks = self._callbacks
+            callbacks, self._callbacks = self._callbacks, None
             assert callbacks is not None, "set_exception is for a response send_now made"
             callbacks.response_failed(error)
 
     def cancel(self) -> None:
         self._stop()
+        self._callbacks = None
 
     def _stop(self) -> bool:
         """Stop waiting and close the connection (a half-done request leaves it unusable), as ``request``
