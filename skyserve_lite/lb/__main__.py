@@ -245,7 +245,8 @@ async def _record_endpoint(store: Store, service: str, addresses: list[tuple[str
     """Record in the store the address this process bound, with its pid (``Store.record_lb_endpoint``);
     a store that cannot take it is logged: the endpoint serves anyway, and its identity path says who it is."""
     host, port = addresses[0][:2]
-    endpoint = LbEndpoint(service, socket.gethostname(), f"{host}:{port}", os.getpid(), time.time())
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets
+    endpoint = LbEndpoint(service, socket.gethostname(), address, os.getpid(), time.time())
     try:
         await asyncio.to_thread(store.record_lb_endpoint, endpoint)
     except Exception:  # the top of this step: serving matters more than the record

@@ -199,11 +199,10 @@ def host_settings_of(record: ControllerRecord) -> HostSettings:
                             endpoint_host="127.0.0.1" if emulated else record.machine.address,
                             aws_instance_profile=made.get("replica-instance-profile") if cloud == "aws" else None,
                             gcp_service_account=made.get("replica-service-account") if cloud == "gcp" else None)
-    if is_loopback_address(target.host, ipv6=False):
+    if is_loopback_address(target.host):
         # A host on a loopback address of this machine (127.0.0.2, 127.0.0.3 ... one per controller, as tests
-        # run several): its load balancers bind that address only, so each host has its own endpoints. IPv4
-        # only: a load balancer's port is checked free on an AF_INET socket (procs.is_port_free), where ::1
-        # cannot be bound, so a host on ::1 binds 127.0.0.1 as localhost does.
+        # run several; or ::1): its load balancers bind that address only, so each host has its own
+        # endpoints, and they answer at the address the endpoints show.
         return HostSettings(lb_host=target.host, endpoint_host=target.host)
     return HostSettings(lb_host="127.0.0.1" if target.is_loopback else "0.0.0.0", endpoint_host=target.host)
 

@@ -3,6 +3,7 @@ transaction that stores the service; on both engines."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 import skyserve_lite.state.store as store_module
 from skyserve_lite.errors import NotFoundError, UsageError
+from skyserve_lite.lb.__main__ import _record_endpoint
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import LbEndpoint
@@ -104,5 +106,22 @@ def test_an_endpoint_port_chosen_in_the_transaction_sees_every_port_taken(tmp_pa
             store.create_service("three", _task(), refuse, 0.0)
         with pytest.raises(NotFoundError):
             store.get_service("three")  # nothing was stored
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("bound", "address"), [
+    (("127.0.0.2", 30001), "127.0.0.2:30001"),
+    (("::1", 30001, 0, 0), "[::1]:30001"),  # an IPv6 address in brackets, as in a url
+])
+def test_the_address_a_load_balancer_records_is_one_a_url_can_hold(
+    tmp_path: Path, bound: tuple[Any, ...], address: str
+) -> None:
+    store = Store.open(tmp_path / "home")
+    try:
+        store.create_service("web", _task(), 30001, 0.0)
+        asyncio.run(_record_endpoint(store, "web", [bound]))
+        [recorded] = store.list_lb_endpoints("web")
+        assert recorded.address == address
     finally:
         store.close()
