@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from skyserve_lite.netaddr import family_of
+
 PROC = Path("/proc")
 _Read = TypeVar("_Read")
 
@@ -306,21 +308,16 @@ def kill_processes(processes: Sequence[ProcessInfo], wait_seconds: float = 2.0) 
         pending = [p for p in pending if is_alive(p.pid, p.start_time)]
 
 
-def _family_of(host: str) -> socket.AddressFamily:
-    """The socket family to bind ``host`` (an address as written): IPv6 for one with a colon (``::1``)."""
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
 def find_free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free right now (another process may still take it before us)."""
-    with socket.socket(_family_of(host), socket.SOCK_STREAM) as sock:
+    with socket.socket(family_of(host), socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 def is_port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether ``port`` can be bound on ``host`` (an IPv4 or IPv6 address) right now."""
-    with socket.socket(_family_of(host), socket.SOCK_STREAM) as sock:
+    with socket.socket(family_of(host), socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))

@@ -62,6 +62,7 @@ from skyserve_lite.lb.server import serve
 from skyserve_lite.lb.settings import ConnectionLimits, LbSettings
 from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
 from skyserve_lite.lb.version_counts import VersionCounter
+from skyserve_lite.netaddr import host_port
 from skyserve_lite.state.models import LbEndpoint
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class StoreMetricsSink:
 def lb_identity(host: str, port: int) -> str:
     """This load balancer among its service's: the machine and the address it listens on
     (``web-1/0.0.0.0:30001``; on one machine, controllers bind different loopback addresses)."""
-    return f"{socket.gethostname()}/{host}:{port}"
+    return f"{socket.gethostname()}/{host_port(host, port)}"
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -245,8 +246,7 @@ async def _record_endpoint(store: Store, service: str, addresses: list[tuple[str
     """Record in the store the address this process bound, with its pid (``Store.record_lb_endpoint``);
     a store that cannot take it is logged: the endpoint serves anyway, and its identity path says who it is."""
     host, port = addresses[0][:2]
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets
-    endpoint = LbEndpoint(service, socket.gethostname(), address, os.getpid(), time.time())
+    endpoint = LbEndpoint(service, socket.gethostname(), host_port(host, port), os.getpid(), time.time())
     try:
         await asyncio.to_thread(store.record_lb_endpoint, endpoint)
     except Exception:  # the top of this step: serving matters more than the record

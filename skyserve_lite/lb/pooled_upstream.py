@@ -34,6 +34,7 @@ from skyserve_lite.lb.upstream import (
     UpstreamTimeoutError,
     describe,
 )
+from skyserve_lite.netaddr import url_host
 
 __all__ = ["READ_LIMIT", "TIMEOUT_SWEEP_SECONDS", "PooledUpstream"]
 
@@ -271,7 +272,7 @@ class _Replica:
         self.host: str = parsed.raw_host
         self.port: int = parsed.port or (443 if parsed.scheme == "https" else 80)
         self.ssl = parsed.scheme == "https"
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = url_host(self.host)
         default_port = 443 if self.ssl else 80
         self.host_header = host if self.port == default_port else f"{host}:{self.port}"
         self.host_header_bytes = self.host_header.encode("ascii")  # yarl's raw_host: IDNA already

@@ -179,23 +179,30 @@ class LocalAnswer:
 
 
 class Forwarded:
-    """A replica's response to relay; whoever relays it must call ``release`` once done with it, which
-    releases the response, ends the request's time in flight and hands its ``Outcome`` to the ``sinks``
-    (``seconds`` since ``started``, on ``monotonic``'s time); later calls do nothing."""
+    """An attempt to ``url`` and, once ``answered``, the replica's response to relay; whoever relays it must
+    call ``release`` once done with it, which releases the response, ends the request's time in flight and
+    hands its ``Outcome`` to the ``sinks`` (``seconds`` since ``started``, on ``monotonic``'s time). Before
+    ``answered``, and after the first, ``release`` does nothing; ``response`` is there once answered."""
 
     __slots__ = ("_in_flight", "_monotonic", "_sinks", "attempt", "response", "started", "url", "version")
 
-    def __init__(self, response: UpstreamResponse, url: str, in_flight: InFlight,
-                 sinks: tuple[OutcomeSink, ...] = (), version: int | None = None, started: float = 0.0,
-                 attempt: int = 1, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.response = response
+    def __init__(self, url: str, started: float = 0.0, attempt: int = 1,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.url = url
-        self._in_flight: InFlight | None = in_flight
-        self._sinks = sinks
-        self.version = version
         self.started = started
         self.attempt = attempt
         self._monotonic = monotonic
+        self._in_flight: InFlight | None = None
+        self._sinks: tuple[OutcomeSink, ...] = ()
+        self.version: int | None = None
+
+    def answered(self, response: UpstreamResponse, in_flight: InFlight, sinks: tuple[OutcomeSink, ...] = (),
+                 version: int | None = None) -> None:
+        """The replica answered: ``release`` will end the attempt in ``in_flight`` and tell the ``sinks``."""
+        self.response = response
+        self._in_flight = in_flight
+        self._sinks = sinks
+        self.version = version
 
     def release(self) -> None:
         in_flight = self._in_flight
@@ -416,14 +423,7 @@ class PendingForward(Forwarded):
 
     def __init__(self, lb: LoadBalancer, url: str, method: str, path: str, headers: bytes,
                  body: bytes | None, listener: ForwardListener) -> None:
-        # Forwarded's fields; ``response`` and what ``release`` needs are set by ``_attempt_answered``.
-        self.url = url
-        self._in_flight = None
-        self._sinks = ()
-        self.version = None
-        self.started = 0.0
-        self.attempt = 1
-        self._monotonic = lb._monotonic
+        super().__init__(url, monotonic=lb._monotonic)  # ``sent`` sets the attempt's url and start
         self._lb = lb
         self._method = method
         self._path = path
@@ -460,7 +460,6 @@ class PendingForward(Forwarded):
         try:
             self._lb._attempt_answered(self, response)
         except Exception:  # a replica's callback: this request alone fails, as in ``forward`` it would
-            self._in_flight = None
             response.release()
             self._lb._in_flight.end(self.url)
             self._fail()
@@ -919,8 +918,7 @@ class LoadBalancer:
                 self._abandon_attempt(url, started, attempt)
                 raise
             else:
-                return self._attempt_answered(Forwarded(response, url, self._in_flight, started=started,
-                                                        attempt=attempt, monotonic=self._monotonic), response)
+                return self._attempt_answered(Forwarded(url, started, attempt, self._monotonic), response)
             tried += (url,)
             next_step = self._attempt_failed(url, error, started, attempt, tried, first_started, method,
                                              not isinstance(body, aiohttp.StreamReader))
@@ -989,15 +987,14 @@ class LoadBalancer:
             self._record_attempt(url, started, attempt, Failure.ABORTED)
 
     def _attempt_answered(self, forwarded: Forwarded, response: UpstreamResponse) -> Forwarded:
-        """The attempt ``forwarded`` stands for got ``response``: it becomes what its release records."""
+        """The attempt ``forwarded`` stands for got ``response``."""
         url = forwarded.url
         if self._outliers.failures:
             self._record_success(url)
-        forwarded.response = response
-        forwarded._in_flight = self._in_flight
         if self._outcomes:
-            forwarded._sinks = self._outcomes
-            forwarded.version = self._versions.get(url)
+            forwarded.answered(response, self._in_flight, self._outcomes, self._versions.get(url))
+        else:
+            forwarded.answered(response, self._in_flight)
         return forwarded
 
     def _attempt_failed(

@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import http
 import importlib.util
 import logging
@@ -123,10 +124,6 @@ _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _FRAMING: Final = frozenset({b"content-length"})
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 _FIELD_SEPARATOR: Final = b": "
-# Status lines by (status, reason) as replicas send them: a handful in practice; bounded against a replica
-# making up reasons.
-_STATUS_LINES: dict[tuple[int, str | None], bytes] = {}
-_MAX_STATUS_LINES: Final = 256
 
 
 def _reason(status: int, reason: str | None) -> str:
@@ -138,13 +135,10 @@ def _reason(status: int, reason: str | None) -> str:
         return ""
 
 
+# Replicas send a handful of (status, reason) pairs; the cache is bounded against one making up reasons.
+@functools.lru_cache(maxsize=256)
 def _render_status_line(status: int, reason: str | None) -> bytes:
-    line = _STATUS_LINES.get((status, reason))
-    if line is None:
-        line = f"HTTP/1.1 {status} {reason or _reason(status, reason)}\r\n".encode("utf-8", "surrogateescape")
-        if len(_STATUS_LINES) < _MAX_STATUS_LINES:
-            _STATUS_LINES[(status, reason)] = line
-    return line
+    return f"HTTP/1.1 {status} {reason or _reason(status, reason)}\r\n".encode("utf-8", "surrogateescape")
 
 
 def render_response_head(status: int, reason: str | None, headers: RawHeaders, extra: bytes = b"") -> bytes:

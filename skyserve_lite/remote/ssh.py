@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyserve_lite.errors import ControllerError, HostKeyError, UsageError
+from skyserve_lite.netaddr import url_host
 
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*")
@@ -49,13 +50,13 @@ class SshTarget:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = url_host(self.host)
         return f"ssh://{self.user + '@' if self.user else ''}{host}:{self.port}"
 
     @property
     def known_hosts_name(self) -> str:
         """How known_hosts names this host (``[host]:port`` off port 22)."""
-        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"  # brackets for any host
 
     @property
     def is_loopback(self) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from skyserve_lite.errors import UsageError
+from skyserve_lite.netaddr import url_host
 
 ENV_VAR = "SKY_LITE_DB_URL"
 CONFIG_KEY = "db_url"
@@ -94,7 +95,7 @@ class DatabaseUrl:
 
     def _render(self, secret: str) -> str:
         user = urllib.parse.quote(self.user, safe="")
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = url_host(self.host)
         port = f":{self.port}" if self.port is not None else ""
         query = f"?{urllib.parse.urlencode(self.options)}" if self.options else ""
         return f"postgresql://{user}{secret}@{host}{port}/{urllib.parse.quote(self.database, safe='')}{query}"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from skyserve_lite import __version__
 from skyserve_lite.codec import decode, encode
 from skyserve_lite.files.manifest import TaskFiles
+from skyserve_lite.netaddr import host_port
 from skyserve_lite.plan.canary import CanaryState, Command
 from skyserve_lite.spec.inputs import BoundInputs, bind, with_legacy_user
 from skyserve_lite.spec.model import ServiceSpec, TaskSpec
@@ -103,8 +104,7 @@ class ServiceRecord:
 
     @property
     def endpoint(self) -> str:
-        host = f"[{self.endpoint_host}]" if ":" in self.endpoint_host else self.endpoint_host
-        return f"{'https' if self.endpoint_tls else 'http'}://{host}:{self.lb_port}"
+        return f"{'https' if self.endpoint_tls else 'http'}://{host_port(self.endpoint_host, self.lb_port)}"
 
 
 def parsed_spec_json(spec: TaskSpec) -> str:
