@@ -1,7 +1,7 @@
 """Load balancer benchmark: sky-lite's LoadBalancer next to nginx, on one machine, loaded by wrk.
 
     python benchmarks/lb_bench.py [--duration 10] [--connections 32] [--rounds 3] [--loops uvloop,asyncio]
-                                  [--no-auth] [--no-metrics] [--write-docs]
+                                  [--workers 1,2] [--compiled] [--no-auth] [--no-metrics] [--write-docs]
 
 Everything runs on 127.0.0.1: two replicas of a small aiohttp app answering 1 KiB, then wrk against
 (a) one replica directly, (b) nginx as a reverse proxy to both replicas (upstream keep-alive, access log
@@ -16,6 +16,12 @@ the medians over the rounds, and the target is checked on each (c). The result i
 plain reverse proxy to both replicas (round robin, no API key, rate limit or metrics): a data plane the
 controller could drive instead, measured for comparison.
 
+``--workers 1,2`` measures the load balancer as 1 and as 2 processes serving one port (SO_REUSEPORT: the
+kernel spreads the connections; each process has its own load balancer, key check, rate limits and metrics,
+sharing nothing). ``--compiled`` adds the same paths for a copy of the tree whose load-balancer modules
+(``COMPILED_MODULES``) are compiled with mypyc (from the ``dev`` extra; a C compiler is needed): a compiled data
+plane from the same source, measured for the decision docs/benchmarks.md records.
+
 As in production with ``service.auth`` and ``service.rate_limits``, the load balancer checks every request's
 API key (wrk sends ``Authorization: Bearer`` to every path alike) and its rate limit (per client address, set
 far above what one machine can send, so that it decides but never refuses), and it counts every outcome for
@@ -29,7 +35,7 @@ Nothing is installed by this script: wrk and nginx must be on the machine alread
 Internal modes, used by the script itself to start its subprocesses:
 
     python benchmarks/lb_bench.py --serve-replica PORT
-    python benchmarks/lb_bench.py --serve-lb PORT URL [URL ...]
+    python benchmarks/lb_bench.py --serve-lb PORT URL [URL ...] [--lb-reuse-port] [--lb-ready-file PATH]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -68,6 +75,11 @@ TARGET_RPS_RATIO = 0.8
 TARGET_P99_RATIO = 1.5
 # The API key the benchmark's load balancer asks for; not a secret, it guards nothing but this run.
 BENCH_KEY = "lb-bench-key"
+# The load balancer's modules on the request path, compiled by ``--compiled``.
+COMPILED_MODULES = (
+    "http1", "guard", "policies", "outcomes", "records", "metrics", "proxy", "pooled_upstream", "server",
+    "upstream", "outliers", "split",
+)
 LOOPS = ("uvloop", "asyncio")
 
 
@@ -86,10 +98,20 @@ def serve_replica(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def serve_lb(port: int, urls: Sequence[str], loop_name: str, auth: bool, metrics: bool, tree: Path) -> None:
+def serve_lb(
+    port: int,
+    urls: Sequence[str],
+    loop_name: str,
+    auth: bool,
+    metrics: bool,
+    tree: Path,
+    reuse_port: bool = False,
+    ready_file: Path | None = None,
+) -> None:
     """The sky-lite load balancer of the checkout ``tree`` over a fixed set of targets, through the same
     ``serve`` as the real one, on ``loop_name`` ("uvloop" or "asyncio"), with the guard (``auth``) and a
-    sink (``metrics``) or not."""
+    sink (``metrics``) or not; sharing its port with other processes (``reuse_port``) or not. Once it
+    listens, ``ready_file`` (if given) is created."""
     sys.path.insert(0, str(tree))
     from skyserve_lite.clock import SystemClock
     from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
@@ -123,6 +145,10 @@ def serve_lb(port: int, urls: Sequence[str], loop_name: str, auth: bool, metrics
         limit = RateLimit(rps=10_000_000.0, burst=10_000_000)
         guard = Guard(GuardConfig(keys=ApiKeys.from_values([("bench", BENCH_KEY)]), rate_limits=(limit,)))
 
+    async def listening(addresses: list[tuple[str, int]]) -> None:
+        if ready_file is not None:
+            ready_file.touch()
+
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -130,7 +156,7 @@ def serve_lb(port: int, urls: Sequence[str], loop_name: str, auth: bool, metrics
             loop.add_signal_handler(signum, stop.set)
         if not metrics:
             lb = LoadBalancer("bench", StaticSource(), None, SystemClock(), guard=guard)
-            await serve(lb, "127.0.0.1", port, stop)
+            await serve(lb, "127.0.0.1", port, stop, on_listening=listening, reuse_port=reuse_port)
             return
         from skyserve_lite.lb.metrics import LbMetrics
 
@@ -139,7 +165,7 @@ def serve_lb(port: int, urls: Sequence[str], loop_name: str, auth: bool, metrics
         with tempfile.TemporaryDirectory(prefix="lb-bench-metrics-") as tmp:
             publishing = asyncio.create_task(counted.publish_every(lb, Path(tmp) / "bench.json", time.time))
             try:
-                await serve(lb, "127.0.0.1", port, stop)
+                await serve(lb, "127.0.0.1", port, stop, on_listening=listening, reuse_port=reuse_port)
             finally:
                 publishing.cancel()
 
@@ -196,18 +222,29 @@ def parse_wrk(output: str) -> WrkResult:
     )
 
 
-def run_wrk(url: str, connections: int, duration: int, pid: int | None = None) -> WrkResult:
-    """wrk against ``url``; with ``pid``, the CPU time of that process and its children per request."""
+def run_wrk(url: str, connections: int, duration: int, pids: Sequence[int] = ()) -> WrkResult:
+    """wrk against ``url``; with ``pids``, the CPU time of those processes and their children per request."""
     # The same header to every path, so that each reads and forwards requests of the same size.
     command = ["wrk", "--latency", "-t1", f"-c{connections}", f"-d{duration}s"]
     command += ["-H", f"Authorization: Bearer {BENCH_KEY}", url]
-    before = process_cpu_seconds(pid) if pid is not None else None
+    before = processes_cpu_seconds(pids)
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    after = process_cpu_seconds(pid) if pid is not None else None
+    after = processes_cpu_seconds(pids)
     result = parse_wrk(output)
     if before is None or after is None or not result.requests:
         return result
     return dataclasses.replace(result, cpu_us=(after - before) * 1e6 / result.requests)
+
+
+def processes_cpu_seconds(pids: Sequence[int]) -> float | None:
+    """The sum of ``process_cpu_seconds`` over ``pids``; None when there are none or one cannot be read."""
+    total = 0.0
+    for pid in pids:
+        seconds = process_cpu_seconds(pid)
+        if seconds is None:
+            return None
+        total += seconds
+    return total if pids else None
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -247,10 +284,24 @@ def wait_until_answering(url: str, process: subprocess.Popen[bytes], timeout: fl
         time.sleep(0.05)
 
 
+def wait_until_exists(path: Path, process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise SystemExit(f"{process.args!r} exited with {process.returncode} before it listened")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{process.args!r} did not listen within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
-def started(command: Sequence[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
+def started(command: Sequence[str], url: str, ready_file: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``command`` running and answering on ``url`` (and, with ``ready_file``, that file made: a second
+    process on a shared port is not known to listen by an answer, which the first may give)."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
+        if ready_file is not None:
+            wait_until_exists(ready_file, process)
         wait_until_answering(url, process)
         yield process
     finally:
@@ -485,9 +536,9 @@ def bench(args: argparse.Namespace) -> int:
         nginx += ["-c", str(tmp / "nginx.conf")]
         nginx_pid = stack.enter_context(started(nginx, f"http://127.0.0.1:{nginx_port}/")).pid
         # (url, the process whose CPU is counted: the replica for the direct path, else the proxy)
-        targets = {
-            "direct to one replica": (f"http://127.0.0.1:{replica_ports[0]}/", replicas[0].pid),
-            "nginx -> 2 replicas": (f"http://127.0.0.1:{nginx_port}/", nginx_pid),
+        targets: dict[str, tuple[str, tuple[int, ...]]] = {
+            "direct to one replica": (f"http://127.0.0.1:{replica_ports[0]}/", (replicas[0].pid,)),
+            "nginx -> 2 replicas": (f"http://127.0.0.1:{nginx_port}/", (nginx_pid,)),
         }
         if args.envoy is not None:
             envoy_port = free_port()
@@ -495,21 +546,31 @@ def bench(args: argparse.Namespace) -> int:
             envoy = [str(args.envoy), "-c", str(tmp / "envoy.json"), "--concurrency", "1", "--log-level", "error"]
             envoy += ["--use-dynamic-base-id"]  # another Envoy on the machine keeps its shared memory
             envoy_pid = stack.enter_context(started(envoy, f"http://127.0.0.1:{envoy_port}/")).pid
-            targets["Envoy (1 worker) -> 2 replicas"] = (f"http://127.0.0.1:{envoy_port}/", envoy_pid)
+            targets["Envoy (1 worker) -> 2 replicas"] = (f"http://127.0.0.1:{envoy_port}/", (envoy_pid,))
         flags = [*(["--lb-auth"] if args.auth else []), *(["--lb-metrics"] if args.metrics else [])]
         trees = [("", REPO)] + ([("baseline, ", args.baseline_tree.resolve())] if args.baseline_tree else [])
+        if args.compiled:
+            trees.append(("compiled, ", compile_tree(tmp / "compiled")))
         for label, tree in trees:
             for loop_name in args.loops:
-                lb_port = free_port()
-                command = [*me, f"--lb-loop={loop_name}", f"--lb-tree={tree}", *flags, "--serve-lb", str(lb_port)]
-                lb_pid = stack.enter_context(started([*command, *replica_urls], f"http://127.0.0.1:{lb_port}/")).pid
-                targets[f"sky-lite LB ({label}{loop_name}) -> 2 replicas"] = (f"http://127.0.0.1:{lb_port}/", lb_pid)
+                for workers in args.workers:
+                    lb_port = free_port()
+                    url = f"http://127.0.0.1:{lb_port}/"
+                    command = [*me, f"--lb-loop={loop_name}", f"--lb-tree={tree}", *flags]
+                    command += ["--lb-reuse-port"] if workers > 1 else []
+                    lb_pids = []
+                    for worker in range(workers):
+                        ready = tmp / f"lb-{lb_port}-{worker}.ready"
+                        worker_command = [*command, f"--lb-ready-file={ready}", "--serve-lb", str(lb_port)]
+                        lb_pids.append(stack.enter_context(started([*worker_command, *replica_urls], url, ready)).pid)
+                    name = f"{label}{loop_name}" + (f", {workers} workers" if workers > 1 else "")
+                    targets[f"sky-lite LB ({name}) -> 2 replicas"] = (url, tuple(lb_pids))
         results: dict[str, list[WrkResult]] = {name: [] for name in targets}
         for url, _ in targets.values():  # warm up: connection pools, caches, the interpreter's allocator
             run_wrk(url, args.connections, 2)
         for round_index in range(args.rounds):
-            for name, (url, pid) in targets.items():
-                result = run_wrk(url, args.connections, args.duration, pid)
+            for name, (url, pids) in targets.items():
+                result = run_wrk(url, args.connections, args.duration, pids)
                 results[name].append(result)
                 cpu = f", CPU {result.cpu_us:.1f} us/request" if result.cpu_us is not None else ""
                 print(
@@ -530,6 +591,23 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def compile_tree(into: Path) -> Path:
+    """A copy of this checkout's package in ``into`` with ``COMPILED_MODULES`` of ``skyserve_lite.lb``
+    compiled by mypyc; the directory to put on sys.path. Exits with a message when mypyc or a C compiler is
+    missing."""
+    if importlib.util.find_spec("mypyc") is None:
+        raise SystemExit("lb_bench: --compiled needs mypyc (pip install -e '.[dev]', which has mypy). Nothing was run.")
+    shutil.copytree(REPO / "skyserve_lite", into / "skyserve_lite", ignore=shutil.ignore_patterns("__pycache__"))
+    modules = [f"skyserve_lite/lb/{name}.py" for name in COMPILED_MODULES]
+    print(f"compiling {len(modules)} load-balancer modules with mypyc ...", file=sys.stderr)
+    built = subprocess.run(
+        [sys.executable, "-m", "mypyc", *modules], cwd=into, capture_output=True, text=True, check=False
+    )
+    if built.returncode != 0:
+        raise SystemExit(f"lb_bench: mypyc failed:\n{built.stdout[-3000:]}{built.stderr[-3000:]}")
+    return into
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
@@ -541,6 +619,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=default_loops(),
         help="comma-separated event loops to run the load balancer on, one process each "
         "(default: uvloop,asyncio where uvloop is installed, else asyncio)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=parse_workers,
+        default=(1,),
+        help="comma-separated numbers of load-balancer processes sharing one port, a path each (default 1)",
+    )
+    parser.add_argument(
+        "--compiled", action="store_true", help="also measure the load balancer with its modules compiled by mypyc"
     )
     parser.add_argument("--no-auth", dest="auth", action="store_false", help="no API key or rate limit check")
     parser.add_argument("--no-metrics", dest="metrics", action="store_false", help="no metrics sink")
@@ -555,12 +642,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lb-auth", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lb-metrics", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lb-tree", type=Path, default=REPO, help=argparse.SUPPRESS)
+    parser.add_argument("--lb-reuse-port", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--lb-ready-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_replica is not None:
         serve_replica(args.serve_replica)
         return 0
     if args.serve_lb is not None:
-        serve_lb(int(args.serve_lb[0]), args.serve_lb[1:], args.lb_loop, args.lb_auth, args.lb_metrics, args.lb_tree)
+        serve_lb(
+            int(args.serve_lb[0]),
+            args.serve_lb[1:],
+            args.lb_loop,
+            args.lb_auth,
+            args.lb_metrics,
+            args.lb_tree,
+            args.lb_reuse_port,
+            args.lb_ready_file,
+        )
         return 0
     return bench(args)
 
@@ -581,6 +679,16 @@ def parse_loops(text: str) -> tuple[str, ...]:
             f"--loops: {', '.join(unknown) or 'none given'}; choose from {', '.join(LOOPS)}"
         )
     return names
+
+
+def parse_workers(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or any(count < 1 for count in counts):
+        raise argparse.ArgumentTypeError(f"--workers: {text!r}; give whole numbers of 1 or more, say 1,2")
+    return counts
 
 
 if __name__ == "__main__":

@@ -215,8 +215,11 @@ def compute_origin_form(target: str) -> str:
     if target.startswith("/"):
         return target
     url = httptools.parse_url(target.encode("utf-8", "surrogateescape"))
-    path = (url.path or b"/").decode("utf-8", "surrogateescape")
-    return f"{path}?{url.query.decode('utf-8', 'surrogateescape')}" if url.query is not None else path
+    # None where the target has none, whatever httptools' stub says (typed so that compiled code checks it)
+    raw_path: bytes | None = url.path
+    query: bytes | None = url.query
+    path = (raw_path or b"/").decode("utf-8", "surrogateescape")
+    return f"{path}?{query.decode('utf-8', 'surrogateescape')}" if query is not None else path
 
 
 class _HeadBound:

@@ -844,8 +844,9 @@ class HttpServer:
         self._listener: Listener | None = None
         self._sweep: asyncio.TimerHandle | None = None
 
-    async def start(self, host: str, port: int) -> list[tuple[str, int]]:
-        """Listen on ``host:port``; returns the bound addresses (host, port). Raises OSError when it cannot."""
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> list[tuple[str, int]]:
+        """Listen on ``host:port``; returns the bound addresses (host, port). Raises OSError when it cannot.
+        ``reuse_port``: share the port with other processes (``listener.bind_listening_sockets``)."""
         loop = asyncio.get_running_loop()
         limits = self.limits
         refusal = render_local_answer(
@@ -865,7 +866,7 @@ class HttpServer:
             evict=self.evict_oldest_idle,
             handshake_seconds=limits.head_seconds,
         )
-        addresses = listener.start(host, port)
+        addresses = listener.start(host, port, reuse_port)
         self._listener = listener
         self._sweep = loop.call_later(SWEEP_SECONDS, self._sweep_idle)
         return addresses
@@ -923,10 +924,13 @@ async def serve(
     limits: ConnectionLimits | None = None,
     ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
     on_listening: Callable[[list[tuple[str, int]]], Awaitable[None]] | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Run ``lb`` on ``host:port`` under ``limits`` (the defaults when None) until ``stop`` is set or its
     source says the service is gone; over TLS for the connections accepted while ``ssl_context()`` gives a
-    context. ``on_listening`` is awaited with the addresses bound, once they are.
+    context. ``on_listening`` is awaited with the addresses bound, once they are. ``reuse_port`` lets other
+    processes serve the same port (each with its own ``lb``: nothing is shared between them but the port;
+    benchmarks/lb_bench.py ``--lb-workers`` measures that).
 
     Raises OSError when the port cannot be bound. On return the listening sockets are closed, the requests
     in flight are answered, the counts of completed seconds are flushed and the upstream client is closed.
@@ -934,7 +938,7 @@ async def serve(
     server = HttpServer(lb, limits, ssl_context=ssl_context)
     await lb.start()
     try:
-        addresses = await server.start(host, port)
+        addresses = await server.start(host, port, reuse_port)
         if on_listening is not None:
             await on_listening(addresses)
         bound = ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
