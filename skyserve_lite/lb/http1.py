@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Mapping
-from typing import Final, NamedTuple, Protocol, TypeVar, overload
+from typing import Any, Final, NamedTuple, Protocol, TypeVar, overload
 
 import aiohttp
 import httptools
@@ -214,8 +214,9 @@ def compute_origin_form(target: str) -> str:
     path and query ("http://host/a?b" -> "/a?b"; "/" when it has no path)."""
     if target.startswith("/"):
         return target
-    url = httptools.parse_url(target.encode("utf-8", "surrogateescape"))
-    # None where the target has none, whatever httptools' stub says (typed so that compiled code checks it)
+    # Its path and query are None where the target has none, whatever httptools' stub says (bytes): read
+    # untyped, then typed as they are, so that compiled code (mypyc) checks the right thing.
+    url: Any = httptools.parse_url(target.encode("utf-8", "surrogateescape"))
     raw_path: bytes | None = url.path
     query: bytes | None = url.query
     path = (raw_path or b"/").decode("utf-8", "surrogateescape")

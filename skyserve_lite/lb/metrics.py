@@ -5,7 +5,8 @@ attempt that got a response, one to a latency bucket; no lock, no string built, 
 touched on the request path. ``take_snapshot`` copies the totals with what the load balancer knows at that
 moment (requests in flight per replica, requests held, retries, ejections) into an ``LbSnapshot``;
 ``publish_every`` writes it about once a second, when it changed, to ``metrics_path(home, service)``
-(``$SKY_LITE_HOME/metrics/lb/<service>.json``, replaced atomically). The controller's exporter
+(``$SKY_LITE_HOME/metrics/lb/<service>.json``, replaced atomically; the file's format is ``lb.snapshots``,
+whose names this module re-exports). The controller's exporter
 (``controller.metrics``) reads those files when Prometheus scrapes, so the load balancers open no port of
 their own and several of them on one host need no shared memory: see docs/architecture.md, "Metrics".
 
@@ -18,16 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from skyserve_lite.codec import decode, encode
 from skyserve_lite.lb.outcomes import STATUS_CLASSES, Outcome
+from skyserve_lite.lb.snapshots import (
+    LATENCY_BUCKETS,
+    LatencyRow,
+    LbSnapshot,
+    metrics_dir,
+    metrics_path,
+    read_snapshot,
+    read_snapshots,
+    write_snapshot,
+)
 
 __all__ = [
     "FORGET_SECONDS",
@@ -46,9 +54,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Upper bounds of the latency buckets, in seconds (+Inf is implied): from a cached answer (5 ms) to a long
-# generation (60 s). 14 buckets x the replicas of a service is a few hundred series at most.
-LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # How often the snapshot is written when it changed: Prometheus scrapes every 15 s or so, and one small file
 # written a second per busy service is nothing next to its requests (an idle service writes nothing).
 PUBLISH_SECONDS: Final = 1.0
@@ -62,34 +67,6 @@ FORGET_SECONDS: Final = 600.0
 RequestKey = tuple[int | None, str | None, str]
 # (version or None, replica url or None, Failure value)
 FailureKey = tuple[int | None, str | None, str]
-
-
-@dataclass(frozen=True)
-class LatencyRow:
-    """One latency histogram: counts per bucket of ``LATENCY_BUCKETS`` (not cumulative), then the +Inf
-    bucket, and the sum of the seconds."""
-
-    version: int | None
-    replica: str
-    buckets: tuple[int, ...]
-    total_seconds: float
-
-
-@dataclass(frozen=True)
-class LbSnapshot:
-    """A load balancer's totals at ``written_at`` (epoch seconds), from the process ``pid``."""
-
-    service: str
-    pid: int
-    written_at: float
-    requests: tuple[tuple[int | None, str | None, str, int], ...]  # version, replica, class, count
-    failures: tuple[tuple[int | None, str | None, str, int], ...]  # version, replica, Failure, count
-    latency: tuple[LatencyRow, ...]
-    in_flight: tuple[tuple[str, int], ...]
-    waiting: int
-    retries: int
-    ejections: int
-    ejected: int
 
 
 class LoadSource(Protocol):
@@ -205,36 +182,3 @@ def _counts_of(snapshot: LbSnapshot) -> tuple[object, ...]:
     """Everything but the time it was taken."""
     return (snapshot.requests, snapshot.failures, snapshot.latency, snapshot.in_flight, snapshot.waiting,
             snapshot.retries, snapshot.ejections, snapshot.ejected)
-
-
-def metrics_dir(home: Path) -> Path:
-    """Where the load balancers of ``home`` publish their snapshots."""
-    return home / "metrics" / "lb"
-
-
-def metrics_path(home: Path, service: str) -> Path:
-    return metrics_dir(home) / f"{service}.json"
-
-
-def write_snapshot(path: Path, snapshot: LbSnapshot) -> None:
-    """Replace ``path`` with ``snapshot`` atomically (a reader sees the old file or the new one, whole)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(encode(snapshot), separators=(",", ":")))
-    os.replace(temporary, path)
-
-
-def read_snapshot(path: Path) -> LbSnapshot:
-    """The snapshot at ``path``. Raises ``OSError`` when it cannot be read, ``ValueError`` when it is not one."""
-    return decode(LbSnapshot, json.loads(path.read_text()), str(path))  # type: ignore[no-any-return]
-
-
-def read_snapshots(paths: Iterable[Path]) -> list[LbSnapshot]:
-    """The snapshots at ``paths`` that can be read (a file being replaced or damaged is skipped)."""
-    snapshots = []
-    for path in paths:
-        try:
-            snapshots.append(read_snapshot(path))
-        except (OSError, ValueError):
-            continue
-    return snapshots
