@@ -9,9 +9,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from skyserve_lite.procs import find_free_port
+from tests.prometheus_text import Samples, parse_samples
 
 from .conftest import SkyLite, answering_run, http_get, wait_until
 
@@ -20,14 +20,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 TASK = "service:\n  readiness_probe: /\n  replicas: 1\n" + answering_run('"hello"')
 REQUESTS = 20
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
 def _scrape(url: str) -> Samples:
     with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+        return parse_samples(response.read().decode())
 
 
 def test_requests_through_the_endpoint_are_counted_in_the_controller_metrics(sky: SkyLite, tmp_path: Path) -> None:
