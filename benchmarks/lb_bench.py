@@ -191,6 +191,12 @@ class WrkResult:
     # the direct path: the replica's); None where /proc cannot tell. Other work on the machine moves it far
     # less than requests/s, which is what makes before/after comparisons on a shared machine possible.
     cpu_us: float | None = None
+    # How often per request the proxy's processes were preempted (involuntary context switches), the
+    # replicas' CPU per request, and the share of the machine's CPU left idle during the run: what tells a
+    # CPU-bound run (little idle: only less CPU per request helps) from one where stages wait on each other.
+    preempted: float | None = None
+    replicas_cpu_us: float | None = None
+    idle_percent: float | None = None
 
 
 _UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
@@ -222,42 +228,60 @@ def parse_wrk(output: str) -> WrkResult:
     )
 
 
-def run_wrk(url: str, connections: int, duration: int, pids: Sequence[int] = ()) -> WrkResult:
-    """wrk against ``url``; with ``pids``, the CPU time of those processes and their children per request."""
+def run_wrk(
+    url: str, connections: int, duration: int, pids: Sequence[int] = (), replica_pids: Sequence[int] = ()
+) -> WrkResult:
+    """wrk against ``url``; with ``pids``, the CPU time and preemptions of those processes and their children
+    per request; with ``replica_pids``, the replicas' CPU time per request; and the CPU left idle."""
     # The same header to every path, so that each reads and forwards requests of the same size.
     command = ["wrk", "--latency", "-t1", f"-c{connections}", f"-d{duration}s"]
     command += ["-H", f"Authorization: Bearer {BENCH_KEY}", url]
-    before = processes_cpu_seconds(pids)
+    before = (processes_counters(pids), processes_counters(replica_pids), machine_cpu_jiffies())
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    after = processes_cpu_seconds(pids)
+    after = (processes_counters(pids), processes_counters(replica_pids), machine_cpu_jiffies())
     result = parse_wrk(output)
-    if before is None or after is None or not result.requests:
+    n = result.requests
+    if not n:
         return result
-    return dataclasses.replace(result, cpu_us=(after - before) * 1e6 / result.requests)
+    (proxy_a, replicas_a, machine_a), (proxy_b, replicas_b, machine_b) = before, after
+    if proxy_a is not None and proxy_b is not None:
+        result = dataclasses.replace(
+            result, cpu_us=(proxy_b[0] - proxy_a[0]) * 1e6 / n, preempted=(proxy_b[1] - proxy_a[1]) / n
+        )
+    if replicas_a is not None and replicas_b is not None:
+        result = dataclasses.replace(result, replicas_cpu_us=(replicas_b[0] - replicas_a[0]) * 1e6 / n)
+    if machine_a is not None and machine_b is not None and machine_b[0] > machine_a[0]:
+        idle = 100.0 * (machine_b[1] - machine_a[1]) / (machine_b[0] - machine_a[0])
+        result = dataclasses.replace(result, idle_percent=idle)
+    return result
 
 
-def processes_cpu_seconds(pids: Sequence[int]) -> float | None:
-    """The sum of ``process_cpu_seconds`` over ``pids``; None when there are none or one cannot be read."""
-    total = 0.0
-    for pid in pids:
-        seconds = process_cpu_seconds(pid)
-        if seconds is None:
-            return None
-        total += seconds
-    return total if pids else None
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU seconds of ``pid`` and its child processes (nginx's worker), from /proc."""
+def processes_counters(pids: Sequence[int]) -> tuple[float, int] | None:
+    """User plus system CPU seconds and involuntary context switches of ``pids`` and their child processes
+    (nginx's worker), from /proc; None when there are no pids or one cannot be read."""
+    if not pids:
+        return None
+    seconds, preempted = 0.0, 0
     try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        total = 0
-        for one in [pid, *(int(child) for child in children)]:
-            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+        for pid in pids:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            for one in [pid, *(int(child) for child in children)]:
+                fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+                seconds += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # stat(5)'s 14, 15
+                status = Path(f"/proc/{one}/status").read_text()
+                preempted += int(status.split("nonvoluntary_ctxt_switches:", 1)[1].split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return total / os.sysconf("SC_CLK_TCK")
+    return seconds, preempted
+
+
+def machine_cpu_jiffies() -> tuple[int, int] | None:
+    """All cores' CPU time and the idle part of it (idle + iowait), in clock ticks, from /proc/stat."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(fields), fields[3] + fields[4]
 
 
 def free_port() -> int:
@@ -402,29 +426,40 @@ class Row:
 
 
 def median_result(results: Sequence[WrkResult]) -> WrkResult:
-    cpu = [r.cpu_us for r in results if r.cpu_us is not None]
+    def median_of(values: Sequence[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known and len(known) == len(values) else None
+
     return WrkResult(
         rps=statistics.median(r.rps for r in results),
         p50_ms=statistics.median(r.p50_ms for r in results),
         p99_ms=statistics.median(r.p99_ms for r in results),
         errors=sum(r.errors for r in results),
         requests=sum(r.requests for r in results),
-        cpu_us=statistics.median(cpu) if len(cpu) == len(results) else None,
+        cpu_us=median_of([r.cpu_us for r in results]),
+        preempted=median_of([r.preempted for r in results]),
+        replicas_cpu_us=median_of([r.replicas_cpu_us for r in results]),
+        idle_percent=median_of([r.idle_percent for r in results]),
     )
 
 
 def render_table(rows: Sequence[Row], nginx: WrkResult) -> str:
     lines = [
         "| path | requests/s | p50 latency | p99 latency | rps vs nginx | p99 vs nginx | proxy CPU per request "
-        "| errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| proxy preempted per request | replicas' CPU per request | CPU idle | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
+    def shown(value: float | None, form: str) -> str:
+        return "-" if value is None else form.format(value)
+
     for row in rows:
         r = row.result
-        cpu = f"{r.cpu_us:.1f} us" if r.cpu_us is not None else "-"
         lines.append(
             f"| {row.name} | {r.rps:,.0f} | {r.p50_ms:.2f} ms | {r.p99_ms:.2f} ms | "
-            f"{r.rps / nginx.rps:.2f}x | {r.p99_ms / nginx.p99_ms:.2f}x | {cpu} | {r.errors} |"
+            f"{r.rps / nginx.rps:.2f}x | {r.p99_ms / nginx.p99_ms:.2f}x | {shown(r.cpu_us, '{:.1f} us')} | "
+            f"{shown(r.preempted, '{:.2f}')} | {shown(r.replicas_cpu_us, '{:.1f} us')} | "
+            f"{shown(r.idle_percent, '{:.0f}%')} | {r.errors} |"
         )
     return "\n".join(lines)
 
@@ -448,17 +483,12 @@ def measure_busy_cpu(seconds: float = 2.0) -> float | None:
     Taken before the run: other work on the machine shows up here and skews every figure below.
     """
 
-    def sample() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        return sum(fields), idle
-
-    try:
-        total_a, idle_a = sample()
-        time.sleep(seconds)
-        total_b, idle_b = sample()
-    except OSError:
+    before = machine_cpu_jiffies()
+    time.sleep(seconds)
+    after = machine_cpu_jiffies()
+    if before is None or after is None:
         return None
+    (total_a, idle_a), (total_b, idle_b) = before, after
     total = total_b - total_a
     return 100.0 * (total - (idle_b - idle_a)) / total if total else None
 
@@ -566,13 +596,15 @@ def bench(args: argparse.Namespace) -> int:
                     name = f"{label}{loop_name}" + (f", {workers} workers" if workers > 1 else "")
                     targets[f"sky-lite LB ({name}) -> 2 replicas"] = (url, tuple(lb_pids))
         results: dict[str, list[WrkResult]] = {name: [] for name in targets}
+        replica_pids = tuple(replica.pid for replica in replicas)
         for url, _ in targets.values():  # warm up: connection pools, caches, the interpreter's allocator
             run_wrk(url, args.connections, 2)
         for round_index in range(args.rounds):
             for name, (url, pids) in targets.items():
-                result = run_wrk(url, args.connections, args.duration, pids)
+                result = run_wrk(url, args.connections, args.duration, pids, replica_pids)
                 results[name].append(result)
                 cpu = f", CPU {result.cpu_us:.1f} us/request" if result.cpu_us is not None else ""
+                cpu += f", CPU idle {result.idle_percent:.0f}%" if result.idle_percent is not None else ""
                 print(
                     f"round {round_index + 1}/{args.rounds} {name}: {result.rps:,.0f} req/s, "
                     f"p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, errors {result.errors}{cpu}",
