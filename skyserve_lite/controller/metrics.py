@@ -6,7 +6,7 @@ controller loop serves ``GET /metrics`` in prometheus-client's text format, from
 starts in ``MetricsExporter.start`` (never in a constructor). Nothing is computed between scrapes except
 the pass-duration histogram: each scrape reads
 
-* the snapshot files the host's load balancers publish about once a second (``lb.snapshots``, written
+* the snapshot files the host's load balancers publish about once a second (``lb.metrics_file``, written
   by ``lb.metrics``), skipping a file whose process is gone (its counts went with it; a restarted load
   balancer counts from 0, which rate() reads as a reset);
 * the state, opened read-only for the scrape: replicas by service, version and status, and each
@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from skyserve_lite import procs
 from skyserve_lite.errors import UsageError
-from skyserve_lite.lb.snapshots import LATENCY_BUCKETS, LbSnapshot, metrics_dir, read_snapshots
+from skyserve_lite.lb.metrics_file import LATENCY_BUCKETS, LbSnapshot, metrics_dir, read_snapshots
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

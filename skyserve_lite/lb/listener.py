@@ -148,8 +148,9 @@ def bind_listening_sockets(
     be bound (the others are closed then).
 
     With ``reuse_port`` (SO_REUSEPORT) other processes of the same user may bind the same port the same way,
-    and the kernel spreads new connections over them: several load-balancer processes serving one port.
-    Raises OSError where the platform has no SO_REUSEPORT."""
+    and the kernel spreads new connections over them: several load-balancer processes serving one port, for
+    benchmarks/lb_bench.py. Any such process may join, so nothing in the product asks for it. Raises
+    OSError where the platform has no SO_REUSEPORT."""
     if reuse_port and not hasattr(socket, "SO_REUSEPORT"):
         raise OSError(f"cannot share port {port} between processes: this platform has no SO_REUSEPORT")
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)

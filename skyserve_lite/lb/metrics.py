@@ -5,7 +5,7 @@ attempt that got a response, one to a latency bucket; no lock, no string built, 
 touched on the request path. ``take_snapshot`` copies the totals with what the load balancer knows at that
 moment (requests in flight per replica, requests held, retries, ejections) into an ``LbSnapshot``;
 ``publish_every`` writes it about once a second, when it changed, to ``metrics_path(home, service)``
-(``$SKY_LITE_HOME/metrics/lb/<service>.json``, replaced atomically; the file's format is ``lb.snapshots``,
+(``$SKY_LITE_HOME/metrics/lb/<service>.json``, replaced atomically; the file's format is ``lb.metrics_file``,
 whose names this module re-exports). The controller's exporter
 (``controller.metrics``) reads those files when Prometheus scrapes, so the load balancers open no port of
 their own and several of them on one host need no shared memory: see docs/architecture.md, "Metrics".
@@ -25,8 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final, Protocol
 
-from skyserve_lite.lb.outcomes import STATUS_CLASSES, Outcome
-from skyserve_lite.lb.snapshots import (
+from skyserve_lite.lb.metrics_file import (
     LATENCY_BUCKETS,
     LatencyRow,
     LbSnapshot,
@@ -36,6 +35,7 @@ from skyserve_lite.lb.snapshots import (
     read_snapshots,
     write_snapshot,
 )
+from skyserve_lite.lb.outcomes import STATUS_CLASSES, Outcome
 
 __all__ = [
     "FORGET_SECONDS",

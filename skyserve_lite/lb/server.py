@@ -929,8 +929,9 @@ async def serve(
     """Run ``lb`` on ``host:port`` under ``limits`` (the defaults when None) until ``stop`` is set or its
     source says the service is gone; over TLS for the connections accepted while ``ssl_context()`` gives a
     context. ``on_listening`` is awaited with the addresses bound, once they are. ``reuse_port`` lets other
-    processes serve the same port (each with its own ``lb``: nothing is shared between them but the port;
-    benchmarks/lb_bench.py ``--lb-workers`` measures that).
+    processes serve the same port (each with its own ``lb``: nothing is shared between them but the port).
+    It is for measuring only (benchmarks/lb_bench.py ``--workers``): any process of the same user may then
+    join the port, so the product never turns it on (docs/benchmarks.md, "fourth pass").
 
     Raises OSError when the port cannot be bound. On return the listening sockets are closed, the requests
     in flight are answered, the counts of completed seconds are flushed and the upstream client is closed.

@@ -18,13 +18,13 @@ from skyserve_lite.clock import FakeClock
 from skyserve_lite.controller.metrics import MetricsAddress, MetricsExporter, parse_metrics_addr
 from skyserve_lite.errors import UsageError
 from skyserve_lite.lb.metrics import LbMetrics
+from skyserve_lite.lb.metrics_file import metrics_path, write_snapshot
 from skyserve_lite.lb.outcomes import Outcome
-from skyserve_lite.lb.snapshots import metrics_path, write_snapshot
 from skyserve_lite.spec.model import SubmittedTask
 from skyserve_lite.spec.parse import parse_task
 from skyserve_lite.state.models import AutoscalerObservation, ReplicaRecord, ReplicaStatus
 from skyserve_lite.state.store import Store
-from tests.prometheus_text import IdleLoad, parse_samples, sample
+from tests.metrics_helpers import IdleLoad, parse_samples, sample
 
 
 @pytest.mark.parametrize(("value", "expected"), [

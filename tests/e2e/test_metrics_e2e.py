@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite.procs import find_free_port
-from tests.prometheus_text import Samples, parse_samples
+from tests.metrics_helpers import Samples, parse_samples
 
 from .conftest import SkyLite, answering_run, http_get, wait_until
 
@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 TASK = "service:\n  readiness_probe: /\n  replicas: 1\n" + answering_run('"hello"')
 REQUESTS = 20
+
 
 def _scrape(url: str) -> Samples:
     with urllib.request.urlopen(url, timeout=10) as response:

@@ -1,4 +1,4 @@
-"""Metrics for Prometheus: the load balancer's totals (``lb.metrics``), its snapshot file (``lb.snapshots``)
+"""Metrics for Prometheus: the load balancer's totals (``lb.metrics``), its snapshot file (``lb.metrics_file``)
 and the families the controller host renders from it, read back with prometheus-client's own parser. The
 controller host's endpoint itself: tests/controller/test_metrics_endpoint.py."""
 
@@ -20,7 +20,7 @@ from skyserve_lite.controller.metrics import (
 from skyserve_lite.lb.metrics import LbMetrics, LbSnapshot, metrics_path, read_snapshot, write_snapshot
 from skyserve_lite.lb.outcomes import Failure, Outcome
 from skyserve_lite.lb.proxy import LbView, LoadBalancer
-from tests.prometheus_text import IdleLoad, parse_samples, sample
+from tests.metrics_helpers import IdleLoad, parse_samples, sample
 
 from .serving import StaticSource, serve_app, serve_lb
 

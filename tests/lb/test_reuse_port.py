@@ -31,8 +31,10 @@ def test_a_port_is_shared_only_when_every_socket_asks() -> None:
     port = first[0].getsockname()[1]
     try:
         second = bind_listening_sockets("127.0.0.1", port, reuse_port=True)
-        assert second[0].getsockname()[1] == port
-        _close(second)
+        try:
+            assert second[0].getsockname()[1] == port
+        finally:
+            _close(second)
         with pytest.raises(OSError):
             _close(bind_listening_sockets("127.0.0.1", port))
     finally:

@@ -31,6 +31,7 @@ __all__ = [
 # generation (60 s). 14 buckets x the replicas of a service is a few hundred series at most.
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+
 @dataclass(frozen=True)
 class LatencyRow:
     """One latency histogram: counts per bucket of ``LATENCY_BUCKETS`` (not cumulative), then the +Inf
