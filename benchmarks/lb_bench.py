@@ -236,13 +236,39 @@ def run_wrk(
     # The same header to every path, so that each reads and forwards requests of the same size.
     command = ["wrk", "--latency", "-t1", f"-c{connections}", f"-d{duration}s"]
     command += ["-H", f"Authorization: Bearer {BENCH_KEY}", url]
-    before = (processes_counters(pids), processes_counters(replica_pids), machine_cpu_jiffies())
+    before = Counters(processes_counters(pids), processes_counters(replica_pids), machine_cpu_jiffies())
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    after = (processes_counters(pids), processes_counters(replica_pids), machine_cpu_jiffies())
-    result = parse_wrk(output)
+    after = Counters(processes_counters(pids), processes_counters(replica_pids), machine_cpu_jiffies())
+    return compute_rates(parse_wrk(output), before, after)
+
+
+@dataclass(frozen=True)
+class Counters:
+    """What /proc said at one moment: the proxy's (CPU seconds, involuntary context switches), the
+    replicas' likewise, the machine's (all CPU ticks, idle ticks); None where it could not tell."""
+
+    proxy: tuple[float, int] | None
+    replicas: tuple[float, int] | None
+    machine: tuple[int, int] | None
+
+
+def compute_rates(result: WrkResult, before: Counters, after: Counters) -> WrkResult:
+    """``result`` with the per-request figures between ``before`` and ``after`` (those both can tell)."""
     n = result.requests
     if not n:
         return result
+    if before.proxy is not None and after.proxy is not None:
+        result = dataclasses.replace(
+            result,
+            cpu_us=(after.proxy[0] - before.proxy[0]) * 1e6 / n,
+            preempted=(after.proxy[1] - before.proxy[1]) / n,
+        )
+    if before.replicas is not None and after.replicas is not None:
+        result = dataclasses.replace(result, replicas_cpu_us=(after.replicas[0] - before.replicas[0]) * 1e6 / n)
+    if before.machine is not None and after.machine is not None and after.machine[0] > before.machine[0]:
+        idle = 100.0 * (after.machine[1] - before.machine[1]) / (after.machine[0] - before.machine[0])
+        result = dataclasses.replace(result, idle_percent=idle)
+    return result
     (proxy_a, replicas_a, machine_a), (proxy_b, replicas_b, machine_b) = before, after
     if proxy_a is not None and proxy_b is not None:
         result = dataclasses.replace(
@@ -257,8 +283,9 @@ def run_wrk(
 
 
 def processes_counters(pids: Sequence[int]) -> tuple[float, int] | None:
-    """User plus system CPU seconds and involuntary context switches of ``pids`` and their child processes
-    (nginx's worker), from /proc; None when there are no pids or one cannot be read."""
+    """User plus system CPU seconds and involuntary context switches (of every thread: Envoy proxies on
+    worker threads) of ``pids`` and their child processes (nginx's worker), from /proc; None when there are
+    no pids or one cannot be read."""
     if not pids:
         return None
     seconds, preempted = 0.0, 0
@@ -268,8 +295,9 @@ def processes_counters(pids: Sequence[int]) -> tuple[float, int] | None:
             for one in [pid, *(int(child) for child in children)]:
                 fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
                 seconds += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # stat(5)'s 14, 15
-                status = Path(f"/proc/{one}/status").read_text()
-                preempted += int(status.split("nonvoluntary_ctxt_switches:", 1)[1].split()[0])
+                for status in Path(f"/proc/{one}/task").glob("*/status"):
+                    text = status.read_text()
+                    preempted += int(text.split("nonvoluntary_ctxt_switches:", 1)[1].split()[0])
     except (OSError, ValueError, IndexError):
         return None
     return seconds, preempted
@@ -296,7 +324,8 @@ def wait_until_answering(url: str, process: subprocess.Popen[bytes], timeout: fl
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {BENCH_KEY}"})
     while True:
         if process.poll() is not None:
-            raise SystemExit(f"{process.args!r} exited with {process.returncode} before answering on {url}")
+            said = _said(process)
+            raise SystemExit(f"{process.args!r} exited with {process.returncode} before answering on {url}{said}")
         try:
             with urllib.request.urlopen(request, timeout=1) as response:
                 if response.status == 200:
@@ -308,11 +337,17 @@ def wait_until_answering(url: str, process: subprocess.Popen[bytes], timeout: fl
         time.sleep(0.05)
 
 
+def _said(process: subprocess.Popen[bytes]) -> str:
+    """What an exited process wrote to its stderr (the end of it), for the message about it."""
+    text = process.stderr.read().decode(errors="replace").strip() if process.stderr is not None else ""
+    return f":\n{text[-3000:]}" if text else ""
+
+
 def wait_until_exists(path: Path, process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if process.poll() is not None:
-            raise SystemExit(f"{process.args!r} exited with {process.returncode} before it listened")
+            raise SystemExit(f"{process.args!r} exited with {process.returncode} before it listened{_said(process)}")
         if time.monotonic() > deadline:
             raise SystemExit(f"{process.args!r} did not listen within {timeout:.0f} s")
         time.sleep(0.05)
@@ -556,19 +591,24 @@ def bench(args: argparse.Namespace) -> int:
     replica_urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
     nginx_port = free_port()
     with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lb-bench-")))
+        trees = [("", REPO)] + ([("baseline, ", args.baseline_tree.resolve())] if args.baseline_tree else [])
+        if args.compiled:  # first: a missing compiler stops the run before anything is started
+            trees.append(("compiled, ", compile_tree(tmp / "compiled")))
         replicas = [
             stack.enter_context(started([*me, "--serve-replica", str(port)], url + "/"))
             for port, url in zip(replica_ports, replica_urls, strict=True)
         ]
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lb-bench-")))
+        replica_pids = tuple(replica.pid for replica in replicas)
         (tmp / "nginx.conf").write_text(nginx_conf(tmp, nginx_port, replica_ports))
         nginx = [find_tool("nginx") or "nginx", "-e", str(tmp / "error.log"), "-p", str(tmp)]
         nginx += ["-c", str(tmp / "nginx.conf")]
         nginx_pid = stack.enter_context(started(nginx, f"http://127.0.0.1:{nginx_port}/")).pid
-        # (url, the process whose CPU is counted: the replica for the direct path, else the proxy)
-        targets: dict[str, tuple[str, tuple[int, ...]]] = {
-            "direct to one replica": (f"http://127.0.0.1:{replica_ports[0]}/", (replicas[0].pid,)),
-            "nginx -> 2 replicas": (f"http://127.0.0.1:{nginx_port}/", (nginx_pid,)),
+        # (url, the processes whose CPU is counted: the replica for the direct path, else the proxy's; the
+        # replicas behind the proxy, none for the direct path, whose replica is the first)
+        targets: dict[str, tuple[str, tuple[int, ...], tuple[int, ...]]] = {
+            "direct to one replica": (f"http://127.0.0.1:{replica_ports[0]}/", (replicas[0].pid,), ()),
+            "nginx -> 2 replicas": (f"http://127.0.0.1:{nginx_port}/", (nginx_pid,), replica_pids),
         }
         if args.envoy is not None:
             envoy_port = free_port()
@@ -576,11 +616,8 @@ def bench(args: argparse.Namespace) -> int:
             envoy = [str(args.envoy), "-c", str(tmp / "envoy.json"), "--concurrency", "1", "--log-level", "error"]
             envoy += ["--use-dynamic-base-id"]  # another Envoy on the machine keeps its shared memory
             envoy_pid = stack.enter_context(started(envoy, f"http://127.0.0.1:{envoy_port}/")).pid
-            targets["Envoy (1 worker) -> 2 replicas"] = (f"http://127.0.0.1:{envoy_port}/", (envoy_pid,))
+            targets["Envoy (1 worker) -> 2 replicas"] = (f"http://127.0.0.1:{envoy_port}/", (envoy_pid,), replica_pids)
         flags = [*(["--lb-auth"] if args.auth else []), *(["--lb-metrics"] if args.metrics else [])]
-        trees = [("", REPO)] + ([("baseline, ", args.baseline_tree.resolve())] if args.baseline_tree else [])
-        if args.compiled:
-            trees.append(("compiled, ", compile_tree(tmp / "compiled")))
         for label, tree in trees:
             for loop_name in args.loops:
                 for workers in args.workers:
@@ -594,14 +631,13 @@ def bench(args: argparse.Namespace) -> int:
                         worker_command = [*command, f"--lb-ready-file={ready}", "--serve-lb", str(lb_port)]
                         lb_pids.append(stack.enter_context(started([*worker_command, *replica_urls], url, ready)).pid)
                     name = f"{label}{loop_name}" + (f", {workers} workers" if workers > 1 else "")
-                    targets[f"sky-lite LB ({name}) -> 2 replicas"] = (url, tuple(lb_pids))
+                    targets[f"sky-lite LB ({name}) -> 2 replicas"] = (url, tuple(lb_pids), replica_pids)
         results: dict[str, list[WrkResult]] = {name: [] for name in targets}
-        replica_pids = tuple(replica.pid for replica in replicas)
-        for url, _ in targets.values():  # warm up: connection pools, caches, the interpreter's allocator
+        for url, _, _ in targets.values():  # warm up: connection pools, caches, the interpreter's allocator
             run_wrk(url, args.connections, 2)
         for round_index in range(args.rounds):
-            for name, (url, pids) in targets.items():
-                result = run_wrk(url, args.connections, args.duration, pids, replica_pids)
+            for name, (url, pids, behind) in targets.items():
+                result = run_wrk(url, args.connections, args.duration, pids, behind)
                 results[name].append(result)
                 cpu = f", CPU {result.cpu_us:.1f} us/request" if result.cpu_us is not None else ""
                 cpu += f", CPU idle {result.idle_percent:.0f}%" if result.idle_percent is not None else ""
@@ -718,8 +754,10 @@ def parse_workers(text: str) -> tuple[int, ...]:
         counts = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         counts = ()
-    if not counts or any(count < 1 for count in counts):
-        raise argparse.ArgumentTypeError(f"--workers: {text!r}; give whole numbers of 1 or more, say 1,2")
+    if not counts or any(count < 1 for count in counts) or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(
+            f"--workers: {text!r}; give different whole numbers of 1 or more, say 1,2"
+        )
     return counts
 
 
