@@ -64,6 +64,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -149,6 +150,11 @@ def serve_lb(
         if ready_file is not None:
             ready_file.touch()
 
+    # Only the arguments asked for: a --baseline-tree checkout older than them still runs as one process.
+    sharing: dict[str, Any] = {"reuse_port": True} if reuse_port else {}
+    if ready_file is not None:
+        sharing["on_listening"] = listening
+
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -156,7 +162,7 @@ def serve_lb(
             loop.add_signal_handler(signum, stop.set)
         if not metrics:
             lb = LoadBalancer("bench", StaticSource(), None, SystemClock(), guard=guard)
-            await serve(lb, "127.0.0.1", port, stop, on_listening=listening, reuse_port=reuse_port)
+            await serve(lb, "127.0.0.1", port, stop, **sharing)
             return
         from skyserve_lite.lb.metrics import LbMetrics
 
@@ -165,7 +171,7 @@ def serve_lb(
         with tempfile.TemporaryDirectory(prefix="lb-bench-metrics-") as tmp:
             publishing = asyncio.create_task(counted.publish_every(lb, Path(tmp) / "bench.json", time.time))
             try:
-                await serve(lb, "127.0.0.1", port, stop, on_listening=listening, reuse_port=reuse_port)
+                await serve(lb, "127.0.0.1", port, stop, **sharing)
             finally:
                 publishing.cancel()
 
@@ -627,9 +633,12 @@ def bench(args: argparse.Namespace) -> int:
                     command += ["--lb-reuse-port"] if workers > 1 else []
                     lb_pids = []
                     for worker in range(workers):
-                        ready = tmp / f"lb-{lb_port}-{worker}.ready"
-                        worker_command = [*command, f"--lb-ready-file={ready}", "--serve-lb", str(lb_port)]
-                        lb_pids.append(stack.enter_context(started([*worker_command, *replica_urls], url, ready)).pid)
+                        # A second process on a shared port is not known to listen by an answer (the first
+                        # gives one): it says so with a file. One alone is waited for by its answer.
+                        ready = tmp / f"lb-{lb_port}-{worker}.ready" if workers > 1 else None
+                        worker_command = [*command, *([f"--lb-ready-file={ready}"] if ready else [])]
+                        worker_command += ["--serve-lb", str(lb_port), *replica_urls]
+                        lb_pids.append(stack.enter_context(started(worker_command, url, ready)).pid)
                     name = f"{label}{loop_name}" + (f", {workers} workers" if workers > 1 else "")
                     targets[f"sky-lite LB ({name}) -> 2 replicas"] = (url, tuple(lb_pids), replica_pids)
         results: dict[str, list[WrkResult]] = {name: [] for name in targets}
