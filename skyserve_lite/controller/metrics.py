@@ -8,7 +8,8 @@ the pass-duration histogram: each scrape reads
 
 * the snapshot files the host's load balancers publish about once a second (``lb.metrics_file``, written
   by ``lb.metrics``), skipping a file whose process is gone (its counts went with it; a restarted load
-  balancer counts from 0, which rate() reads as a reset);
+  balancer counts from 0, which rate() reads as a reset), the files of one load balancer's workers added
+  up (``merge_snapshots``: one series per label set, whatever the count of workers);
 * the state, opened read-only for the scrape: replicas by service, version and status, and each
   service's autoscaler targets (raw: what the policy computed; chosen: within the bounds, with the
   hysteresis), as `serve status` shows them.
@@ -33,7 +34,7 @@ from prometheus_client.registry import Collector
 
 from skyserve_lite import procs
 from skyserve_lite.errors import UsageError
-from skyserve_lite.lb.metrics_file import LATENCY_BUCKETS, LbSnapshot, metrics_dir, read_snapshots
+from skyserve_lite.lb.metrics_file import LATENCY_BUCKETS, LbSnapshot, merge_snapshots, metrics_dir, read_snapshots
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -189,7 +190,7 @@ class HostCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         paths = sorted(metrics_dir(self._home).glob("*.json"))
-        yield from compute_lb_families(find_live_snapshots(read_snapshots(paths), self._is_alive))
+        yield from compute_lb_families(merge_snapshots(find_live_snapshots(read_snapshots(paths), self._is_alive)))
         try:
             store = self._open_store()
             try:

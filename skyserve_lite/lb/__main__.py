@@ -36,6 +36,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
 import importlib
 import logging
 import os
@@ -44,6 +45,7 @@ import socket
 import sys
 import time
 from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,20 +54,23 @@ from skyserve_lite.errors import SkyLiteError, StateConflictError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.files.manifest import Manifest
 from skyserve_lite.lb.auth_keys import StoreGuardSource
+from skyserve_lite.lb.buckets import SharedBuckets, compute_table_slots, make_shared_table
 from skyserve_lite.lb.current_version import CurrentVersionValue
-from skyserve_lite.lb.guard import Guard
-from skyserve_lite.lb.listener import raise_open_file_limit
+from skyserve_lite.lb.guard import DEFAULT_MAX_BUCKETS, Guard
+from skyserve_lite.lb.listener import Listener, raise_open_file_limit
 from skyserve_lite.lb.metrics import LbMetrics, metrics_path
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
-from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
-from skyserve_lite.lb.server import serve
-from skyserve_lite.lb.settings import ConnectionLimits, LbSettings
+from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer, LocalAnswer
+from skyserve_lite.lb.server import serve, serve_taking
+from skyserve_lite.lb.settings import ConnectionLimits, LbSettings, compute_worker_count
 from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
 from skyserve_lite.lb.version_counts import VersionCounter
+from skyserve_lite.lb.workers import HandoffReceiver, WorkerPool, WorkerProcess, can_hand_off, compute_share
 from skyserve_lite.netaddr import host_port
 from skyserve_lite.state.models import LbEndpoint
 
 if TYPE_CHECKING:
+    from skyserve_lite.spec.model import RateLimit
     from skyserve_lite.state.models import VersionRecord
     from skyserve_lite.state.store import Store
 
@@ -128,10 +133,11 @@ class StoreMetricsSink:
         self._store.record_lb_report(self._service, report, self._lb)
 
 
-def lb_identity(host: str, port: int) -> str:
+def lb_identity(host: str, port: int, worker: int | None = None) -> str:
     """This load balancer among its service's: the machine and the address it listens on
-    (``web-1/0.0.0.0:30001``; on one machine, controllers bind different loopback addresses)."""
-    return f"{socket.gethostname()}/{host_port(host, port)}"
+    (``web-1/0.0.0.0:30001``; on one machine, controllers bind different loopback addresses), and the
+    worker for one of several processes (``web-1/0.0.0.0:30001#2``): each reports its own load."""
+    return f"{socket.gethostname()}/{host_port(host, port)}" + (f"#{worker}" if worker is not None else "")
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -140,7 +146,33 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--service", required=True, help="the service to balance")
     parser.add_argument("--port", required=True, type=int, help="port to listen on")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    return parser.parse_args(argv)
+    # A worker of a parent with SKY_LITE_LB_WORKERS > 1 (``lb.workers``): started by the parent, never by hand.
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--control-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--buckets-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint-pid", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    worker_args = (args.worker, args.workers, args.control_fd, args.buckets_fd, args.endpoint_pid)
+    if any(value is not None for value in worker_args) and any(value is None for value in worker_args):
+        parser.error("--worker, --workers, --control-fd, --buckets-fd and --endpoint-pid go together")
+    return args
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """What a worker process is told by its parent (``lb.workers``): which of how many it is, its end of the
+    control socket, the shared buckets' table and the parent's pid (the endpoint's, for the identity path)."""
+
+    index: int
+    count: int
+    control_fd: int
+    buckets_fd: int
+    endpoint_pid: int
+
+    def args(self) -> list[str]:
+        return ["--worker", str(self.index), "--workers", str(self.count), "--control-fd", str(self.control_fd),
+                "--buckets-fd", str(self.buckets_fd), "--endpoint-pid", str(self.endpoint_pid)]
 
 
 def _run_until_complete(coro: Coroutine[Any, Any, int]) -> int:
@@ -157,8 +189,10 @@ def _run_until_complete(coro: Coroutine[Any, Any, int]) -> int:
 
 
 async def _run(
-    home: Path, service: str, host: str, port: int, settings: LbSettings, limits: ConnectionLimits
+    home: Path, service: str, host: str, port: int, settings: LbSettings, limits: ConnectionLimits,
+    role: WorkerRole | None = None,
 ) -> int:
+    """Serve as the one load-balancer process, or as a worker of a parent (``role``)."""
     from skyserve_lite.state.store import Store  # the store is needed by the process only, not by the server
 
     loop = asyncio.get_running_loop()
@@ -171,12 +205,15 @@ async def _run(
         loop.add_signal_handler(signum, stop.set)
 
     store = await asyncio.to_thread(lambda: Store.open(home, create=False))
-    tls = TlsReloader(service, StoreTlsSource(store, service), blob_store_of(home), tls_dir(home, service))
+    worker = role.index if role is not None else None
+    tls = TlsReloader(service, StoreTlsSource(store, service), blob_store_of(home), tls_dir(home, service, worker))
+    shared: list[SharedBuckets] = []
     try:
         guard_source = StoreGuardSource.of_home(store, service, home)
         try:
             # Before listening, and fatal: an endpoint with service.auth must never answer without its keys.
-            guard = Guard(await asyncio.to_thread(guard_source.read))
+            guard = Guard(await asyncio.to_thread(guard_source.read),
+                          buckets=None if role is None else functools.partial(_shared_buckets, role, shared))
         except StateConflictError as exc:  # names the key and the version, never a value
             print(f"sky-lite load balancer for service {service}: cannot read its API keys: {exc}", file=sys.stderr)
             return 1
@@ -185,7 +222,7 @@ async def _run(
         lb = LoadBalancer(
             service,
             StoreTargetSource(store, service),
-            StoreMetricsSink(store, service, lb_identity(host, port)),
+            StoreMetricsSink(store, service, lb_identity(host, port, worker)),
             SystemClock(),
             hold_seconds=settings.hold_seconds,
             upstream=upstream_factory(settings),
@@ -195,7 +232,7 @@ async def _run(
             guard_source=guard_source,
             outcomes=(versions, metrics),
             identity={"service": service, "controller_id": await asyncio.to_thread(lambda: store.controller_id),
-                      "pid": os.getpid()},
+                      "pid": role.endpoint_pid if role is not None else os.getpid()},
         )
         log.info("starting load balancer for service %s on %s:%d (home %s)", service, host, port, home)
         try:
@@ -207,11 +244,21 @@ async def _run(
         reloading = asyncio.create_task(tls.run(), name=f"lb-tls-{service}")
         write_counts = functools.partial(store.record_version_counts, service)
         counting = asyncio.create_task(versions.flush_every(write_counts), name=f"lb-version-counts-{service}")
-        publishing = asyncio.create_task(metrics.publish_every(lb, metrics_path(home, service), time.time),
+        publishing = asyncio.create_task(metrics.publish_every(lb, metrics_path(home, service, worker), time.time),
                                          name=f"lb-metrics-{service}")
         try:
-            await serve(lb, host, port, stop, limits, ssl_context=lambda: tls.context,
-                        on_listening=functools.partial(_record_endpoint, store, service))
+            if role is not None:
+                receiver = HandoffReceiver(socket.socket(fileno=role.control_fd), stop.set)
+                try:
+                    await serve_taking(lb, stop, receiver.attach,
+                                       replace(limits, max_connections=compute_share(limits.max_connections,
+                                                                                     role.count)),
+                                       ssl_context=lambda: tls.context)
+                finally:
+                    receiver.close()
+            else:
+                await serve(lb, host, port, stop, limits, ssl_context=lambda: tls.context,
+                            on_listening=functools.partial(_record_endpoint, store, service))
         except OSError as exc:  # serve raises OSError only when the port cannot be bound
             print(
                 f"sky-lite load balancer for service {service}: cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -224,7 +271,7 @@ async def _run(
             publishing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await publishing
-            metrics_path(home, service).unlink(missing_ok=True)  # its counts end with the process
+            metrics_path(home, service, worker).unlink(missing_ok=True)  # its counts end with the process
             with contextlib.suppress(asyncio.CancelledError):
                 await reloading
             with contextlib.suppress(asyncio.CancelledError):
@@ -234,12 +281,84 @@ async def _run(
             except Exception:  # the last flush; nothing is left to retry it
                 log.exception("load balancer for service %s: final flush of version counts failed", service)
     finally:
-        with contextlib.suppress(Exception):  # a record left behind names a dead pid, which readers can tell
-            await asyncio.to_thread(store.delete_lb_endpoint, service, socket.gethostname(), os.getpid())
+        if role is None:  # a worker's parent owns the record
+            with contextlib.suppress(Exception):  # a record left behind names a dead pid, which readers can tell
+                await asyncio.to_thread(store.delete_lb_endpoint, service, socket.gethostname(), os.getpid())
+        for table in shared:
+            table.close()
         await asyncio.to_thread(tls.discard)  # the key's copy lives only as long as the load balancer
         await asyncio.to_thread(store.close)
     log.info("load balancer for service %s stopped", service)
     return 0
+
+
+def _shared_buckets(role: WorkerRole, opened: list[SharedBuckets], limits: tuple[RateLimit, ...]) -> SharedBuckets:
+    """The workers' shared table (``lb.buckets``) for ``limits``: keyed by them, so that new limits start from
+    fresh buckets in every worker, as a single process's do."""
+    salt = hashlib.blake2b(repr(limits).encode(), digest_size=32).digest()
+    table = SharedBuckets(role.buckets_fd, salt)
+    opened.append(table)
+    return table
+
+
+async def _run_parent(
+    home: Path, service: str, host: str, port: int, limits: ConnectionLimits, count: int
+) -> int:
+    """Own the port and hand its connections to ``count`` workers (``lb.workers``); returns the exit status:
+    0 stopped, 1 the port cannot be bound or the store opened, or a worker's status when one could not
+    start (e.g. 1: the API keys cannot be read)."""
+    from skyserve_lite.lb.server import render_local_answer, too_many_from_client_message
+    from skyserve_lite.state.store import Store
+
+    loop = asyncio.get_running_loop()
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lb-store")
+    loop.set_default_executor(executor)
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    store = await asyncio.to_thread(lambda: Store.open(home, create=False))
+    buckets_fd = make_shared_table(compute_table_slots(DEFAULT_MAX_BUCKETS))
+    name = f"load balancer for service {service}"
+
+    async def spawn(index: int, control: socket.socket) -> WorkerProcess:
+        role = WorkerRole(index, count, control.fileno(), buckets_fd, os.getpid())
+        command = [sys.executable, "-m", "skyserve_lite.lb", "--home", str(home), "--service", service,
+                   "--host", host, "--port", str(port), *role.args()]
+        return await asyncio.create_subprocess_exec(*command, pass_fds=(control.fileno(), buckets_fd))
+
+    pool = WorkerPool(count, spawn, name)
+    client_refusal = render_local_answer(
+        LocalAnswer(503, too_many_from_client_message(service, limits.per_client)), False, False)
+    # The parent holds each client address to its limit; the total is the workers' (each holds its share
+    # and makes room by closing its longest idle connection), so the parent never refuses for it.
+    listener = Listener(lambda release: asyncio.Protocol(), client_refusal, name, sys.maxsize,
+                        max_per_client=limits.per_client, hand_off=pool.hand_off)
+    try:
+        try:
+            addresses = listener.start(host, port)
+        except OSError as exc:
+            print(f"sky-lite {name}: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        log.info("%s listening on %s with %d worker processes", name,
+                 ", ".join(f"{address[0]}:{address[1]}" for address in addresses), count)
+        if not await pool.start():
+            return pool.exit_status
+        await _record_endpoint(store, service, addresses)
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(pool.finished.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        return pool.exit_status
+    finally:
+        listener.close()
+        await pool.stop()  # each worker answers its requests in flight first
+        os.close(buckets_fd)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(store.delete_lb_endpoint, service, socket.gethostname(), os.getpid())
+        await asyncio.to_thread(store.close)
+        log.info("%s stopped", name)
 
 
 async def _record_endpoint(store: Store, service: str, addresses: list[tuple[str, int]]) -> None:
@@ -272,6 +391,13 @@ def start_limits(settings: LbSettings) -> ConnectionLimits:
     return limits
 
 
+def _cpu_count() -> int:
+    """CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the load balancer; returns the exit status (0 stopped normally, 1 could not start, 2 bad setting)."""
     args = _parse_args(argv)
@@ -279,7 +405,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = LbSettings.from_env(os.environ)
         limits = start_limits(settings)
-        return _run_until_complete(_run(Path(args.home), args.service, args.host, args.port, settings, limits))
+        home = Path(args.home)
+        if args.worker is not None:
+            role = WorkerRole(args.worker, args.workers, args.control_fd, args.buckets_fd, args.endpoint_pid)
+            return _run_until_complete(_run(home, args.service, args.host, args.port, settings, limits, role))
+        count = compute_worker_count(settings.workers, _cpu_count(), can_hand_off())
+        if count > 1:
+            return _run_until_complete(_run_parent(home, args.service, args.host, args.port, limits, count))
+        return _run_until_complete(_run(home, args.service, args.host, args.port, settings, limits))
     except SkyLiteError as exc:  # e.g. the store cannot be opened
         print(f"sky-lite load balancer for service {args.service}: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -53,12 +53,12 @@ import hashlib
 import hmac
 import ipaddress
 import math
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
+from skyserve_lite.lb.buckets import SLACK, BucketStore, LocalBuckets
 from skyserve_lite.spec.model import RateLimit, RateLimitKeyType
 
 __all__ = [
@@ -82,12 +82,6 @@ __all__ = [
 # 50,000 buckets of ~320 bytes (key, float and the order's links, measured) are ~16 MiB, beside the ~100 MiB
 # 10,000 connections take; more clients than that active within one refill period are rare for one service.
 DEFAULT_MAX_BUCKETS: Final = 50_000
-# Buckets dropped per decision when idle, besides the one over the cap: 16 keeps ahead of the one bucket a
-# decision may add, without one request paying for dropping 100,000 at once.
-_DROP_PER_DECISION: Final = 16
-# Float slack: `rps: 3` gives an interval of 0.333..., and ten of them may add up to a hair above 3 * 0.333...;
-# without it the burst's last request would be refused by rounding.
-_SLACK: Final = 1e-9
 _BEARER: Final = "bearer"
 AUTHORIZATION: Final = "Authorization"
 
@@ -229,9 +223,9 @@ def compute_client_key(client_ip: str | None) -> str:
 
 def compute_retry_after(wait_seconds: float) -> int:
     """``Retry-After`` for a wait: whole seconds rounded up, at least 1 (``0.25`` -> 1, ``2.0`` -> 2,
-    ``2.0000001`` -> 3). Within ``_SLACK`` of a whole number counts as that number, so float error in the
+    ``2.0000001`` -> 3). Within ``SLACK`` of a whole number counts as that number, so float error in the
     bucket arithmetic does not add a second."""
-    return max(1, math.ceil(wait_seconds - _SLACK))
+    return max(1, math.ceil(wait_seconds - SLACK))
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,9 +245,8 @@ class RateLimiter:
     empty for that hour.
     """
 
-    def __init__(self, limits: Sequence[RateLimit], max_buckets: int = DEFAULT_MAX_BUCKETS) -> None:
-        if max_buckets < 1:
-            raise ValueError(f"max_buckets must be at least 1, got {max_buckets}")
+    def __init__(self, limits: Sequence[RateLimit], max_buckets: int = DEFAULT_MAX_BUCKETS,
+                 buckets: BucketStore | None = None) -> None:
         self.limits = tuple(limits)
         # Longest prefix first: the first that matches is the longest (prefixes are distinct).
         self._rules = sorted(
@@ -263,11 +256,9 @@ class RateLimiter:
             key=lambda rule: -len(rule.limit.prefix))
         # One limit on "/" (the default prefix) decides every request: its path need not be normalized.
         self._only_root = self._rules[0] if len(self._rules) == 1 and self._rules[0].limit.prefix == "/" else None
-        self._max_buckets = max_buckets
-        # (limit index, client key) -> tat, least recently used first. A client key is a str for an address
-        # and 16 bytes for a header's value: the two types never compare equal, so a header cannot be made
-        # to share an address's bucket.
-        self._buckets: OrderedDict[tuple[int, str | bytes], float] = OrderedDict()
+        # (limit index, client key) -> tat: this process's (``LocalBuckets``) unless the workers of one load
+        # balancer share theirs (``lb.buckets.SharedBuckets``).
+        self._buckets = buckets if buckets is not None else LocalBuckets(max_buckets)
 
     def __len__(self) -> int:
         """Buckets held now (for tests and metrics)."""
@@ -303,42 +294,25 @@ class RateLimiter:
             client = client_ip  # compute_client_key's IPv4 case, inlined: this runs per request
         else:
             client = compute_client_key(client_ip)
-        buckets = self._buckets
-        if buckets and buckets[next(iter(buckets))] <= now:
-            self._drop_idle(now)
-        bucket = (rule.index, client)
-        start = max(buckets.get(bucket, now), now)
-        wait = start - now - rule.tolerance
-        if wait > _SLACK:
-            buckets.move_to_end(bucket)  # present: an absent bucket is full, never refuses
+        wait = self._buckets.take((rule.index, client), now, rule.interval, rule.tolerance)
+        if wait > SLACK:
             return Limited(compute_retry_after(wait), rule.limit.prefix)
-        buckets[bucket] = start + rule.interval
-        buckets.move_to_end(bucket)
-        if len(buckets) > self._max_buckets:
-            buckets.popitem(last=False)
         return ALLOWED
-
-    def _drop_idle(self, now: float) -> None:
-        """Drop least recently used buckets that are full again (``tat`` past), a few per call."""
-        buckets = self._buckets
-        for _ in range(_DROP_PER_DECISION):
-            if not buckets:
-                return
-            oldest = next(iter(buckets))
-            if buckets[oldest] > now:
-                return
-            del buckets[oldest]
 
 
 class Guard:
     """A service's rate limits and keys, as its current version says (``configure``), deciding requests.
 
     Not thread-safe (one event loop). ``configure`` keeps the buckets when the limits did not change (a
-    key rotated, another version with the same limits) and starts afresh when they did.
+    key rotated, another version with the same limits) and starts afresh when they did. ``buckets(limits)``
+    gives the store for a set of limits (a worker's view of the shared table, ``lb.buckets``); None keeps
+    them in this process.
     """
 
-    def __init__(self, config: GuardConfig | None = None, *, max_buckets: int = DEFAULT_MAX_BUCKETS) -> None:
+    def __init__(self, config: GuardConfig | None = None, *, max_buckets: int = DEFAULT_MAX_BUCKETS,
+                 buckets: Callable[[tuple[RateLimit, ...]], BucketStore] | None = None) -> None:
         self._max_buckets = max_buckets
+        self._buckets = buckets
         self._config = GuardConfig()
         self._limiter = RateLimiter((), max_buckets)
         self.configure(config or GuardConfig())
@@ -353,7 +327,8 @@ class Guard:
 
     def configure(self, config: GuardConfig) -> None:
         if config.rate_limits != self._limiter.limits:
-            self._limiter = RateLimiter(config.rate_limits, self._max_buckets)
+            store = self._buckets(config.rate_limits) if self._buckets is not None and config.rate_limits else None
+            self._limiter = RateLimiter(config.rate_limits, self._max_buckets, store)
         self._config = config
 
     def decide(self, path: str, client_ip: str | None, headers: Mapping[str, str], now: float) -> Verdict:

@@ -176,19 +176,23 @@ def bind_listening_sockets(
 
 class _Slot:
     """One accepted connection's place under ``max_connections`` and its address's under
-    ``max_per_client``; ``release`` gives both back once."""
+    ``max_per_client``; ``release`` gives both back once, then tells ``released`` (the parent that handed
+    the connection over, for a worker: ``Listener.take``)."""
 
-    __slots__ = ("_client", "_listener", "_released")
+    __slots__ = ("_client", "_listener", "_released", "_then")
 
-    def __init__(self, listener: Listener, client: str) -> None:
+    def __init__(self, listener: Listener, client: str, then: Callable[[], None] | None = None) -> None:
         self._listener = listener
         self._client = client
         self._released = False
+        self._then = then
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             self._listener._connection_closed(self._client)
+            if self._then is not None:
+                self._then()
 
 
 class Listener:
@@ -201,6 +205,11 @@ class Listener:
     ``release`` may come later). ``max_per_client`` None puts no limit per address. The constructor only
     stores its arguments; ``start`` binds and listens, ``close`` stops. Used from one event loop; not
     reusable after ``close``.
+
+    With several worker processes (``lb.workers``) the parent's listener accepts and, instead of serving a
+    connection it admits, gives it to ``hand_off(connection, release)``: True when a worker took it (the
+    parent then calls ``release`` when the worker says the connection closed), False to refuse it. A
+    worker's listener binds nothing (``start_taking``) and is given each connection with ``take``.
     """
 
     def __init__(
@@ -216,8 +225,10 @@ class Listener:
         client_refusal: bytes = b"",
         evict: Callable[[], bool] = lambda: False,
         handshake_seconds: float | None = None,
+        hand_off: Callable[[socket.socket, Callable[[], None]], bool] | None = None,
     ) -> None:
         self._make_protocol = make_protocol
+        self._hand_off = hand_off
         self._refusal = refusal
         self._name = name
         self._max_connections = max_connections
@@ -263,6 +274,19 @@ class Listener:
         self._read()
         return [(str(sock.getsockname()[0]), int(sock.getsockname()[1])) for sock in self._sockets]
 
+    def start_taking(self) -> None:
+        """Start without a listening socket: connections come through ``take`` (a worker's listener)."""
+        self._loop = asyncio.get_running_loop()
+
+    def take(self, connection: socket.socket, address: object, released: Callable[[], None]) -> None:
+        """Serve ``connection``, accepted elsewhere from ``address`` (the parent of a worker), under this
+        listener's limits as an accepted one is; ``released`` is called once it is closed, refused or not."""
+        if self._closed:
+            connection.close()
+            released()
+            return
+        self._decide(connection, address, released)
+
     def close(self) -> None:
         """Stop accepting and close the listening sockets; open connections are the server's. Idempotent."""
         self._closed = True
@@ -305,15 +329,21 @@ class Listener:
             except OSError as exc:
                 self._back_off(exc)
                 return
-            # One client as the rate limits count one: an IPv6 /64 together, `::ffff:1.2.3.4` as `1.2.3.4`.
-            client = compute_client_key(str(address[0])) if isinstance(address, tuple) and address else ""
-            if self._max_per_client is not None and self._per_client.get(client, 0) >= self._max_per_client:
-                self._last_client = client
-                self._refuse(connection, self._client_refusal, self._refused_client)
-            elif self._open >= self._max_connections and not self._make_room():
-                self._refuse(connection, self._refusal, self._refused)
-            else:
-                self._admit(connection, client)
+            self._decide(connection, address, None)
+
+    def _decide(self, connection: socket.socket, address: object, released: Callable[[], None] | None) -> None:
+        # One client as the rate limits count one: an IPv6 /64 together, `::ffff:1.2.3.4` as `1.2.3.4`.
+        client = compute_client_key(str(address[0])) if isinstance(address, tuple) and address else ""
+        if self._max_per_client is not None and self._per_client.get(client, 0) >= self._max_per_client:
+            self._last_client = client
+            self._refuse(connection, self._client_refusal, self._refused_client)
+        elif self._open >= self._max_connections and not self._make_room():
+            self._refuse(connection, self._refusal, self._refused)
+        else:
+            self._admit(connection, client, released)
+            return
+        if released is not None:
+            released()
 
     def _make_room(self) -> bool:
         if not self._evict():
@@ -321,13 +351,18 @@ class Listener:
         self._count(self._evicted)
         return True
 
-    def _admit(self, connection: socket.socket, client: str) -> None:
+    def _admit(self, connection: socket.socket, client: str, released: Callable[[], None] | None) -> None:
         loop = self._loop
         assert loop is not None
         connection.setblocking(False)
         self._open += 1
         self._per_client[client] = self._per_client.get(client, 0) + 1
-        slot = _Slot(self, client)
+        slot = _Slot(self, client, released)
+        if self._hand_off is not None:
+            if not self._hand_off(connection, slot.release):
+                slot.release()
+                self._refuse(connection, self._refusal, self._refused)
+            return
         context = self._ssl_context()
         extra = {"ssl_handshake_timeout": self._handshake_seconds} if context is not None else {}
         task = loop.create_task(

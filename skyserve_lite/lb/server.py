@@ -97,6 +97,7 @@ __all__ = [
     "render_local_answer",
     "render_response_head",
     "serve",
+    "serve_taking",
     "too_many_connections_message",
     "too_many_from_client_message",
 ]
@@ -840,13 +841,32 @@ class HttpServer:
         # taken out when a request arrives and put back at the end after its response).
         self.idle: dict[_ClientConnection, None] = {}
         self._shutdown_seconds = shutdown_seconds
-        self._ssl_context = ssl_context
+        self.ssl_context = ssl_context
         self._listener: Listener | None = None
         self._sweep: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> list[tuple[str, int]]:
         """Listen on ``host:port``; returns the bound addresses (host, port). Raises OSError when it cannot.
         ``reuse_port``: share the port with other processes (``listener.bind_listening_sockets``)."""
+        listener = self._make_listener(per_client=True)
+        addresses = listener.start(host, port, reuse_port)
+        self._started(listener)
+        return addresses
+
+    async def start_taking(self) -> Listener:
+        """Start without listening, for a worker process (``lb.workers``): the listener returned is given
+        the connections its parent accepted (``Listener.take``). The parent holds every client address to
+        its limit, so this one counts only its share of the connections (``limits.max_connections``)."""
+        listener = self._make_listener(per_client=False)
+        listener.start_taking()
+        self._started(listener)
+        return listener
+
+    def _started(self, listener: Listener) -> None:
+        self._listener = listener
+        self._sweep = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep_idle)
+
+    def _make_listener(self, per_client: bool) -> Listener:
         loop = asyncio.get_running_loop()
         limits = self.limits
         refusal = render_local_answer(
@@ -855,21 +875,17 @@ class HttpServer:
         client_refusal = render_local_answer(
             LocalAnswer(503, too_many_from_client_message(self.lb.service, limits.per_client)), False, False
         )
-        listener = Listener(
+        return Listener(
             lambda release: _ClientConnection(self, loop, release),
             refusal,
             f"load balancer for service {self.lb.service}",
             limits.max_connections,
-            ssl_context=self._ssl_context,
-            max_per_client=limits.per_client,
+            ssl_context=self.ssl_context,
+            max_per_client=limits.per_client if per_client else None,
             client_refusal=client_refusal,
             evict=self.evict_oldest_idle,
             handshake_seconds=limits.head_seconds,
         )
-        addresses = listener.start(host, port, reuse_port)
-        self._listener = listener
-        self._sweep = loop.call_later(SWEEP_SECONDS, self._sweep_idle)
-        return addresses
 
     async def close(self) -> None:
         """Stop listening and end every connection, as the class docstring says. Idempotent."""
@@ -937,19 +953,48 @@ async def serve(
     in flight are answered, the counts of completed seconds are flushed and the upstream client is closed.
     """
     server = HttpServer(lb, limits, ssl_context=ssl_context)
-    await lb.start()
-    try:
+
+    async def begin() -> str:
         addresses = await server.start(host, port, reuse_port)
         if on_listening is not None:
             await on_listening(addresses)
-        bound = ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
+        return "listening on " + ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
+
+    await _serve(lb, server, begin, stop)
+
+
+async def serve_taking(
+    lb: LoadBalancer,
+    stop: asyncio.Event,
+    attach: Callable[[Listener], None],
+    limits: ConnectionLimits | None = None,
+    ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
+) -> None:
+    """Run ``lb`` as one worker of several (``lb.workers``): nothing is bound; ``attach`` is called with the
+    listener once it is started, to give it the connections the parent accepted (``Listener.take``), and
+    ``limits.max_connections`` is this worker's share. Returns, as ``serve`` does, when ``stop`` is set or
+    the service is gone, with the requests in flight answered."""
+    server = HttpServer(lb, limits, ssl_context=ssl_context)
+
+    async def begin() -> str:
+        attach(await server.start_taking())
+        return "taking the connections its parent accepts"
+
+    await _serve(lb, server, begin, stop)
+
+
+async def _serve(lb: LoadBalancer, server: HttpServer, begin: Callable[[], Awaitable[str]],
+                 stop: asyncio.Event) -> None:
+    await lb.start()
+    try:
+        where = await begin()
         limits = server.limits
         log.info(
-            "load balancer for service %s listening on %s%s (at most %d client connections, %d per client "
+            "load balancer for service %s %s%s (at most %d client connections, %d per client "
             "address; head deadline %g s, keep-alive %g s; event loop: %s)",
             lb.service,
-            bound,
-            " over HTTPS" if ssl_context() is not None else "",
+            where,
+            " over HTTPS" if server.ssl_context() is not None else "",
             limits.max_connections,
             limits.per_client,
             limits.head_seconds,

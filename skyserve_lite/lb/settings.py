@@ -27,6 +27,12 @@
 ``SKY_LITE_LB_EJECT_SECONDS``
     How long an ejected replica gets no request before a trial one (default 30; more than 0).
 
+``SKY_LITE_LB_WORKERS``
+    Processes serving the endpoint (a whole number, at least 1, or ``auto``: one per CPU the process may
+    run on; default 1). With more than one, a parent process owns the port and hands each connection to
+    the worker with the fewest (``lb.workers``); the connection limits stay the load balancer's as a
+    whole. Where sockets cannot be passed between processes (Windows) it is always 1.
+
 ``LbSettings.from_env`` reads them all and raises ``UsageError`` naming the first invalid variable.
 The deadlines are checked by one sweep a second, so each may run up to a second longer than set.
 """
@@ -79,6 +85,7 @@ KEEPALIVE_SECONDS_VARIABLE: Final = "SKY_LITE_LB_KEEPALIVE_SECONDS"
 UPSTREAM_TIMEOUT_VARIABLE: Final = "SKY_LITE_LB_UPSTREAM_TIMEOUT_SECONDS"
 EJECT_AFTER_FAILURES_VARIABLE: Final = "SKY_LITE_LB_EJECT_AFTER_FAILURES"
 EJECT_SECONDS_VARIABLE: Final = "SKY_LITE_LB_EJECT_SECONDS"
+WORKERS_VARIABLE: Final = "SKY_LITE_LB_WORKERS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +121,7 @@ class LbSettings:
     upstream_timeout_seconds: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS
     eject_after_failures: int = DEFAULT_EJECT_AFTER_FAILURES
     eject_seconds: float = DEFAULT_EJECT_SECONDS
+    workers: int | None = 1  # None: one per CPU (``auto``)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> LbSettings:
@@ -131,6 +139,7 @@ class LbSettings:
                 _count_from_env(environ, EJECT_AFTER_FAILURES_VARIABLE, 0), DEFAULT_EJECT_AFTER_FAILURES
             ),
             eject_seconds=_positive_seconds(environ, EJECT_SECONDS_VARIABLE, DEFAULT_EJECT_SECONDS),
+            workers=workers_from_env(environ),
         )
 
     def connection_limits(self, open_file_limit: int) -> ConnectionLimits:
@@ -159,6 +168,22 @@ def max_connections_from_env(environ: Mapping[str, str]) -> int | None:
     """``SKY_LITE_LB_MAX_CONNECTIONS`` as a whole number (1 or more); None when unset or empty. Raises
     ``UsageError`` naming the variable for anything else ("many", "2.5", "0")."""
     return _count_from_env(environ, MAX_CONNECTIONS_VARIABLE, 1)
+
+
+def workers_from_env(environ: Mapping[str, str]) -> int | None:
+    """``SKY_LITE_LB_WORKERS``: a whole number (1 or more), None for ``auto``; 1 when unset or empty. Raises
+    ``UsageError`` naming the variable for anything else ("two", "0")."""
+    if environ.get(WORKERS_VARIABLE, "").strip().lower() == "auto":
+        return None
+    return _or_default(_count_from_env(environ, WORKERS_VARIABLE, 1), 1)
+
+
+def compute_worker_count(setting: int | None, cpus: int, can_hand_off: bool) -> int:
+    """How many processes serve: ``setting`` (None: ``cpus``, at least 1), or 1 where connections cannot be
+    handed between processes. Pure."""
+    if not can_hand_off:
+        return 1
+    return setting if setting is not None else max(1, cpus)
 
 
 def _or_default(value: int | None, default: int) -> int:

@@ -53,9 +53,10 @@ class TlsSource(Protocol):
         ...
 
 
-def tls_dir(home: Path, service: str) -> Path:
-    """The load balancer's private folder for the key and certificate of ``service``."""
-    return home / "lb" / service / "tls"
+def tls_dir(home: Path, service: str, worker: int | None = None) -> Path:
+    """The load balancer's private folder for the key and certificate of ``service``; with several worker
+    processes (``lb.workers``), worker ``worker``'s own."""
+    return home / "lb" / service / ("tls" if worker is None else f"tls-worker-{worker}")
 
 
 class TlsReloader:

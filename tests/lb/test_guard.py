@@ -14,6 +14,7 @@ from multidict import CIMultiDict
 from skyserve_lite.api import bind_submission
 from skyserve_lite.errors import StateConflictError
 from skyserve_lite.lb.auth_keys import StoreGuardSource, read_guard_config
+from skyserve_lite.lb.buckets import LocalBuckets
 from skyserve_lite.lb.guard import (
     ALLOWED,
     ApiKeys,
@@ -210,10 +211,11 @@ def test_client_keys(client_ip: str | None, key: str) -> None:
 
 
 def test_a_header_value_is_kept_as_a_digest() -> None:
-    limiter = RateLimiter([HEADER_LIMIT])
+    store = LocalBuckets(10)
+    limiter = RateLimiter([HEADER_LIMIT], buckets=store)
     secret_value = "Bearer " + KEY_1 * 100
     limiter.decide("/", "203.0.113.7", CIMultiDict({"X-User": secret_value}), 0.0)
-    [(index, client)] = list(limiter._buckets)
+    [(index, client)] = store.keys()
     assert index == 0 and isinstance(client, bytes) and len(client) == 16  # 16 bytes, whatever the value's size
     assert KEY_1.encode() not in client
 

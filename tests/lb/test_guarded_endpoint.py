@@ -1,5 +1,7 @@
 """``service.auth`` and ``service.rate_limits`` enforced by a real load balancer process
-(``python -m skyserve_lite.lb``) over a real state store, in front of a replica on 127.0.0.1."""
+(``python -m skyserve_lite.lb``) over a real state store, in front of a replica on 127.0.0.1; each test runs
+with one process and with two workers (``lb.workers``: the rate limits' buckets are shared between them, and
+each new connection goes to the worker holding fewer, so the requests below alternate between the two)."""
 
 from __future__ import annotations
 
@@ -119,10 +121,16 @@ def add_ready_replica(home: Path, port: int) -> None:
         store.close()
 
 
-def run_lb(home: Path, port: int) -> subprocess.Popen[str]:
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
+def workers(request: pytest.FixtureRequest) -> int:
+    return int(request.param)
+
+
+def run_lb(home: Path, port: int, workers: int = 1) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "skyserve_lite.lb", "--home", str(home), "--service", "svc", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "SKY_LITE_LB_WORKERS": str(workers)})
 
 
 @dataclass
@@ -147,10 +155,10 @@ class Endpoint:
             connection.close()
 
 
-def start(home: Path) -> Endpoint:
+def start(home: Path, workers: int = 1) -> Endpoint:
     """A load balancer for svc in ``home``, once it answers HTTP (at most 30 s)."""
     port = find_free_port()
-    endpoint = Endpoint(home, port, run_lb(home, port))
+    endpoint = Endpoint(home, port, run_lb(home, port, workers))
     deadline = time.monotonic() + 30
     while True:
         if endpoint.process.poll() is not None:
@@ -172,11 +180,11 @@ def stop(endpoint: Endpoint) -> str:
 
 
 @pytest.fixture
-def endpoint(tmp_path: Path, replica: Replica, request: pytest.FixtureRequest) -> Iterator[Endpoint]:
+def endpoint(tmp_path: Path, replica: Replica, workers: int, request: pytest.FixtureRequest) -> Iterator[Endpoint]:
     home = tmp_path / "home"
     submit(home, getattr(request, "param", AUTH_TASK), (KEY_1, KEY_2))
     add_ready_replica(home, replica.port)
-    running = start(home)
+    running = start(home, workers)
     try:
         yield running
     finally:
@@ -246,12 +254,13 @@ def test_a_key_rotated_in_a_new_version_reaches_the_running_load_balancer(endpoi
     assert endpoint.get(key=KEY_2)[0] == 200
 
 
-def test_a_key_that_cannot_be_read_at_start_stops_the_load_balancer_naming_the_key(tmp_path: Path) -> None:
+def test_a_key_that_cannot_be_read_at_start_stops_the_load_balancer_naming_the_key(
+        tmp_path: Path, workers: int) -> None:
     home = tmp_path / "home"
     submit(home, AUTH_TASK, (KEY_1, KEY_2))
     secrets = SecretStore(home)
     (secrets.directory / secrets.digest(Secret(KEY_2))).unlink()  # PARTNER_KEY's value is gone from the store
-    process = run_lb(home, find_free_port())
+    process = run_lb(home, find_free_port(), workers)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1
     assert "cannot read its API keys" in stderr and "PARTNER_KEY" in stderr

@@ -1,0 +1,380 @@
+"""One load balancer on several processes: a parent that owns the port and workers that serve.
+
+With ``SKY_LITE_LB_WORKERS`` above 1 (``lb.settings``) the load-balancer process is a *parent*: it binds the
+service's port alone (no SO_REUSEPORT: no other process can join the port, so a second load balancer
+started on it still fails to bind), accepts every connection under the per-client limit, and hands each
+one it admits to a *worker* over a Unix socket (the descriptor travels as SCM_RIGHTS, with an 8-byte
+token naming it). A worker is a whole load balancer as the single process is (its own upstream pools,
+in-flight ledger, outlier ejection, guard, TLS and metrics file); the parent does nothing per request.
+
+* **Routing**: a new connection goes to the running worker holding the fewest open connections
+  (``pick_worker``); the parent counts them from the tokens workers send back when a connection closes
+  (``WorkerPool``), so the per-client limit is exact across workers, and each worker holds its share of
+  ``max_connections`` (``compute_share``) with the single process's eviction of the longest idle.
+* **Lifetimes**: workers are started by the parent and report ready (the zero token) once serving. A
+  worker that exits before it is ready ends the parent with its exit status (e.g. 1: the API keys cannot
+  be read), so that a load balancer that cannot serve still fails as one; a worker that dies later is
+  started again (``compute_restart_delay``) and its connections are released; a worker that stops on its
+  own with status 0 means the service is gone, and the parent stops too. A worker whose parent is gone
+  (the control socket's end of file) stops after answering the requests in flight; the parent's SIGTERM is
+  passed on to every worker and waited for.
+* **Shared**: the rate limits' buckets (``lb.buckets.SharedBuckets``: one table in a file every worker
+  maps, so a client whose connections land on two workers gets its rate once, not twice), the request
+  counts and the load report (the store adds them up: each worker reports under its own name), and the
+  metrics files (one per worker; the exporter adds them up).
+
+Where descriptors cannot be passed (Windows), or with one worker, the load balancer is one process as
+before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import math
+import signal
+import socket
+import struct
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from skyserve_lite.lb.listener import Listener
+
+__all__ = [
+    "READY_TOKEN",
+    "HandoffReceiver",
+    "Worker",
+    "WorkerPool",
+    "can_hand_off",
+    "compute_restart_delay",
+    "compute_share",
+    "decode_tokens",
+    "encode_tokens",
+    "make_control_pair",
+    "pick_worker",
+]
+
+log = logging.getLogger(__name__)
+
+_TOKEN: Final = struct.Struct("!Q")
+# A worker's first message: it is serving. Connection tokens start at 1.
+READY_TOKEN: Final = 0
+# Tokens per message a worker sends back: 512 x 8 bytes, one page-sized datagram.
+_TOKENS_PER_MESSAGE: Final = 512
+# Connections received per wake-up of a worker's control socket, as the listener's ACCEPT_BATCH.
+_RECEIVE_BATCH: Final = 100
+# A worker that ran this long before dying is started again at once; one that keeps dying sooner waits
+# longer each time, up to _MAX_RESTART_DELAY.
+_STEADY_SECONDS: Final = 10.0
+_MAX_RESTART_DELAY: Final = 30.0
+
+
+def can_hand_off() -> bool:
+    """Whether this platform can pass a socket to another process (SCM_RIGHTS): not on Windows."""
+    return hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX")
+
+
+def make_control_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected pair for a parent and one worker that keeps message boundaries: SOCK_SEQPACKET where
+    there is one (Linux: it signals end of file, and its queue is bounded by bytes, not by a count of 10
+    datagrams), SOCK_DGRAM elsewhere."""
+    kind = getattr(socket, "SOCK_SEQPACKET", None)
+    try:
+        if kind is not None:
+            return socket.socketpair(socket.AF_UNIX, kind)
+    except OSError:
+        pass
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+
+def encode_tokens(tokens: Sequence[int]) -> bytes:
+    return b"".join(_TOKEN.pack(token) for token in tokens)
+
+
+def decode_tokens(message: bytes) -> list[int]:
+    """The tokens of a message; a trailing partial token (never sent whole) is ignored."""
+    return [token for (token,) in _TOKEN.iter_unpack(message[: len(message) - len(message) % _TOKEN.size])]
+
+
+def pick_worker(open_connections: Sequence[int | None]) -> list[int]:
+    """The workers to offer a new connection to, in order: the running ones (``None``: not running) by
+    fewest open connections, the lower index first among equals. Pure."""
+    running = [(count, index) for index, count in enumerate(open_connections) if count is not None]
+    return [index for _, index in sorted(running)]
+
+
+def compute_share(max_connections: int, workers: int) -> int:
+    """Each worker's part of ``max_connections``, rounded up: together they hold at most ``workers - 1``
+    more than the limit, and a limit below the count of workers still gives each one connection."""
+    return max(1, math.ceil(max_connections / workers))
+
+
+def compute_restart_delay(quick_deaths: int) -> float:
+    """Seconds before starting a worker again after it died ``quick_deaths`` times in a row within
+    ``_STEADY_SECONDS`` of its start: 0 after a steady run, then 0.5, 1, 2 ... up to 30. Pure."""
+    if quick_deaths <= 0:
+        return 0.0
+    return min(_MAX_RESTART_DELAY, 0.5 * 2.0 ** (quick_deaths - 1))
+
+
+class WorkerProcess(Protocol):
+    """What the pool needs of a started worker: ``asyncio.subprocess.Process`` is one."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+
+@dataclass
+class Worker:
+    """The parent's record of one worker."""
+
+    index: int
+    control: socket.socket | None = None
+    process: WorkerProcess | None = None
+    ready: bool = False
+    started_at: float = 0.0
+    quick_deaths: int = 0
+    # token -> the listener's release of that connection
+    pending: dict[int, Callable[[], None]] = field(default_factory=dict)
+
+    @property
+    def open_connections(self) -> int | None:
+        """Connections it holds; None when it is not running (one starting takes them: they wait in its
+        control socket until it serves)."""
+        return len(self.pending) if self.control is not None else None
+
+
+class WorkerPool:
+    """The parent's workers: starts them, hands them connections (``hand_off``, for the parent's
+    ``Listener``), releases a connection when its worker says it closed, and starts a dead worker again.
+
+    ``spawn(index, control)`` starts worker ``index`` with ``control`` as its end of the control socket
+    (the caller passes it on and the pool closes its copy). ``finished`` is set when the pool will serve no
+    more: a worker failed to start (``exit_status`` is its status) or stopped on its own (the service is
+    gone; ``exit_status`` 0). Used from one event loop.
+    """
+
+    def __init__(self, count: int, spawn: Callable[[int, socket.socket], Awaitable[WorkerProcess]],
+                 name: str) -> None:
+        self._spawn = spawn
+        self._name = name
+        self._workers = [Worker(index) for index in range(count)]
+        self._tokens = itertools.count(READY_TOKEN + 1)
+        self._stopping = False
+        self._watchers: set[asyncio.Task[None]] = set()
+        self.finished = asyncio.Event()
+        self.exit_status = 0
+        self._all_ready = asyncio.Event()
+
+    @property
+    def workers(self) -> Sequence[Worker]:
+        return self._workers
+
+    async def start(self) -> bool:
+        """Start every worker and wait until each is serving; False (``finished`` set) when one could not."""
+        for worker in self._workers:
+            await self._start(worker)
+        waits = [asyncio.ensure_future(self._all_ready.wait()), asyncio.ensure_future(self.finished.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        return not self.finished.is_set()
+
+    def hand_off(self, connection: socket.socket, release: Callable[[], None]) -> bool:
+        """Give ``connection`` to the worker with the fewest open connections (the next one when a worker's
+        queue is full or it just died); False when no worker takes it. The parent's copy is closed once
+        it is sent."""
+        token = next(self._tokens)
+        message = _TOKEN.pack(token)
+        for index in pick_worker([worker.open_connections for worker in self._workers]):
+            worker = self._workers[index]
+            assert worker.control is not None
+            try:
+                socket.send_fds(worker.control, [message], [connection.fileno()])
+            except OSError:  # a full queue (BlockingIOError) or a worker just gone: the next may take it
+                continue
+            worker.pending[token] = release
+            connection.close()
+            return True
+        return False
+
+    async def stop(self) -> None:
+        """SIGTERM to every worker and wait for them to finish their requests in flight. Idempotent."""
+        self._stopping = True
+        for worker in self._workers:
+            if worker.process is not None and worker.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.send_signal(signal.SIGTERM)
+        if self._watchers:
+            await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    async def _start(self, worker: Worker) -> None:
+        parent_end, worker_end = make_control_pair()
+        try:
+            parent_end.setblocking(False)
+            process = await self._spawn(worker.index, worker_end)
+        except BaseException:
+            parent_end.close()
+            raise
+        finally:
+            worker_end.close()
+        loop = asyncio.get_running_loop()
+        worker.control, worker.process, worker.ready = parent_end, process, False
+        worker.started_at = loop.time()
+        loop.add_reader(parent_end, self._read, worker)
+        watcher = asyncio.ensure_future(self._watch(worker, process))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    def _read(self, worker: Worker) -> None:
+        control = worker.control
+        assert control is not None
+        for _ in range(_RECEIVE_BATCH):
+            try:
+                message = control.recv(_TOKENS_PER_MESSAGE * _TOKEN.size)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                message = b""
+            if not message:  # the worker is gone: its process's exit says how (``_watch``)
+                asyncio.get_running_loop().remove_reader(control)
+                return
+            self._released(worker, decode_tokens(message))
+
+    def _released(self, worker: Worker, tokens: Iterable[int]) -> None:
+        for token in tokens:
+            if token == READY_TOKEN:
+                worker.ready = True
+                if all(each.ready for each in self._workers):
+                    self._all_ready.set()
+                continue
+            release = worker.pending.pop(token, None)
+            if release is not None:
+                release()
+
+    async def _watch(self, worker: Worker, process: WorkerProcess) -> None:
+        status = await process.wait()
+        loop = asyncio.get_running_loop()
+        control, worker.control = worker.control, None
+        if control is not None:
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(control)
+            control.close()
+        pending, worker.pending = worker.pending, {}
+        for release in pending.values():  # its connections died with it
+            release()
+        was_ready, worker.ready = worker.ready, False
+        if self._stopping:
+            return
+        if not was_ready or status == 0:
+            # Never served (its status says why, e.g. 1: no API keys) or stopped on its own (the service
+            # is gone): the load balancer as a whole stops the same way.
+            if not was_ready:
+                log.error("%s: worker %d exited with status %d before it served", self._name, worker.index, status)
+            self.exit_status = status if not was_ready else 0
+            self._stopping = True
+            self.finished.set()
+            return
+        steady = loop.time() - worker.started_at >= _STEADY_SECONDS
+        worker.quick_deaths = 0 if steady else worker.quick_deaths + 1
+        delay = compute_restart_delay(worker.quick_deaths)
+        log.warning("%s: worker %d (pid %d) exited with status %d; %d connection(s) lost; starting it again%s",
+                    self._name, worker.index, process.pid, status, len(pending),
+                    f" in {delay:g} s" if delay else "")
+        await asyncio.sleep(delay)
+        if not self._stopping:
+            await self._start(worker)
+
+
+class HandoffReceiver:
+    """A worker's end of its control socket: gives each connection the parent sends to ``listener``
+    (``Listener.take``), tells the parent when one is released (the tokens, sent in batches once per
+    loop turn) and that the worker is ready, and calls ``parent_gone`` at the control socket's end of file.
+    """
+
+    def __init__(self, control: socket.socket, parent_gone: Callable[[], None]) -> None:
+        self._control = control
+        self._parent_gone = parent_gone
+        self._listener: Listener | None = None
+        self._released: list[int] = []
+        self._flush_scheduled = False
+        self._closed = False
+        control.setblocking(False)
+
+    def attach(self, listener: Listener) -> None:
+        """Start receiving connections for ``listener`` and tell the parent this worker serves."""
+        self._listener = listener
+        loop = asyncio.get_running_loop()
+        self._release(READY_TOKEN)
+        loop.add_reader(self._control, self._receive)
+
+    def close(self) -> None:
+        """Stop receiving; the releases still due are sent. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ValueError, OSError, RuntimeError):
+            asyncio.get_running_loop().remove_reader(self._control)
+        self._flush()
+
+    def _receive(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        for _ in range(_RECEIVE_BATCH):
+            try:
+                message, fds, _flags, _address = socket.recv_fds(self._control, _TOKEN.size, 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                self.close()
+                self._parent_gone()
+                return
+            (token,) = _TOKEN.unpack(message[: _TOKEN.size])
+            if not fds:  # the descriptor did not arrive (no file descriptor left here): the client's is closed
+                log.warning("a connection handed over by the parent arrived without its socket (open-file limit?)")
+                self._release(token)
+                continue
+            connection = socket.socket(fileno=fds[0])
+            try:
+                address = connection.getpeername()
+            except OSError:  # the client is gone already
+                connection.close()
+                self._release(token)
+                continue
+            listener.take(connection, address, functools.partial(self._release, token))
+
+    def _release(self, token: int) -> None:
+        self._released.append(token)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        released, self._released = self._released, []
+        for start in range(0, len(released), _TOKENS_PER_MESSAGE):
+            chunk = released[start:start + _TOKENS_PER_MESSAGE]
+            try:
+                self._control.send(encode_tokens(chunk))
+            except BlockingIOError:  # the parent is behind: keep the rest for the next turn
+                self._released = released[start:] + self._released
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_later(0.01, self._flush)
+                return
+            except OSError:  # the parent is gone: nobody counts them any more
+                return

@@ -1,0 +1,377 @@
+"""The pieces of a load balancer on several processes (``lb.workers``, ``lb.buckets``): the pure decisions as
+tables, the parent's pool against fake worker processes over real Unix sockets, and the shared bucket table
+against the local store it stands in for."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skyserve_lite.errors import UsageError
+from skyserve_lite.lb.buckets import (
+    PROBE,
+    SLACK,
+    LocalBuckets,
+    SharedBuckets,
+    compute_table_slots,
+    compute_take,
+    make_shared_table,
+)
+from skyserve_lite.lb.metrics_file import LatencyRow, LbSnapshot, merge_snapshots
+from skyserve_lite.lb.settings import compute_worker_count, workers_from_env
+from skyserve_lite.lb.workers import (
+    READY_TOKEN,
+    WorkerPool,
+    compute_restart_delay,
+    compute_share,
+    decode_tokens,
+    encode_tokens,
+    pick_worker,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+# -- decisions --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("open_connections", "order"), [
+    ([0, 0], [0, 1]),
+    ([3, 1, 2], [1, 2, 0]),
+    ([None, 5], [1]),  # not running: never offered
+    ([2, None, 2], [0, 2]),
+    ([None, None], []),
+    ([], []),
+])
+def test_pick_worker_offers_the_running_ones_by_fewest_connections(
+        open_connections: list[int | None], order: list[int]) -> None:
+    assert pick_worker(open_connections) == order
+
+
+@pytest.mark.parametrize(("max_connections", "workers", "share"), [
+    (480, 2, 240), (481, 2, 241), (10_000, 3, 3_334), (1, 2, 1), (5, 1, 5),
+])
+def test_each_worker_holds_its_share_rounded_up(max_connections: int, workers: int, share: int) -> None:
+    assert compute_share(max_connections, workers) == share
+
+
+@pytest.mark.parametrize(("quick_deaths", "delay"), [(0, 0.0), (1, 0.5), (2, 1.0), (4, 4.0), (7, 30.0), (50, 30.0)])
+def test_a_worker_dying_again_and_again_waits_longer_each_time(quick_deaths: int, delay: float) -> None:
+    assert compute_restart_delay(quick_deaths) == delay
+
+
+@pytest.mark.parametrize(("setting", "cpus", "can_hand_off", "count"), [
+    (1, 8, True, 1), (4, 2, True, 4), (None, 2, True, 2), (None, 0, True, 1), (4, 8, False, 1), (None, 8, False, 1),
+])
+def test_worker_count(setting: int | None, cpus: int, can_hand_off: bool, count: int) -> None:
+    assert compute_worker_count(setting, cpus, can_hand_off) == count
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 1), ("", 1), ("2", 2), (" auto ", None), ("AUTO", None)])
+def test_workers_from_the_environment(value: str | None, expected: int | None) -> None:
+    environ = {} if value is None else {"SKY_LITE_LB_WORKERS": value}
+    assert workers_from_env(environ) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "two", "1.5", "-1"])
+def test_an_invalid_worker_count_is_refused_naming_the_variable(value: str) -> None:
+    with pytest.raises(UsageError, match="SKY_LITE_LB_WORKERS"):
+        workers_from_env({"SKY_LITE_LB_WORKERS": value})
+
+
+def test_tokens_round_trip_and_a_partial_one_is_ignored() -> None:
+    tokens = [READY_TOKEN, 1, 2**63 + 5]
+    assert decode_tokens(encode_tokens(tokens)) == tokens
+    assert decode_tokens(encode_tokens([7]) + b"\x00\x01") == [7]
+
+
+# -- the parent's pool, with fake worker processes --------------------------------------------------------
+
+class FakeWorker:
+    """A started worker: its end of the control socket, and an exit the test decides."""
+
+    def __init__(self, pid: int, control: socket.socket) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.control = control
+        self.signals: list[int] = []
+        self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def wait(self) -> int:
+        self.returncode = await self._exit
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        self.signals.append(signum)
+        self.exit(0)
+
+    def exit(self, status: int) -> None:
+        if not self._exit.done():
+            self.control.close()
+            self._exit.set_result(status)
+
+    def ready(self) -> None:
+        self.control.send(encode_tokens([READY_TOKEN]))
+
+    def received(self) -> list[tuple[int, socket.socket]]:
+        """The connections handed over so far: (token, socket)."""
+        got: list[tuple[int, socket.socket]] = []
+        self.control.setblocking(False)
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(self.control, 8, 1)
+            except BlockingIOError:
+                return got
+            got.append((decode_tokens(message)[0], socket.socket(fileno=fds[0])))
+
+    def release(self, tokens: Sequence[int]) -> None:
+        self.control.send(encode_tokens(tokens))
+
+
+class FakeSpawner:
+    def __init__(self) -> None:
+        self.started: list[tuple[int, FakeWorker]] = []  # (index, worker), in order
+
+    async def __call__(self, index: int, control: socket.socket) -> FakeWorker:
+        worker = FakeWorker(1000 + len(self.started), socket.socket(fileno=os.dup(control.fileno())))
+        self.started.append((index, worker))
+        return worker
+
+    def latest(self, index: int) -> FakeWorker:
+        return [worker for each, worker in self.started if each == index][-1]
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def client_sockets() -> Iterator[Callable[[], socket.socket]]:
+    made: list[socket.socket] = []
+
+    def make() -> socket.socket:
+        a, b = socket.socketpair()
+        made.extend((a, b))
+        return a
+
+    yield make
+    for sock in made:
+        sock.close()
+
+
+def test_connections_go_to_the_worker_with_fewest_and_are_released_by_token(
+        client_sockets: Callable[[], socket.socket]) -> None:
+    async def body() -> None:
+        spawner = FakeSpawner()
+        pool = WorkerPool(2, spawner, "test")
+        starting = asyncio.ensure_future(pool.start())
+        await _settle()
+        assert not starting.done()  # waits for both to say they serve
+        spawner.latest(0).ready()
+        spawner.latest(1).ready()
+        assert await starting is True
+        released: list[str] = []
+        for name in ("a", "b", "c"):
+            assert pool.hand_off(client_sockets(), lambda name=name: released.append(name))  # type: ignore[misc]
+        first, second = spawner.latest(0).received(), spawner.latest(1).received()
+        assert [len(first), len(second)] == [2, 1]  # a -> 0, b -> 1, c -> 0 (the lower index among equals)
+        assert [worker.open_connections for worker in pool.workers] == [2, 1]
+        spawner.latest(0).release([first[0][0]])
+        await _settle()
+        assert released == ["a"]
+        assert [worker.open_connections for worker in pool.workers] == [1, 1]
+        await pool.stop()
+        assert all(worker.signals for _, worker in spawner.started)
+
+    _run(body)
+
+
+def test_a_dead_worker_releases_its_connections_and_is_started_again(
+        client_sockets: Callable[[], socket.socket]) -> None:
+    async def body() -> None:
+        spawner = FakeSpawner()
+        pool = WorkerPool(2, spawner, "test")
+        starting = asyncio.ensure_future(pool.start())
+        await _settle()
+        for _, worker in spawner.started:
+            worker.ready()
+        await starting
+        released: list[int] = []
+        for number in range(4):
+            pool.hand_off(client_sockets(), lambda number=number: released.append(number))  # type: ignore[misc]
+        spawner.latest(1).exit(-9)  # killed, after it served
+        await _settle()
+        assert sorted(released) == [1, 3]  # what it held, and nothing of worker 0's
+        assert len(spawner.started) == 2  # it died soon after its start: the next waits 0.5 s
+        for _ in range(200):
+            if len(spawner.started) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert spawner.started[-1][0] == 1
+        assert not pool.finished.is_set()
+        assert pool.hand_off(client_sockets(), lambda: None)
+        await pool.stop()
+
+    _run(body)
+
+
+@pytest.mark.parametrize(("status", "ready_first", "exit_status"), [
+    (1, False, 1),  # could not start (no API keys): the load balancer exits as one that could not
+    (0, True, 0),   # stopped on its own after serving: the service is gone
+])
+def test_a_worker_that_never_served_or_stopped_on_its_own_ends_the_pool(
+        status: int, ready_first: bool, exit_status: int) -> None:
+    async def body() -> None:
+        spawner = FakeSpawner()
+        pool = WorkerPool(2, spawner, "test")
+        starting = asyncio.ensure_future(pool.start())
+        await _settle()
+        if ready_first:
+            for _, worker in spawner.started:
+                worker.ready()
+            assert await starting is True
+        spawner.latest(0).exit(status)
+        await asyncio.wait_for(pool.finished.wait(), 5)
+        if not ready_first:
+            assert await starting is False
+        assert pool.exit_status == exit_status
+        assert len(spawner.started) == 2  # nothing started again
+        await pool.stop()
+
+    _run(body)
+
+
+def test_no_running_worker_means_the_connection_is_refused(client_sockets: Callable[[], socket.socket]) -> None:
+    async def body() -> None:
+        pool = WorkerPool(1, FakeSpawner(), "test")
+        assert pool.hand_off(client_sockets(), lambda: None) is False
+
+    _run(body)
+
+
+# -- the shared bucket table ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("tat", "now", "wait", "new_tat"), [
+    (None, 10.0, -2.0, 10.5),  # no bucket: full
+    (9.0, 10.0, -2.0, 10.5),   # past: full again
+    (11.5, 10.0, -0.5, 12.0),  # within the tolerance
+    (12.0, 10.0, 0.0, 12.5),   # exactly at it
+    (12.5, 10.0, 0.5, None),   # beyond: limited, unchanged
+])
+def test_compute_take(tat: float | None, now: float, wait: float, new_tat: float | None) -> None:
+    assert compute_take(tat, now, 0.5, 2.0) == (wait, new_tat)
+
+
+@pytest.mark.parametrize(("max_buckets", "slots"), [(1, 8), (8, 8), (9, 16), (50_000, 65_536), (65_536, 65_536)])
+def test_table_slots(max_buckets: int, slots: int) -> None:
+    assert compute_table_slots(max_buckets) == slots
+
+
+@pytest.fixture
+def table_fd() -> Iterator[int]:
+    fd = make_shared_table(64)
+    yield fd
+    os.close(fd)
+
+
+def _burst(store: LocalBuckets | SharedBuckets, key: tuple[int, str | bytes], times: Sequence[float]) -> list[bool]:
+    return [store.take(key, now, 1.0, 2.0) <= SLACK for now in times]
+
+
+def test_two_views_of_one_table_count_against_one_bucket_as_one_local_store_does(table_fd: int) -> None:
+    first, second = SharedBuckets(table_fd, b"limits"), SharedBuckets(table_fd, b"limits")
+    local = LocalBuckets(100)
+    times = [0.0, 0.0, 0.0, 0.0, 0.5, 1.0, 1.0]
+    expected = _burst(local, (0, "203.0.113.7"), times)
+    got = [(first if n % 2 else second).take((0, "203.0.113.7"), now, 1.0, 2.0) <= SLACK
+           for n, now in enumerate(times)]
+    assert got == expected == [True, True, True, False, False, True, False]
+    assert _burst(second, (0, "198.51.100.1"), [0.0]) == [True]  # another client: its own bucket
+    assert _burst(second, (1, "203.0.113.7"), [1.0]) == [True]  # another limit: its own bucket
+    assert _burst(SharedBuckets(table_fd, b"new limits"), (0, "203.0.113.7"), [1.0]) == [True]  # fresh buckets
+    assert len(first) == 4
+
+
+def test_a_full_window_gives_up_a_bucket_full_again_first_then_the_nearest_to_full(table_fd: int) -> None:
+    store = SharedBuckets(table_fd, b"limits")
+    slots = 64
+    # Keys whose digests start at the same place, enough to fill one probe window and one more.
+    same_place: list[tuple[int, str | bytes]] = []
+    n = 0
+    while len(same_place) < PROBE + 1:
+        key: tuple[int, str | bytes] = (0, f"10.0.{n >> 8 & 255}.{n & 255}")
+        if store.digest(key) % slots == 0:
+            same_place.append(key)
+        n += 1
+    for index, key in enumerate(same_place[:PROBE]):
+        assert store.take(key, 0.0, 1.0 + index, 0.0) <= SLACK  # tat 1, 2, ... 8: all in the window
+    # The ninth takes the entry nearest to full (tat 1, the first key's): that key has a fresh bucket again.
+    assert store.take(same_place[PROBE], 0.0, 1.0, 0.0) <= SLACK
+    assert store.take(same_place[0], 0.0, 1.0, 0.0) <= SLACK
+    assert store.take(same_place[PROBE - 1], 0.0, 1.0, 0.0) > SLACK  # the others kept theirs
+    assert len(store) == PROBE
+
+
+def test_a_table_that_is_not_whole_entries_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "table"
+    path.write_bytes(b"\0" * 100)
+    with path.open("rb+") as handle, pytest.raises(ValueError, match="whole entries"):
+        SharedBuckets(handle.fileno(), b"x")
+
+
+def test_processes_taking_from_one_bucket_at_once_never_get_more_than_the_burst(table_fd: int) -> None:
+    """Four processes race for one bucket from one moment on (burst 9,999, nothing refills, 20,000 tries):
+    10,000 are allowed in all, which the lock guarantees (unlocked, two processes read the same tat and
+    both count)."""
+    script = textwrap.dedent("""
+        import sys, time
+        from skyserve_lite.lb.buckets import SLACK, SharedBuckets
+        store = SharedBuckets(int(sys.argv[1]), b"limits")
+        start = float(sys.argv[2])
+        while time.time() < start:
+            pass
+        print(sum(store.take((0, "203.0.113.7"), 0.0, 1.0, 9_999.0) <= SLACK for _ in range(5_000)))
+    """)
+    start = time.time() + 2
+    processes = [subprocess.Popen([sys.executable, "-c", script, str(table_fd), str(start)], pass_fds=(table_fd,),
+                                  cwd=REPO, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    allowed = [int(process.communicate(timeout=60)[0]) for process in processes]
+    assert sum(allowed) == 10_000, allowed
+
+
+# -- the workers' metrics, added up -----------------------------------------------------------------------
+
+def _snapshot(service: str, pid: int, requests: int, in_flight: int, ejected: int) -> LbSnapshot:
+    return LbSnapshot(
+        service=service, pid=pid, written_at=float(pid),
+        requests=((1, "http://r1", "2xx", requests), (None, None, "5xx", 1)),
+        failures=((1, "http://r1", "reset", 1),),
+        latency=(LatencyRow(1, "http://r1", (requests,) + (0,) * 13, 0.5 * requests),),
+        in_flight=(("http://r1", in_flight),), waiting=1, retries=2, ejections=1, ejected=ejected)
+
+
+def test_the_workers_snapshots_of_one_service_are_added_up_and_others_kept_apart() -> None:
+    other = _snapshot("other", 9, 7, 0, 0)
+    merged = merge_snapshots([_snapshot("svc", 1, 10, 2, 1), other, _snapshot("svc", 2, 5, 1, 0)])
+    assert [snapshot.service for snapshot in merged] == ["svc", "other"]
+    svc = merged[0]
+    assert svc.requests == ((1, "http://r1", "2xx", 15), (None, None, "5xx", 2))
+    assert svc.failures == ((1, "http://r1", "reset", 2),)
+    assert svc.latency == (LatencyRow(1, "http://r1", (15,) + (0,) * 13, 7.5),)
+    assert svc.in_flight == (("http://r1", 3),)
+    assert (svc.waiting, svc.retries, svc.ejections, svc.ejected, svc.written_at) == (2, 4, 2, 1, 2.0)
+    assert merged[1] is other
