@@ -16,11 +16,12 @@ the medians over the rounds, and the target is checked on each (c). The result i
 plain reverse proxy to both replicas (round robin, no API key, rate limit or metrics): a data plane the
 controller could drive instead, measured for comparison.
 
-``--workers 1,2`` measures the load balancer as 1 and as 2 processes serving one port (SO_REUSEPORT: the
-kernel spreads the connections; each process has its own load balancer, key check, rate limits and metrics,
-sharing nothing). ``--compiled`` adds the same paths for a copy of the tree whose load-balancer modules
-(``COMPILED_MODULES``) are compiled with mypyc (from the ``dev`` extra; a C compiler is needed): a compiled data
-plane from the same source, measured for the decision docs/benchmarks.md records.
+``--workers 1,2`` measures the load balancer as 1 process and as a parent with 2 worker processes, as
+``SKY_LITE_LB_WORKERS=2`` runs it (``lb.workers``: the parent accepts and hands each connection to a worker;
+the rate limit's buckets are shared; the CPU columns count the parent and its workers). ``--compiled``
+adds the same paths for a copy of the tree whose load-balancer modules (``COMPILED_MODULES``) are compiled
+with mypyc (from the ``dev`` extra; a C compiler is needed): a compiled data plane from the same source,
+measured for the decision docs/benchmarks.md records.
 
 As in production with ``service.auth`` and ``service.rate_limits``, the load balancer checks every request's
 API key (wrk sends ``Authorization: Bearer`` to every path alike) and its rate limit (per client address, set
@@ -35,7 +36,7 @@ Nothing is installed by this script: wrk and nginx must be on the machine alread
 Internal modes, used by the script itself to start its subprocesses:
 
     python benchmarks/lb_bench.py --serve-replica PORT
-    python benchmarks/lb_bench.py --serve-lb PORT URL [URL ...] [--lb-reuse-port] [--lb-ready-file PATH]
+    python benchmarks/lb_bench.py [--lb-workers N] --serve-lb PORT URL [URL ...]
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -79,7 +81,7 @@ BENCH_KEY = "lb-bench-key"
 # The load balancer's modules on the request path, compiled by ``--compiled``.
 COMPILED_MODULES = (
     "http1", "guard", "policies", "outcomes", "records", "metrics", "proxy", "pooled_upstream", "server",
-    "upstream", "outliers", "split",
+    "upstream", "outliers", "split", "buckets",
 )
 LOOPS = ("uvloop", "asyncio")
 
@@ -106,13 +108,14 @@ def serve_lb(
     auth: bool,
     metrics: bool,
     tree: Path,
-    reuse_port: bool = False,
-    ready_file: Path | None = None,
+    workers: int = 1,
+    worker: tuple[int, int, int] | None = None,
 ) -> None:
     """The sky-lite load balancer of the checkout ``tree`` over a fixed set of targets, through the same
     ``serve`` as the real one, on ``loop_name`` ("uvloop" or "asyncio"), with the guard (``auth``) and a
-    sink (``metrics``) or not; sharing its port with other processes (``reuse_port``) or not. Once it
-    listens, ``ready_file`` (if given) is created."""
+    sink (``metrics``) or not. With ``workers`` above 1, as the real one with ``SKY_LITE_LB_WORKERS``: this
+    process is the parent (``lb.workers.run_parent``) and starts the workers, each this script again with
+    ``worker`` = (its index, its control socket's descriptor, the shared buckets' table's descriptor)."""
     sys.path.insert(0, str(tree))
     from skyserve_lite.clock import SystemClock
     from skyserve_lite.lb.guard import ApiKeys, Guard, GuardConfig
@@ -140,29 +143,47 @@ def serve_lb(
         def record_load(self, report: LbReport) -> None:
             self.reports += 1
 
-    guard = None
-    if auth:
-        # Far above what wrk can send from one address here: every request is decided, none refused.
-        limit = RateLimit(rps=10_000_000.0, burst=10_000_000)
-        guard = Guard(GuardConfig(keys=ApiKeys.from_values([("bench", BENCH_KEY)]), rate_limits=(limit,)))
+    async def parent(stop: asyncio.Event) -> None:
+        from skyserve_lite.lb.buckets import compute_table_slots, make_shared_table
+        from skyserve_lite.lb.guard import DEFAULT_MAX_BUCKETS
+        from skyserve_lite.lb.settings import ConnectionLimits
+        from skyserve_lite.lb.workers import WorkerProcess, run_parent
 
-    async def listening(addresses: list[tuple[str, int]]) -> None:
-        if ready_file is not None:
-            ready_file.touch()
+        table = make_shared_table(compute_table_slots(DEFAULT_MAX_BUCKETS))
+        flags = [*(["--lb-auth"] if auth else []), *(["--lb-metrics"] if metrics else [])]
 
-    # Only the arguments asked for: a --baseline-tree checkout older than them still runs as one process.
-    sharing: dict[str, Any] = {"reuse_port": True} if reuse_port else {}
-    if ready_file is not None:
-        sharing["on_listening"] = listening
+        async def spawn(index: int, control: socket.socket) -> WorkerProcess:
+            command = [sys.executable, str(Path(__file__).resolve()), f"--lb-loop={loop_name}", f"--lb-tree={tree}",
+                       *flags, f"--lb-workers={workers}", f"--lb-worker={index},{control.fileno()},{table}",
+                       "--serve-lb", str(port), *urls]
+            return await asyncio.create_subprocess_exec(*command, pass_fds=(control.fileno(), table))
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
+        await run_parent("bench", "127.0.0.1", port, ConnectionLimits(), workers, spawn, stop)
+
+    async def one(stop: asyncio.Event) -> None:
+        buckets: Any = None
+        serving: Any = functools.partial(serve, host="127.0.0.1", port=port, stop=stop)
+        if worker is not None:
+            from skyserve_lite.lb.buckets import SharedBuckets
+            from skyserve_lite.lb.server import serve_taking
+            from skyserve_lite.lb.settings import ConnectionLimits
+            from skyserve_lite.lb.workers import HandoffReceiver, compute_share
+
+            _, control, table = worker
+            def buckets(limits: Any) -> Any:
+                return SharedBuckets(table, repr(limits).encode())
+
+            receiver = HandoffReceiver(socket.socket(fileno=control), stop.set)
+            share = ConnectionLimits(max_connections=compute_share(ConnectionLimits().max_connections, workers))
+            serving = functools.partial(serve_taking, stop=stop, attach=receiver.attach, limits=share)
+        guard = None
+        if auth:
+            # Far above what wrk can send from one address here: every request is decided, none refused.
+            limit = RateLimit(rps=10_000_000.0, burst=10_000_000)
+            config = GuardConfig(keys=ApiKeys.from_values([("bench", BENCH_KEY)]), rate_limits=(limit,))
+            guard = Guard(config, buckets=buckets) if buckets is not None else Guard(config)
         if not metrics:
-            lb = LoadBalancer("bench", StaticSource(), None, SystemClock(), guard=guard)
-            await serve(lb, "127.0.0.1", port, stop, **sharing)
+            await serving(LoadBalancer("bench", StaticSource(), None, SystemClock(), guard=guard))
             return
         from skyserve_lite.lb.metrics import LbMetrics
 
@@ -171,9 +192,16 @@ def serve_lb(
         with tempfile.TemporaryDirectory(prefix="lb-bench-metrics-") as tmp:
             publishing = asyncio.create_task(counted.publish_every(lb, Path(tmp) / "bench.json", time.time))
             try:
-                await serve(lb, "127.0.0.1", port, stop, **sharing)
+                await serving(lb)
             finally:
                 publishing.cancel()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await (parent(stop) if workers > 1 and worker is None else one(stop))
 
     if loop_name == "uvloop":
         import uvloop  # type: ignore[import-not-found,unused-ignore]
@@ -349,24 +377,11 @@ def _said(process: subprocess.Popen[bytes]) -> str:
     return f":\n{text[-3000:]}" if text else ""
 
 
-def wait_until_exists(path: Path, process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            raise SystemExit(f"{process.args!r} exited with {process.returncode} before it listened{_said(process)}")
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{process.args!r} did not listen within {timeout:.0f} s")
-        time.sleep(0.05)
-
-
 @contextlib.contextmanager
-def started(command: Sequence[str], url: str, ready_file: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """``command`` running and answering on ``url`` (and, with ``ready_file``, that file made: a second
-    process on a shared port is not known to listen by an answer, which the first may give)."""
+def started(command: Sequence[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``command`` running and answering on ``url``."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        if ready_file is not None:
-            wait_until_exists(ready_file, process)
         wait_until_answering(url, process)
         yield process
     finally:
@@ -630,15 +645,12 @@ def bench(args: argparse.Namespace) -> int:
                     lb_port = free_port()
                     url = f"http://127.0.0.1:{lb_port}/"
                     command = [*me, f"--lb-loop={loop_name}", f"--lb-tree={tree}", *flags]
-                    command += ["--lb-reuse-port"] if workers > 1 else []
-                    lb_pids = []
-                    for worker in range(workers):
-                        # A second process on a shared port is not known to listen by an answer (the first
-                        # gives one): it says so with a file. One alone is waited for by its answer.
-                        ready = tmp / f"lb-{lb_port}-{worker}.ready" if workers > 1 else None
-                        worker_command = [*command, *([f"--lb-ready-file={ready}"] if ready else [])]
-                        worker_command += ["--serve-lb", str(lb_port), *replica_urls]
-                        lb_pids.append(stack.enter_context(started(worker_command, url, ready)).pid)
+                    command += [f"--lb-workers={workers}"] if workers > 1 else []
+                    command += ["--serve-lb", str(lb_port), *replica_urls]
+                    lb = stack.enter_context(started(command, url))
+                    # The parent answers once every worker serves; processes_counters counts its children's CPU
+                    # (the workers') with its own.
+                    lb_pids = [lb.pid]
                     name = f"{label}{loop_name}" + (f", {workers} workers" if workers > 1 else "")
                     targets[f"sky-lite LB ({name}) -> 2 replicas"] = (url, tuple(lb_pids), replica_pids)
         results: dict[str, list[WrkResult]] = {name: [] for name in targets}
@@ -719,8 +731,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lb-auth", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lb-metrics", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lb-tree", type=Path, default=REPO, help=argparse.SUPPRESS)
-    parser.add_argument("--lb-reuse-port", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--lb-ready-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--lb-workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--lb-worker", type=parse_worker, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_replica is not None:
         serve_replica(args.serve_replica)
@@ -733,8 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.lb_auth,
             args.lb_metrics,
             args.lb_tree,
-            args.lb_reuse_port,
-            args.lb_ready_file,
+            args.lb_workers,
+            args.lb_worker,
         )
         return 0
     return bench(args)
@@ -756,6 +768,12 @@ def parse_loops(text: str) -> tuple[str, ...]:
             f"--loops: {', '.join(unknown) or 'none given'}; choose from {', '.join(LOOPS)}"
         )
     return names
+
+
+def parse_worker(text: str) -> tuple[int, int, int]:
+    """``--lb-worker INDEX,CONTROL_FD,TABLE_FD`` (internal: set by the parent)."""
+    index, control, table = (int(part) for part in text.split(","))
+    return index, control, table
 
 
 def parse_workers(text: str) -> tuple[int, ...]:

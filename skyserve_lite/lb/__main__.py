@@ -57,15 +57,15 @@ from skyserve_lite.lb.auth_keys import StoreGuardSource
 from skyserve_lite.lb.buckets import SharedBuckets, compute_table_slots, make_shared_table
 from skyserve_lite.lb.current_version import CurrentVersionValue
 from skyserve_lite.lb.guard import DEFAULT_MAX_BUCKETS, Guard
-from skyserve_lite.lb.listener import Listener, raise_open_file_limit
+from skyserve_lite.lb.listener import raise_open_file_limit
 from skyserve_lite.lb.metrics import LbMetrics, metrics_path
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
-from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer, LocalAnswer
+from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
 from skyserve_lite.lb.server import serve, serve_taking
 from skyserve_lite.lb.settings import ConnectionLimits, LbSettings, compute_worker_count
 from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
 from skyserve_lite.lb.version_counts import VersionCounter
-from skyserve_lite.lb.workers import HandoffReceiver, WorkerPool, WorkerProcess, can_hand_off, compute_share
+from skyserve_lite.lb.workers import HandoffReceiver, WorkerProcess, can_hand_off, compute_share, run_parent
 from skyserve_lite.netaddr import host_port
 from skyserve_lite.state.models import LbEndpoint
 
@@ -304,10 +304,10 @@ def _shared_buckets(role: WorkerRole, opened: list[SharedBuckets], limits: tuple
 async def _run_parent(
     home: Path, service: str, host: str, port: int, limits: ConnectionLimits, count: int
 ) -> int:
-    """Own the port and hand its connections to ``count`` workers (``lb.workers``); returns the exit status:
-    0 stopped, 1 the port cannot be bound or the store opened, or a worker's status when one could not
-    start (e.g. 1: the API keys cannot be read)."""
-    from skyserve_lite.lb.server import render_local_answer, too_many_from_client_message
+    """Own the port and hand its connections to ``count`` workers (``lb.workers.run_parent``), each this
+    module in worker mode; records the endpoint once they serve. Returns the exit status: 0 stopped, 1 the
+    port cannot be bound, or a worker's status when one could not start (e.g. 1: the API keys cannot be
+    read)."""
     from skyserve_lite.state.store import Store
 
     loop = asyncio.get_running_loop()
@@ -318,7 +318,6 @@ async def _run_parent(
         loop.add_signal_handler(signum, stop.set)
     store = await asyncio.to_thread(lambda: Store.open(home, create=False))
     buckets_fd = make_shared_table(compute_table_slots(DEFAULT_MAX_BUCKETS))
-    name = f"load balancer for service {service}"
 
     async def spawn(index: int, control: socket.socket) -> WorkerProcess:
         role = WorkerRole(index, count, control.fileno(), buckets_fd, os.getpid())
@@ -326,39 +325,14 @@ async def _run_parent(
                    "--host", host, "--port", str(port), *role.args()]
         return await asyncio.create_subprocess_exec(*command, pass_fds=(control.fileno(), buckets_fd))
 
-    pool = WorkerPool(count, spawn, name)
-    client_refusal = render_local_answer(
-        LocalAnswer(503, too_many_from_client_message(service, limits.per_client)), False, False)
-    # The parent holds each client address to its limit; the total is the workers' (each holds its share
-    # and makes room by closing its longest idle connection), so the parent never refuses for it.
-    listener = Listener(lambda release: asyncio.Protocol(), client_refusal, name, sys.maxsize,
-                        max_per_client=limits.per_client, hand_off=pool.hand_off)
     try:
-        try:
-            addresses = listener.start(host, port)
-        except OSError as exc:
-            print(f"sky-lite {name}: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
-            return 1
-        log.info("%s listening on %s with %d worker processes", name,
-                 ", ".join(f"{address[0]}:{address[1]}" for address in addresses), count)
-        if not await pool.start():
-            return pool.exit_status
-        await _record_endpoint(store, service, addresses)
-        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(pool.finished.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
-        return pool.exit_status
+        return await run_parent(service, host, port, limits, count, spawn, stop,
+                                on_serving=functools.partial(_record_endpoint, store, service))
     finally:
-        listener.close()
-        await pool.stop()  # each worker answers its requests in flight first
         os.close(buckets_fd)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(store.delete_lb_endpoint, service, socket.gethostname(), os.getpid())
         await asyncio.to_thread(store.close)
-        log.info("%s stopped", name)
 
 
 async def _record_endpoint(store: Store, service: str, addresses: list[tuple[str, int]]) -> None:

@@ -49,6 +49,7 @@ DROP_PER_DECISION: Final = 16
 # Entries looked at for one key in the shared table: 8 x 16 bytes, two cache lines.
 PROBE: Final = 8
 _SLOT: Final = struct.Struct("=Qd")
+_DIGESTS_KEPT: Final = 4096
 SLOT_BYTES: Final = _SLOT.size
 
 BucketKey = tuple[int, "str | bytes"]  # (limit index, client key)
@@ -146,6 +147,9 @@ class SharedBuckets:
         self._slots = size // SLOT_BYTES
         self._map = mmap.mmap(fd, size)
         self._salt = salt
+        # key -> digest for the keys seen lately: a digest costs about a microsecond, a dict look-up a tenth;
+        # emptied when it reaches _DIGESTS_KEPT entries, so it is bounded whatever clients come.
+        self._digests: dict[BucketKey, int] = {}
 
     def __len__(self) -> int:
         """Entries in use (a scan of the table: for tests)."""
@@ -163,7 +167,12 @@ class SharedBuckets:
         return value or 1  # 0 marks a free entry
 
     def take(self, key: BucketKey, now: float, interval: float, tolerance: float) -> float:
-        digest = self.digest(key)
+        digests = self._digests
+        digest = digests.get(key)
+        if digest is None:
+            if len(digests) >= _DIGESTS_KEPT:
+                digests.clear()
+            digest = digests[key] = self.digest(key)
         first = digest % self._slots
         table = self._map
         fcntl.lockf(self._fd, fcntl.LOCK_EX)

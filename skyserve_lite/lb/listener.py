@@ -141,18 +141,11 @@ def raise_open_file_limit() -> tuple[int, int]:
     return soft, target
 
 
-def bind_listening_sockets(
-    host: str, port: int, backlog: int = LISTEN_BACKLOG, reuse_port: bool = False
-) -> list[socket.socket]:
+def bind_listening_sockets(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> list[socket.socket]:
     """Non-blocking sockets listening on every address ``host`` resolves to. Raises OSError when one cannot
-    be bound (the others are closed then).
-
-    With ``reuse_port`` (SO_REUSEPORT) other processes of the same user may bind the same port the same way,
-    and the kernel spreads new connections over them: several load-balancer processes serving one port, for
-    benchmarks/lb_bench.py. Any such process may join, so nothing in the product asks for it. Raises
-    OSError where the platform has no SO_REUSEPORT."""
-    if reuse_port and not hasattr(socket, "SO_REUSEPORT"):
-        raise OSError(f"cannot share port {port} between processes: this platform has no SO_REUSEPORT")
+    be bound (the others are closed then). Never SO_REUSEPORT: the port is this process's alone, so a
+    second load balancer started on it fails to bind (several processes serve one port through a parent
+    that hands them its connections: ``lb.workers``)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
     try:
@@ -160,8 +153,6 @@ def bind_listening_sockets(
             sock = socket.socket(family, kind, proto)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:  # as asyncio does: one socket per family, no mapped addresses
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
@@ -266,13 +257,18 @@ class Listener:
         """Connections accepted from the address ``client`` and not released yet."""
         return self._per_client.get(client, 0)
 
-    def start(self, host: str, port: int, reuse_port: bool = False) -> list[tuple[str, int]]:
-        """Listen on ``host:port`` and start accepting; the bound (host, port) pairs. Raises OSError.
-        ``reuse_port``: as ``bind_listening_sockets``."""
+    def start(self, host: str, port: int, accepting: bool = True) -> list[tuple[str, int]]:
+        """Listen on ``host:port`` and start accepting (``accepting`` False: once ``accept`` is called; new
+        connections wait in the backlog meanwhile); the bound (host, port) pairs. Raises OSError."""
         self._loop = asyncio.get_running_loop()
-        self._sockets = bind_listening_sockets(host, port, reuse_port=reuse_port)
-        self._read()
+        self._sockets = bind_listening_sockets(host, port)
+        if accepting:
+            self._read()
         return [(str(sock.getsockname()[0]), int(sock.getsockname()[1])) for sock in self._sockets]
+
+    def accept(self) -> None:
+        """Start accepting, after ``start(..., accepting=False)``."""
+        self._read()
 
     def start_taking(self) -> None:
         """Start without a listening socket: connections come through ``take`` (a worker's listener)."""

@@ -845,11 +845,10 @@ class HttpServer:
         self._listener: Listener | None = None
         self._sweep: asyncio.TimerHandle | None = None
 
-    async def start(self, host: str, port: int, reuse_port: bool = False) -> list[tuple[str, int]]:
-        """Listen on ``host:port``; returns the bound addresses (host, port). Raises OSError when it cannot.
-        ``reuse_port``: share the port with other processes (``listener.bind_listening_sockets``)."""
+    async def start(self, host: str, port: int) -> list[tuple[str, int]]:
+        """Listen on ``host:port``; returns the bound addresses (host, port). Raises OSError when it cannot."""
         listener = self._make_listener(per_client=True)
-        addresses = listener.start(host, port, reuse_port)
+        addresses = listener.start(host, port)
         self._started(listener)
         return addresses
 
@@ -940,14 +939,10 @@ async def serve(
     limits: ConnectionLimits | None = None,
     ssl_context: Callable[[], ssl.SSLContext | None] = lambda: None,
     on_listening: Callable[[list[tuple[str, int]]], Awaitable[None]] | None = None,
-    reuse_port: bool = False,
 ) -> None:
     """Run ``lb`` on ``host:port`` under ``limits`` (the defaults when None) until ``stop`` is set or its
     source says the service is gone; over TLS for the connections accepted while ``ssl_context()`` gives a
-    context. ``on_listening`` is awaited with the addresses bound, once they are. ``reuse_port`` lets other
-    processes serve the same port (each with its own ``lb``: nothing is shared between them but the port).
-    It is for measuring only (benchmarks/lb_bench.py ``--workers``): any process of the same user may then
-    join the port, so the product never turns it on (docs/benchmarks.md, "fourth pass").
+    context. ``on_listening`` is awaited with the addresses bound, once they are.
 
     Raises OSError when the port cannot be bound. On return the listening sockets are closed, the requests
     in flight are answered, the counts of completed seconds are flushed and the upstream client is closed.
@@ -955,10 +950,13 @@ async def serve(
     server = HttpServer(lb, limits, ssl_context=ssl_context)
 
     async def begin() -> str:
-        addresses = await server.start(host, port, reuse_port)
+        addresses = await server.start(host, port)
         if on_listening is not None:
             await on_listening(addresses)
-        return "listening on " + ", ".join(f"{address[0]}:{address[1]}" for address in addresses)
+        limits = server.limits
+        return (f"listening on {', '.join(f'{address[0]}:{address[1]}' for address in addresses)}"
+                f"{_over_https(server)} (at most {limits.max_connections} client connections, {limits.per_client} "
+                "per client address")
 
     await _serve(lb, server, begin, stop)
 
@@ -978,7 +976,9 @@ async def serve_taking(
 
     async def begin() -> str:
         attach(await server.start_taking())
-        return "taking the connections its parent accepts"
+        return (f"taking the connections its parent accepts{_over_https(server)} (at most "
+                f"{server.limits.max_connections} client connections, its share; the parent holds each client "
+                "address to its limit")
 
     await _serve(lb, server, begin, stop)
 
@@ -988,17 +988,12 @@ async def _serve(lb: LoadBalancer, server: HttpServer, begin: Callable[[], Await
     await lb.start()
     try:
         where = await begin()
-        limits = server.limits
         log.info(
-            "load balancer for service %s %s%s (at most %d client connections, %d per client "
-            "address; head deadline %g s, keep-alive %g s; event loop: %s)",
+            "load balancer for service %s %s; head deadline %g s, keep-alive %g s; event loop: %s)",
             lb.service,
             where,
-            " over HTTPS" if server.ssl_context() is not None else "",
-            limits.max_connections,
-            limits.per_client,
-            limits.head_seconds,
-            limits.keepalive_seconds,
+            server.limits.head_seconds,
+            server.limits.keepalive_seconds,
             describe_loop(asyncio.get_running_loop()),
         )
         await _wait_until_stopped(lb, stop)
@@ -1008,6 +1003,10 @@ async def _serve(lb: LoadBalancer, server: HttpServer, begin: Callable[[], Await
         lb.stop_holding()
         await server.close()
         await lb.close()
+
+
+def _over_https(server: HttpServer) -> str:
+    return " over HTTPS" if server.ssl_context() is not None else ""
 
 
 def describe_loop(loop: asyncio.AbstractEventLoop) -> str:

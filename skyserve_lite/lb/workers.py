@@ -38,11 +38,13 @@ import math
 import signal
 import socket
 import struct
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from skyserve_lite.lb.listener import Listener
+from skyserve_lite.lb.settings import ConnectionLimits
 
 __all__ = [
     "READY_TOKEN",
@@ -56,6 +58,7 @@ __all__ = [
     "encode_tokens",
     "make_control_pair",
     "pick_worker",
+    "run_parent",
 ]
 
 log = logging.getLogger(__name__)
@@ -378,3 +381,56 @@ class HandoffReceiver:
                 return
             except OSError:  # the parent is gone: nobody counts them any more
                 return
+
+
+async def run_parent(
+    service: str,
+    host: str,
+    port: int,
+    limits: ConnectionLimits,
+    count: int,
+    spawn: Callable[[int, socket.socket], Awaitable[WorkerProcess]],
+    stop: asyncio.Event,
+    on_serving: Callable[[list[tuple[str, int]]], Awaitable[None]] | None = None,
+) -> int:
+    """The parent of ``count`` workers started by ``spawn``: bind ``host:port`` alone, hand the connections
+    it admits to them, until ``stop`` is set or the pool finishes (the module docstring says when); then
+    SIGTERM to the workers, and wait for them. ``on_serving`` is awaited with the bound addresses once every
+    worker serves. Returns the exit status: 0, 1 when the port cannot be bound, or the status of a worker
+    that could not start."""
+    from skyserve_lite.lb.proxy import LocalAnswer
+    from skyserve_lite.lb.server import render_local_answer, too_many_from_client_message
+
+    name = f"load balancer for service {service}"
+    pool = WorkerPool(count, spawn, name)
+    client_refusal = render_local_answer(
+        LocalAnswer(503, too_many_from_client_message(service, limits.per_client)), False, False)
+    # The parent holds each client address to its limit; the total is the workers' (each holds its share
+    # and makes room by closing its longest idle connection), so the parent never refuses for it.
+    listener = Listener(lambda release: asyncio.Protocol(), client_refusal, name, sys.maxsize,
+                        max_per_client=limits.per_client, hand_off=pool.hand_off)
+    try:
+        try:
+            # Bound first (a port taken fails before any worker starts), accepting once the workers run.
+            addresses = listener.start(host, port, accepting=False)
+        except OSError as exc:
+            print(f"sky-lite {name}: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        if not await pool.start():
+            return pool.exit_status
+        listener.accept()
+        log.info("%s listening on %s, handing connections to %d worker processes (%d per client address)", name,
+                 ", ".join(f"{address[0]}:{address[1]}" for address in addresses), count, limits.per_client)
+        if on_serving is not None:
+            await on_serving(addresses)
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(pool.finished.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        return pool.exit_status
+    finally:
+        listener.close()
+        await pool.stop()  # each worker answers its requests in flight first
+        log.info("%s stopped", name)
