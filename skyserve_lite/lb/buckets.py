@@ -118,9 +118,10 @@ class LocalBuckets:
 
 
 def compute_table_slots(max_buckets: int) -> int:
-    """Entries in a shared table for about ``max_buckets`` keys: the next power of two, so that a table at
-    the local store's limit is at most half full (a probe then rarely finds its window taken). Pure."""
-    return max(PROBE, 1 << max(0, max_buckets - 1).bit_length())
+    """Entries in a shared table for ``max_buckets`` keys: the power of two at or above twice that, so that a
+    table holding the local store's limit is at most half full (with 8-entry windows, about 1 new key in
+    1,000 then takes a live bucket's entry; at 3/4 full, 4 in 100). Pure."""
+    return max(PROBE, 1 << max(0, 2 * max_buckets - 1).bit_length())
 
 
 def make_shared_table(slots: int) -> int:

@@ -235,7 +235,9 @@ class Listener:
         self._evicted = IntervalTally(log_interval)
         self._failed = IntervalTally(log_interval)
         self._handshakes = IntervalTally(log_interval)
-        self._tallies = (self._refused, self._refused_client, self._evicted, self._failed, self._handshakes)
+        self._unplaced = IntervalTally(log_interval)
+        self._tallies = (self._refused, self._refused_client, self._evicted, self._failed, self._handshakes,
+                         self._unplaced)
         self._last_client = ""
         self._last_error = ""
         self._last_handshake_error = ""
@@ -357,7 +359,7 @@ class Listener:
         if self._hand_off is not None:
             if not self._hand_off(connection, slot.release):
                 slot.release()
-                self._refuse(connection, self._refusal, self._refused)
+                self._refuse(connection, self._refusal, self._unplaced)
             return
         context = self._ssl_context()
         extra = {"ssl_handshake_timeout": self._handshake_seconds} if context is not None else {}
@@ -482,6 +484,9 @@ class Listener:
                 self._open,
                 MAX_CONNECTIONS_VARIABLE,
             )
+        elif tally is self._unplaced:
+            log.warning("%s: refused %d connection(s) since the last report: no worker process took them (all "
+                        "starting again, or their queues full)", self._name, count)
         elif tally is self._handshakes:
             log.info(
                 "%s: %d TLS handshake(s) failed since the last report (the last: %s)",

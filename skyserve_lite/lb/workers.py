@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+import errno
 import functools
 import itertools
 import logging
@@ -48,22 +50,26 @@ from skyserve_lite.lb.settings import ConnectionLimits
 
 __all__ = [
     "READY_TOKEN",
+    "ExitPlan",
     "HandoffReceiver",
     "Worker",
     "WorkerPool",
     "can_hand_off",
+    "compute_exit_status",
     "compute_restart_delay",
     "compute_share",
     "decode_tokens",
     "encode_tokens",
     "make_control_pair",
     "pick_worker",
+    "plan_worker_exit",
     "run_parent",
 ]
 
 log = logging.getLogger(__name__)
 
 _TOKEN: Final = struct.Struct("!Q")
+_PEER_GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ECONNREFUSED, errno.ENOTCONN})
 # A worker's first message: it is serving. Connection tokens start at 1.
 READY_TOKEN: Final = 0
 # Tokens per message a worker sends back: 512 x 8 bytes, one page-sized datagram.
@@ -77,21 +83,23 @@ _MAX_RESTART_DELAY: Final = 30.0
 
 
 def can_hand_off() -> bool:
-    """Whether this platform can pass a socket to another process (SCM_RIGHTS): not on Windows."""
-    return hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX")
+    """Whether this platform can pass a socket to another process (SCM_RIGHTS) over a Unix SOCK_SEQPACKET
+    pair (message boundaries, and an end of file when the other side is gone): Linux, not Windows."""
+    if not hasattr(socket, "send_fds") or not hasattr(socket, "AF_UNIX") or not hasattr(socket, "SOCK_SEQPACKET"):
+        return False
+    try:
+        pair = make_control_pair()
+    except OSError:
+        return False
+    for sock in pair:
+        sock.close()
+    return True
 
 
 def make_control_pair() -> tuple[socket.socket, socket.socket]:
-    """A connected pair for a parent and one worker that keeps message boundaries: SOCK_SEQPACKET where
-    there is one (Linux: it signals end of file, and its queue is bounded by bytes, not by a count of 10
-    datagrams), SOCK_DGRAM elsewhere."""
-    kind = getattr(socket, "SOCK_SEQPACKET", None)
-    try:
-        if kind is not None:
-            return socket.socketpair(socket.AF_UNIX, kind)
-    except OSError:
-        pass
-    return socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    """A connected SOCK_SEQPACKET pair for a parent and one worker (``can_hand_off`` says whether there is
+    one). Raises OSError."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
 def encode_tokens(tokens: Sequence[int]) -> bytes:
@@ -103,11 +111,13 @@ def decode_tokens(message: bytes) -> list[int]:
     return [token for (token,) in _TOKEN.iter_unpack(message[: len(message) - len(message) % _TOKEN.size])]
 
 
-def pick_worker(open_connections: Sequence[int | None]) -> list[int]:
-    """The workers to offer a new connection to, in order: the running ones (``None``: not running) by
-    fewest open connections, the lower index first among equals. Pure."""
-    running = [(count, index) for index, count in enumerate(open_connections) if count is not None]
-    return [index for _, index in sorted(running)]
+def pick_worker(open_connections: Sequence[int | None], ready: Sequence[bool] | None = None) -> list[int]:
+    """The workers to offer a new connection to, in order: the running ones (``None``: not running), those
+    serving (``ready``; all when None) before those still starting, each by fewest open connections and
+    the lower index first among equals. Pure."""
+    running = [(not (ready is None or ready[index]), count, index)
+               for index, count in enumerate(open_connections) if count is not None]
+    return [index for _, _, index in sorted(running)]
 
 
 def compute_share(max_connections: int, workers: int) -> int:
@@ -122,6 +132,34 @@ def compute_restart_delay(quick_deaths: int) -> float:
     if quick_deaths <= 0:
         return 0.0
     return min(_MAX_RESTART_DELAY, 0.5 * 2.0 ** (quick_deaths - 1))
+
+
+class ExitPlan(enum.Enum):
+    """What the parent does when a worker exits (``plan_worker_exit``)."""
+
+    NOTHING = "nothing"  # the parent is stopping: it asked for this exit
+    FAIL = "fail"  # the first start failed: the load balancer exits with the worker's status
+    FINISH = "finish"  # the worker stopped on its own, status 0: the service is gone
+    RESTART = "restart"  # it died while serving, or a restart failed: start it again after a delay
+
+
+def plan_worker_exit(stopping: bool, starting: bool, status: int) -> ExitPlan:
+    """The parent's decision for a worker that exited with ``status``: ``starting`` while the pool's first
+    start has not finished (a worker that cannot start then is a load balancer that cannot start); a later
+    exit is a crash to recover from, unless it is a clean stop on its own (0). Pure."""
+    if stopping:
+        return ExitPlan.NOTHING
+    if starting:
+        return ExitPlan.FAIL
+    if status == 0:
+        return ExitPlan.FINISH
+    return ExitPlan.RESTART
+
+
+def compute_exit_status(status: int) -> int:
+    """A process exit status for a worker's: a death by signal N (-N from ``wait``) as a shell shows it,
+    128 + N. Pure."""
+    return 128 - status if status < 0 else status
 
 
 class WorkerProcess(Protocol):
@@ -179,6 +217,8 @@ class WorkerPool:
         self.finished = asyncio.Event()
         self.exit_status = 0
         self._all_ready = asyncio.Event()
+        self._starting = True
+        self._stop = asyncio.Event()
 
     @property
     def workers(self) -> Sequence[Worker]:
@@ -186,15 +226,23 @@ class WorkerPool:
 
     async def start(self) -> bool:
         """Start every worker and wait until each is serving; False (``finished`` set) when one could not."""
-        for worker in self._workers:
-            await self._start(worker)
-        waits = [asyncio.ensure_future(self._all_ready.wait()), asyncio.ensure_future(self.finished.wait())]
+        try:
+            for worker in self._workers:
+                await self._start(worker)
+        except OSError as exc:  # no process could be made (EAGAIN, EMFILE): nothing serves
+            log.error("%s: cannot start its worker processes: %s", self._name, exc)
+            self.exit_status = 1
+            self.finished.set()
+            return False
+        waits = [asyncio.ensure_future(self._all_ready.wait()), asyncio.ensure_future(self.finished.wait()),
+                 asyncio.ensure_future(self._stop.wait())]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in waits:
                 task.cancel()
-        return not self.finished.is_set()
+        self._starting = False
+        return self._all_ready.is_set() and not self.finished.is_set() and not self._stop.is_set()
 
     def hand_off(self, connection: socket.socket, release: Callable[[], None]) -> bool:
         """Give ``connection`` to the worker with the fewest open connections (the next one when a worker's
@@ -202,7 +250,8 @@ class WorkerPool:
         it is sent."""
         token = next(self._tokens)
         message = _TOKEN.pack(token)
-        for index in pick_worker([worker.open_connections for worker in self._workers]):
+        workers = self._workers
+        for index in pick_worker([worker.open_connections for worker in workers], [w.ready for w in workers]):
             worker = self._workers[index]
             assert worker.control is not None
             try:
@@ -217,6 +266,7 @@ class WorkerPool:
     async def stop(self) -> None:
         """SIGTERM to every worker and wait for them to finish their requests in flight. Idempotent."""
         self._stopping = True
+        self._stop.set()  # a restart waiting out its delay gives up
         for worker in self._workers:
             if worker.process is not None and worker.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -250,8 +300,9 @@ class WorkerPool:
                 message = control.recv(_TOKENS_PER_MESSAGE * _TOKEN.size)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
-                message = b""
+            except OSError as exc:  # not the end of the worker (that is b""): try again at the next wake-up
+                log.warning("%s: reading worker %d's control socket failed: %s", self._name, worker.index, exc)
+                return
             if not message:  # the worker is gone: its process's exit says how (``_watch``)
                 asyncio.get_running_loop().remove_reader(control)
                 return
@@ -279,27 +330,38 @@ class WorkerPool:
         pending, worker.pending = worker.pending, {}
         for release in pending.values():  # its connections died with it
             release()
-        was_ready, worker.ready = worker.ready, False
-        if self._stopping:
+        worker.ready = False
+        plan = plan_worker_exit(self._stopping, self._starting, status)
+        if plan is ExitPlan.NOTHING:
             return
-        if not was_ready or status == 0:
-            # Never served (its status says why, e.g. 1: no API keys) or stopped on its own (the service
-            # is gone): the load balancer as a whole stops the same way.
-            if not was_ready:
+        if plan is not ExitPlan.RESTART:
+            if plan is ExitPlan.FAIL:
                 log.error("%s: worker %d exited with status %d before it served", self._name, worker.index, status)
-            self.exit_status = status if not was_ready else 0
+            self.exit_status = compute_exit_status(status) if plan is ExitPlan.FAIL else 0
             self._stopping = True
             self.finished.set()
             return
-        steady = loop.time() - worker.started_at >= _STEADY_SECONDS
-        worker.quick_deaths = 0 if steady else worker.quick_deaths + 1
-        delay = compute_restart_delay(worker.quick_deaths)
-        log.warning("%s: worker %d (pid %d) exited with status %d; %d connection(s) lost; starting it again%s",
-                    self._name, worker.index, process.pid, status, len(pending),
-                    f" in {delay:g} s" if delay else "")
-        await asyncio.sleep(delay)
-        if not self._stopping:
-            await self._start(worker)
+        log.warning("%s: worker %d (pid %d) exited with status %d; %d connection(s) lost", self._name,
+                    worker.index, process.pid, status, len(pending))
+        await self._restart(worker, steady=loop.time() - worker.started_at >= _STEADY_SECONDS)
+
+    async def _restart(self, worker: Worker, steady: bool) -> None:
+        """Start ``worker`` again after the delay its recent deaths call for; a start that fails (no process
+        could be made) counts as one more and is tried again, until the pool stops."""
+        while not self._stopping:
+            worker.quick_deaths = 0 if steady else worker.quick_deaths + 1
+            delay = compute_restart_delay(worker.quick_deaths)
+            log.warning("%s: starting worker %d again%s", self._name, worker.index, f" in {delay:g} s" if delay else "")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            if self._stopping:
+                return
+            try:
+                await self._start(worker)
+                return
+            except OSError as exc:
+                log.error("%s: cannot start worker %d: %s", self._name, worker.index, exc)
+                steady = False
 
 
 class HandoffReceiver:
@@ -379,7 +441,14 @@ class HandoffReceiver:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_later(0.01, self._flush)
                 return
-            except OSError:  # the parent is gone: nobody counts them any more
+            except OSError as exc:
+                if exc.errno in _PEER_GONE:
+                    return  # the parent is gone: nobody counts them any more
+                # ENOBUFS, ENOMEM: a moment's shortage; the tokens must reach the parent
+                log.warning("telling the parent of closed connections failed (%s); trying again", exc)
+                self._released = released[start:] + self._released
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_later(0.1, self._flush)
                 return
 
 
@@ -405,10 +474,13 @@ async def run_parent(
     pool = WorkerPool(count, spawn, name)
     client_refusal = render_local_answer(
         LocalAnswer(503, too_many_from_client_message(service, limits.per_client)), False, False)
+    unplaced = render_local_answer(
+        LocalAnswer(503, f"Service {service} is busy: no worker process of its load balancer could take the "
+                         "connection. Retry shortly.\n"), False, False)
     # The parent holds each client address to its limit; the total is the workers' (each holds its share
     # and makes room by closing its longest idle connection), so the parent never refuses for it.
-    listener = Listener(lambda release: asyncio.Protocol(), client_refusal, name, sys.maxsize,
-                        max_per_client=limits.per_client, hand_off=pool.hand_off)
+    listener = Listener(lambda release: asyncio.Protocol(), unplaced, name, sys.maxsize,
+                        max_per_client=limits.per_client, client_refusal=client_refusal, hand_off=pool.hand_off)
     try:
         try:
             # Bound first (a port taken fails before any worker starts), accepting once the workers run.

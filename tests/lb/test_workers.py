@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,15 @@ from skyserve_lite.lb.metrics_file import LatencyRow, LbSnapshot, merge_snapshot
 from skyserve_lite.lb.settings import compute_worker_count, workers_from_env
 from skyserve_lite.lb.workers import (
     READY_TOKEN,
+    ExitPlan,
     WorkerPool,
+    compute_exit_status,
     compute_restart_delay,
     compute_share,
     decode_tokens,
     encode_tokens,
     pick_worker,
+    plan_worker_exit,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +61,34 @@ def _run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
 def test_pick_worker_offers_the_running_ones_by_fewest_connections(
         open_connections: list[int | None], order: list[int]) -> None:
     assert pick_worker(open_connections) == order
+
+
+@pytest.mark.parametrize(("open_connections", "ready", "order"), [
+    ([5, 0], [True, False], [0, 1]),  # one starting (again) gets what the serving ones cannot take
+    ([5, 0, 2], [True, False, True], [2, 0, 1]),
+    ([0, 0], [False, False], [0, 1]),  # all starting: they queue it
+])
+def test_pick_worker_prefers_workers_that_serve(
+        open_connections: list[int | None], ready: list[bool], order: list[int]) -> None:
+    assert pick_worker(open_connections, ready) == order
+
+
+@pytest.mark.parametrize(("stopping", "starting", "status", "plan"), [
+    (True, False, -9, ExitPlan.NOTHING),
+    (True, True, 1, ExitPlan.NOTHING),
+    (False, True, 1, ExitPlan.FAIL),  # the first start: no API keys, say
+    (False, True, 0, ExitPlan.FAIL),
+    (False, False, 0, ExitPlan.FINISH),  # stopped on its own: the service is gone
+    (False, False, 1, ExitPlan.RESTART),  # a later failure, even before it served again: recovered from
+    (False, False, -9, ExitPlan.RESTART),
+])
+def test_plan_worker_exit(stopping: bool, starting: bool, status: int, plan: ExitPlan) -> None:
+    assert plan_worker_exit(stopping, starting, status) is plan
+
+
+@pytest.mark.parametrize(("status", "exit_status"), [(0, 0), (1, 1), (-9, 137), (-15, 143)])
+def test_a_worker_killed_by_a_signal_exits_as_a_shell_shows_it(status: int, exit_status: int) -> None:
+    assert compute_exit_status(status) == exit_status
 
 
 @pytest.mark.parametrize(("max_connections", "workers", "share"), [
@@ -154,6 +184,14 @@ class FakeSpawner:
         return [worker for each, worker in self.started if each == index][-1]
 
 
+async def _started(spawner: FakeSpawner, count: int, seconds: float = 3) -> None:
+    for _ in range(int(seconds * 100)):
+        if len(spawner.started) >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{len(spawner.started)} workers started, not {count}")
+
+
 async def _settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0.005)
@@ -217,10 +255,7 @@ def test_a_dead_worker_releases_its_connections_and_is_started_again(
         await _settle()
         assert sorted(released) == [1, 3]  # what it held, and nothing of worker 0's
         assert len(spawner.started) == 2  # it died soon after its start: the next waits 0.5 s
-        for _ in range(200):
-            if len(spawner.started) == 3:
-                break
-            await asyncio.sleep(0.01)
+        await _started(spawner, 3)
         assert spawner.started[-1][0] == 1
         assert not pool.finished.is_set()
         assert pool.hand_off(client_sockets(), lambda: None)
@@ -255,6 +290,56 @@ def test_a_worker_that_never_served_or_stopped_on_its_own_ends_the_pool(
     _run(body)
 
 
+def test_a_restarted_worker_failing_before_it_serves_is_started_again_not_the_end(
+        client_sockets: Callable[[], socket.socket]) -> None:
+    async def body() -> None:
+        spawner = FakeSpawner()
+        pool = WorkerPool(2, spawner, "test")
+        starting = asyncio.ensure_future(pool.start())
+        await _settle()
+        for _, worker in spawner.started:
+            worker.ready()
+        await starting
+        spawner.latest(1).exit(-9)
+        await _started(spawner, 3)  # after 0.5 s
+        assert pool.hand_off(client_sockets(), lambda: None)
+        assert len(spawner.latest(0).received()) == 1  # to the one serving, not the one starting
+        spawner.latest(1).exit(1)  # the new one fails before it serves (keys unreadable for a moment, say)
+        await _settle()
+        assert not pool.finished.is_set()
+        await pool.stop()  # gives up the restart waiting out its delay, at once
+        assert len(spawner.started) == 3
+
+    _run(body)
+
+
+def test_a_restart_that_cannot_make_a_process_is_tried_again() -> None:
+    async def body() -> None:
+        spawner = FakeSpawner()
+        failures = [OSError(11, "Resource temporarily unavailable")]
+
+        async def spawn(index: int, control: socket.socket) -> FakeWorker:
+            if len(spawner.started) >= 2 and failures:
+                raise failures.pop()
+            return await spawner(index, control)
+
+        pool = WorkerPool(1, spawn, "test")
+        starting = asyncio.ensure_future(pool.start())
+        await _settle()
+        spawner.latest(0).ready()
+        await starting
+        spawner.latest(0).exit(-9)
+        await _started(spawner, 2)  # 0.5 s later
+        spawner.latest(0).ready()
+        spawner.latest(0).exit(-9)  # dies again: the next start fails once (1 s later), then works (2 s later)
+        await _started(spawner, 3, seconds=6)
+        assert not failures
+        assert not pool.finished.is_set()
+        await pool.stop()
+
+    _run(body)
+
+
 def test_no_running_worker_means_the_connection_is_refused(client_sockets: Callable[[], socket.socket]) -> None:
     async def body() -> None:
         pool = WorkerPool(1, FakeSpawner(), "test")
@@ -276,7 +361,7 @@ def test_compute_take(tat: float | None, now: float, wait: float, new_tat: float
     assert compute_take(tat, now, 0.5, 2.0) == (wait, new_tat)
 
 
-@pytest.mark.parametrize(("max_buckets", "slots"), [(1, 8), (8, 8), (9, 16), (50_000, 65_536), (65_536, 65_536)])
+@pytest.mark.parametrize(("max_buckets", "slots"), [(1, 8), (4, 8), (5, 16), (50_000, 131_072), (65_536, 131_072)])
 def test_table_slots(max_buckets: int, slots: int) -> None:
     assert compute_table_slots(max_buckets) == slots
 
@@ -338,17 +423,21 @@ def test_processes_taking_from_one_bucket_at_once_never_get_more_than_the_burst(
     10,000 are allowed in all, which the lock guarantees (unlocked, two processes read the same tat and
     both count)."""
     script = textwrap.dedent("""
-        import sys, time
+        import sys
         from skyserve_lite.lb.buckets import SLACK, SharedBuckets
         store = SharedBuckets(int(sys.argv[1]), b"limits")
-        start = float(sys.argv[2])
-        while time.time() < start:
-            pass
+        print("ready", flush=True)
+        sys.stdin.readline()  # all four go at once
         print(sum(store.take((0, "203.0.113.7"), 0.0, 1.0, 9_999.0) <= SLACK for _ in range(5_000)))
     """)
-    start = time.time() + 2
-    processes = [subprocess.Popen([sys.executable, "-c", script, str(table_fd), str(start)], pass_fds=(table_fd,),
-                                  cwd=REPO, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    processes = [subprocess.Popen([sys.executable, "-c", script, str(table_fd)], pass_fds=(table_fd,), cwd=REPO,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    for process in processes:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
     allowed = [int(process.communicate(timeout=60)[0]) for process in processes]
     assert sum(allowed) == 10_000, allowed
 
