@@ -188,6 +188,19 @@ def _run_until_complete(coro: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(coro)
 
 
+def _prepare_process() -> asyncio.Event:
+    """The running loop's store thread and signals: the event SIGTERM and SIGINT set.
+
+    Every store call (open, reads, writes, close) runs on one thread: an SQLite connection belongs to the
+    thread that opened it, and asyncio.to_thread would otherwise pick any thread of the pool."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lb-store"))
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
 async def _run(
     home: Path, service: str, host: str, port: int, settings: LbSettings, limits: ConnectionLimits,
     role: WorkerRole | None = None,
@@ -195,15 +208,7 @@ async def _run(
     """Serve as the one load-balancer process, or as a worker of a parent (``role``)."""
     from skyserve_lite.state.store import Store  # the store is needed by the process only, not by the server
 
-    loop = asyncio.get_running_loop()
-    # Every store call (open, reads, writes, close) runs on this one thread: an SQLite connection belongs
-    # to the thread that opened it, and asyncio.to_thread would otherwise pick any thread of the pool.
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lb-store")
-    loop.set_default_executor(executor)
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-
+    stop = _prepare_process()
     store = await asyncio.to_thread(lambda: Store.open(home, create=False))
     worker = role.index if role is not None else None
     tls = TlsReloader(service, StoreTlsSource(store, service), blob_store_of(home), tls_dir(home, service, worker))
@@ -310,12 +315,7 @@ async def _run_parent(
     read)."""
     from skyserve_lite.state.store import Store
 
-    loop = asyncio.get_running_loop()
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lb-store")
-    loop.set_default_executor(executor)
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    stop = _prepare_process()
     store = await asyncio.to_thread(lambda: Store.open(home, create=False))
     buckets_fd = make_shared_table(compute_table_slots(DEFAULT_MAX_BUCKETS))
 

@@ -192,6 +192,18 @@ async def _started(spawner: FakeSpawner, count: int, seconds: float = 3) -> None
     raise AssertionError(f"{len(spawner.started)} workers started, not {count}")
 
 
+async def _serving_pool(count: int) -> tuple[FakeSpawner, WorkerPool]:
+    """A pool of ``count`` fake workers, each started and serving."""
+    spawner = FakeSpawner()
+    pool = WorkerPool(count, spawner, "test")
+    starting = asyncio.ensure_future(pool.start())
+    await _settle()
+    for _, worker in spawner.started:
+        worker.ready()
+    assert await starting is True
+    return spawner, pool
+
+
 async def _settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0.005)
@@ -241,13 +253,7 @@ def test_connections_go_to_the_worker_with_fewest_and_are_released_by_token(
 def test_a_dead_worker_releases_its_connections_and_is_started_again(
         client_sockets: Callable[[], socket.socket]) -> None:
     async def body() -> None:
-        spawner = FakeSpawner()
-        pool = WorkerPool(2, spawner, "test")
-        starting = asyncio.ensure_future(pool.start())
-        await _settle()
-        for _, worker in spawner.started:
-            worker.ready()
-        await starting
+        spawner, pool = await _serving_pool(2)
         released: list[int] = []
         for number in range(4):
             pool.hand_off(client_sockets(), lambda number=number: released.append(number))  # type: ignore[misc]
@@ -293,13 +299,7 @@ def test_a_worker_that_never_served_or_stopped_on_its_own_ends_the_pool(
 def test_a_restarted_worker_failing_before_it_serves_is_started_again_not_the_end(
         client_sockets: Callable[[], socket.socket]) -> None:
     async def body() -> None:
-        spawner = FakeSpawner()
-        pool = WorkerPool(2, spawner, "test")
-        starting = asyncio.ensure_future(pool.start())
-        await _settle()
-        for _, worker in spawner.started:
-            worker.ready()
-        await starting
+        spawner, pool = await _serving_pool(2)
         spawner.latest(1).exit(-9)
         await _started(spawner, 3)  # after 0.5 s
         assert pool.hand_off(client_sockets(), lambda: None)
