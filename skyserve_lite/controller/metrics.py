@@ -8,8 +8,8 @@ the pass-duration histogram: each scrape reads
 
 * the snapshot files the host's load balancers publish about once a second (``lb.metrics_file``, written
   by ``lb.metrics``), skipping a file whose process is gone (its counts went with it; a restarted load
-  balancer counts from 0, which rate() reads as a reset), the files of one load balancer's workers added
-  up (``merge_snapshots``: one series per label set, whatever the count of workers);
+  balancer counts from 0, which rate() reads as a reset), a load balancer's workers each with its own
+  series (a ``worker`` label), so that a worker started again resets only its own;
 * the state, opened read-only for the scrape: replicas by service, version and status, and each
   service's autoscaler targets (raw: what the policy computed; chosen: within the bounds, with the
   hysteresis), as `serve status` shows them.
@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 
 from skyserve_lite import procs
 from skyserve_lite.errors import UsageError
-from skyserve_lite.lb.metrics_file import LATENCY_BUCKETS, LbSnapshot, merge_snapshots, metrics_dir, read_snapshots
+from skyserve_lite.lb.metrics_file import LATENCY_BUCKETS, LbSnapshot, metrics_dir, read_snapshots
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -75,47 +75,52 @@ def parse_metrics_addr(environ: Mapping[str, str]) -> MetricsAddress | None:
 def compute_lb_families(snapshots: Sequence[LbSnapshot]) -> list[Metric]:
     """The load balancers' families from their snapshots. Pure. A replica label is the replica's url; ``""``
     (with version ``""``) for answers the load balancer made itself (401, 429, 503, the 502 after failed
-    attempts)."""
+    attempts). When a load balancer runs as several workers (``lb.workers``), every family has a ``worker``
+    label too (``"0"``, ``"1"`` ...; ``""`` for a one-process load balancer beside them): each worker counts
+    on its own, so that one started again resets only its own series, which rate() reads right."""
+    extra = ("worker",) if any(snapshot.worker is not None for snapshot in snapshots) else ()
     requests = CounterMetricFamily(
         "skylite_lb_requests", "Responses by service, version, replica and status class (replica \"\": the "
-        "load balancer's own answers).", labels=("service", "version", "replica", "code"))
+        "load balancer's own answers).", labels=("service", "version", "replica", "code", *extra))
     failures = CounterMetricFamily(
         "skylite_lb_attempt_failures", "Attempts to a replica that got no response, by reason (connect, reset, "
-        "timeout, invalid, aborted: the client left first).", labels=("service", "version", "replica", "reason"))
+        "timeout, invalid, aborted: the client left first).",
+        labels=("service", "version", "replica", "reason", *extra))
     latency = HistogramMetricFamily(
         "skylite_lb_request_duration_seconds", "Time from sending a request to a replica to the end of its "
-        "response.", labels=("service", "version", "replica"))
+        "response.", labels=("service", "version", "replica", *extra))
     in_flight = GaugeMetricFamily("skylite_lb_in_flight_requests", "Requests in flight to each replica.",
-                                  labels=("service", "replica"))
+                                  labels=("service", "replica", *extra))
     waiting = GaugeMetricFamily("skylite_lb_waiting_requests", "Requests held for a READY replica.",
-                                labels=("service",))
+                                labels=("service", *extra))
     retries = CounterMetricFamily("skylite_lb_retries", "Requests sent again to another replica after a failed "
-                                  "attempt.", labels=("service",))
+                                  "attempt.", labels=("service", *extra))
     ejections = CounterMetricFamily("skylite_lb_ejections", "Replicas taken out of the rotation for failing in a "
-                                    "row.", labels=("service",))
+                                    "row.", labels=("service", *extra))
     ejected = GaugeMetricFamily("skylite_lb_ejected_replicas", "Replicas out of the rotation now.",
-                                labels=("service",))
-    up = GaugeMetricFamily("skylite_lb_up", "1 for each load balancer whose counts this scrape read.",
-                           labels=("service",))
+                                labels=("service", *extra))
+    up = GaugeMetricFamily("skylite_lb_up", "1 for each load balancer (each worker of one) whose counts this "
+                           "scrape read.", labels=("service", *extra))
     for snapshot in snapshots:
         service = snapshot.service
+        worker = (_label(snapshot.worker),) if extra else ()
         for version, replica, code, count in snapshot.requests:
-            requests.add_metric((service, _label(version), replica or "", code), count)
+            requests.add_metric((service, _label(version), replica or "", code, *worker), count)
         for version, replica, reason, count in snapshot.failures:
-            failures.add_metric((service, _label(version), replica or "", reason), count)
+            failures.add_metric((service, _label(version), replica or "", reason, *worker), count)
         for row in snapshot.latency:
             cumulative, buckets = 0, []
             for bound, count in zip((*(str(b) for b in LATENCY_BUCKETS), "+Inf"), row.buckets, strict=True):
                 cumulative += count
                 buckets.append((bound, float(cumulative)))
-            latency.add_metric((service, _label(row.version), row.replica), buckets, row.total_seconds)
+            latency.add_metric((service, _label(row.version), row.replica, *worker), buckets, row.total_seconds)
         for replica, count in snapshot.in_flight:
-            in_flight.add_metric((service, replica), count)
-        waiting.add_metric((service,), snapshot.waiting)
-        retries.add_metric((service,), snapshot.retries)
-        ejections.add_metric((service,), snapshot.ejections)
-        ejected.add_metric((service,), snapshot.ejected)
-        up.add_metric((service,), 1)
+            in_flight.add_metric((service, replica, *worker), count)
+        waiting.add_metric((service, *worker), snapshot.waiting)
+        retries.add_metric((service, *worker), snapshot.retries)
+        ejections.add_metric((service, *worker), snapshot.ejections)
+        ejected.add_metric((service, *worker), snapshot.ejected)
+        up.add_metric((service, *worker), 1)
     return [requests, failures, latency, in_flight, waiting, retries, ejections, ejected, up]
 
 
@@ -154,8 +159,8 @@ class _Fixed(Collector):
         return iter(self._families)
 
 
-def _label(version: int | None) -> str:
-    return "" if version is None else str(version)
+def _label(number: int | None) -> str:
+    return "" if number is None else str(number)
 
 
 def find_live_snapshots(snapshots: Iterable[LbSnapshot], is_alive: Callable[[int], bool]) -> list[LbSnapshot]:
@@ -190,7 +195,7 @@ class HostCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         paths = sorted(metrics_dir(self._home).glob("*.json"))
-        yield from compute_lb_families(merge_snapshots(find_live_snapshots(read_snapshots(paths), self._is_alive)))
+        yield from compute_lb_families(find_live_snapshots(read_snapshots(paths), self._is_alive))
         try:
             store = self._open_store()
             try:

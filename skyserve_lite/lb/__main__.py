@@ -223,7 +223,7 @@ async def _run(
             print(f"sky-lite load balancer for service {service}: cannot read its API keys: {exc}", file=sys.stderr)
             return 1
         versions = VersionCounter(SystemClock())  # for the canary judge (``lb.version_counts``)
-        metrics = LbMetrics(service)  # for the controller host's Prometheus endpoint (``lb.metrics``)
+        metrics = LbMetrics(service, worker)  # for the controller host's Prometheus endpoint (``lb.metrics``)
         lb = LoadBalancer(
             service,
             StoreTargetSource(store, service),

@@ -29,7 +29,6 @@ from skyserve_lite.lb.metrics_file import (
     LATENCY_BUCKETS,
     LatencyRow,
     LbSnapshot,
-    merge_snapshots,
     metrics_dir,
     metrics_path,
     read_snapshot,
@@ -46,7 +45,6 @@ __all__ = [
     "LbMetrics",
     "LbSnapshot",
     "LoadSource",
-    "merge_snapshots",
     "metrics_dir",
     "metrics_path",
     "read_snapshot",
@@ -89,8 +87,9 @@ class LoadSource(Protocol):
 class LbMetrics:
     """Totals of the outcomes of one load balancer. ``record`` runs on its event loop, per outcome."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, worker: int | None = None) -> None:
         self.service = service
+        self.worker = worker  # which worker of several (``lb.workers``), or None
         self._requests: dict[RequestKey, int] = {}
         self._failures: dict[FailureKey, int] = {}
         # (version, replica url) -> bucket counts, +Inf last; and the sum of the seconds
@@ -129,7 +128,7 @@ class LbMetrics:
             latency=tuple(LatencyRow(v, r, tuple(b), self._latency_sum[(v, r)])
                           for (v, r), b in sorted(self._latency.items(), key=_order)),
             in_flight=lb.in_flight(), waiting=lb.waiting, retries=lb.retries, ejections=lb.ejections,
-            ejected=len(lb.ejected),
+            ejected=len(lb.ejected), worker=self.worker,
         )
 
     def forget_gone(self, live: Iterable[str], now: float, after_seconds: float = FORGET_SECONDS) -> None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -21,7 +20,6 @@ __all__ = [
     "LATENCY_BUCKETS",
     "LatencyRow",
     "LbSnapshot",
-    "merge_snapshots",
     "metrics_dir",
     "metrics_path",
     "read_snapshot",
@@ -60,6 +58,7 @@ class LbSnapshot:
     retries: int
     ejections: int
     ejected: int
+    worker: int | None = None  # which worker of a load balancer on several processes (``lb.workers``)
 
 
 def metrics_dir(home: Path) -> Path:
@@ -69,8 +68,8 @@ def metrics_dir(home: Path) -> Path:
 
 def metrics_path(home: Path, service: str, worker: int | None = None) -> Path:
     """The snapshot file of ``service``'s load balancer; with several worker processes (``lb.workers``),
-    worker ``worker``'s (``<service>.worker-<k>.json``: a service name has no dot). The exporter adds up
-    the files of one service (``merge_snapshots``)."""
+    worker ``worker``'s (``<service>.worker-<k>.json``: a service name has no dot), which the exporter
+    serves with a ``worker`` label."""
     return metrics_dir(home) / (f"{service}.json" if worker is None else f"{service}.worker-{worker}.json")
 
 
@@ -97,47 +96,3 @@ def read_snapshots(paths: Iterable[Path]) -> list[LbSnapshot]:
             continue
     return snapshots
 
-
-def merge_snapshots(snapshots: Sequence[LbSnapshot]) -> list[LbSnapshot]:
-    """One snapshot per service, in the order services first appear: the workers' of one load balancer
-    (``lb.workers``) added up (counts, latency buckets, in-flight requests per replica, requests held,
-    retries, ejections), and for the replicas ejected now the most any worker has out (each worker ejects
-    on its own). A service with one snapshot keeps it as it is. Pure."""
-    groups: dict[str, list[LbSnapshot]] = {}
-    for snapshot in snapshots:
-        groups.setdefault(snapshot.service, []).append(snapshot)
-    return [group[0] if len(group) == 1 else _merge(group) for group in groups.values()]
-
-
-def _merge(group: Sequence[LbSnapshot]) -> LbSnapshot:
-    requests: dict[tuple[int | None, str | None, str], int] = defaultdict(int)
-    failures: dict[tuple[int | None, str | None, str], int] = defaultdict(int)
-    latency: dict[tuple[int | None, str], tuple[list[int], list[float]]] = {}
-    in_flight: dict[str, int] = defaultdict(int)
-    for snapshot in group:
-        for version, replica, code, count in snapshot.requests:
-            requests[version, replica, code] += count
-        for version, replica, reason, count in snapshot.failures:
-            failures[version, replica, reason] += count
-        for row in snapshot.latency:
-            buckets, total = latency.setdefault((row.version, row.replica), ([0] * len(row.buckets), [0.0]))
-            for index, count in enumerate(row.buckets):
-                buckets[index] += count
-            total[0] += row.total_seconds
-        for replica, count in snapshot.in_flight:
-            in_flight[replica] += count
-    first = group[0]
-    return LbSnapshot(
-        service=first.service,
-        pid=first.pid,
-        written_at=max(snapshot.written_at for snapshot in group),
-        requests=tuple((*key, count) for key, count in requests.items()),
-        failures=tuple((*key, count) for key, count in failures.items()),
-        latency=tuple(LatencyRow(version, replica, tuple(buckets), total[0])
-                      for (version, replica), (buckets, total) in latency.items()),
-        in_flight=tuple(in_flight.items()),
-        waiting=sum(snapshot.waiting for snapshot in group),
-        retries=sum(snapshot.retries for snapshot in group),
-        ejections=sum(snapshot.ejections for snapshot in group),
-        ejected=max(snapshot.ejected for snapshot in group),
-    )

@@ -20,8 +20,8 @@ in-flight ledger, outlier ejection, guard, TLS and metrics file); the parent doe
   passed on to every worker and waited for.
 * **Shared**: the rate limits' buckets (``lb.buckets.SharedBuckets``: one table in a file every worker
   maps, so a client whose connections land on two workers gets its rate once, not twice), the request
-  counts and the load report (the store adds them up: each worker reports under its own name), and the
-  metrics files (one per worker; the exporter adds them up).
+  counts and the load report (the store adds them up: each worker reports under its own name); the
+  metrics files are one per worker, served with a ``worker`` label (``controller.metrics``).
 
 Where descriptors cannot be passed (Windows), or with one worker, the load balancer is one process as
 before.

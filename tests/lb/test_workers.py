@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from skyserve_lite.controller.metrics import compute_lb_families, render_text
 from skyserve_lite.errors import UsageError
 from skyserve_lite.lb.buckets import (
     PROBE,
@@ -26,7 +27,7 @@ from skyserve_lite.lb.buckets import (
     compute_take,
     make_shared_table,
 )
-from skyserve_lite.lb.metrics_file import LatencyRow, LbSnapshot, merge_snapshots
+from skyserve_lite.lb.metrics_file import LatencyRow, LbSnapshot
 from skyserve_lite.lb.settings import compute_worker_count, workers_from_env
 from skyserve_lite.lb.workers import (
     READY_TOKEN,
@@ -40,6 +41,7 @@ from skyserve_lite.lb.workers import (
     pick_worker,
     plan_worker_exit,
 )
+from tests.metrics_helpers import parse_samples, sample
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -442,25 +444,32 @@ def test_processes_taking_from_one_bucket_at_once_never_get_more_than_the_burst(
     assert sum(allowed) == 10_000, allowed
 
 
-# -- the workers' metrics, added up -----------------------------------------------------------------------
+# -- the workers' metrics, a series each ---------------------------------------------------------------
 
-def _snapshot(service: str, pid: int, requests: int, in_flight: int, ejected: int) -> LbSnapshot:
+def _snapshot(service: str, pid: int, requests: int, worker: int | None) -> LbSnapshot:
     return LbSnapshot(
         service=service, pid=pid, written_at=float(pid),
-        requests=((1, "http://r1", "2xx", requests), (None, None, "5xx", 1)),
-        failures=((1, "http://r1", "reset", 1),),
+        requests=((1, "http://r1", "2xx", requests),), failures=(),
         latency=(LatencyRow(1, "http://r1", (requests,) + (0,) * 13, 0.5 * requests),),
-        in_flight=(("http://r1", in_flight),), waiting=1, retries=2, ejections=1, ejected=ejected)
+        in_flight=(("http://r1", 1),), waiting=1, retries=2, ejections=1, ejected=0, worker=worker)
 
 
-def test_the_workers_snapshots_of_one_service_are_added_up_and_others_kept_apart() -> None:
-    other = _snapshot("other", 9, 7, 0, 0)
-    merged = merge_snapshots([_snapshot("svc", 1, 10, 2, 1), other, _snapshot("svc", 2, 5, 1, 0)])
-    assert [snapshot.service for snapshot in merged] == ["svc", "other"]
-    svc = merged[0]
-    assert svc.requests == ((1, "http://r1", "2xx", 15), (None, None, "5xx", 2))
-    assert svc.failures == ((1, "http://r1", "reset", 2),)
-    assert svc.latency == (LatencyRow(1, "http://r1", (15,) + (0,) * 13, 7.5),)
-    assert svc.in_flight == (("http://r1", 3),)
-    assert (svc.waiting, svc.retries, svc.ejections, svc.ejected, svc.written_at) == (2, 4, 2, 1, 2.0)
-    assert merged[1] is other
+def test_each_worker_has_its_own_series_and_a_lone_process_none_beside_them() -> None:
+    samples = parse_samples(render_text(compute_lb_families(
+        [_snapshot("svc", 1, 10, 0), _snapshot("svc", 2, 5, 1), _snapshot("other", 9, 7, None)])))
+    requests = "skylite_lb_requests_total"
+    replica = {"version": "1", "replica": "http://r1", "code": "2xx"}
+    assert sample(samples, requests, service="svc", **replica, worker="0") == 10
+    assert sample(samples, requests, service="svc", **replica, worker="1") == 5
+    assert sample(samples, requests, service="other", **replica, worker="") == 7
+    assert sample(samples, "skylite_lb_up", service="svc", worker="1") == 1
+    # A worker started again counts from 0 in its own series: the other's stays as it was (no false reset).
+    again = parse_samples(render_text(compute_lb_families([_snapshot("svc", 1, 11, 0), _snapshot("svc", 3, 0, 1)])))
+    assert sample(again, requests, service="svc", **replica, worker="0") == 11
+
+
+def test_without_workers_the_families_keep_their_labels() -> None:
+    samples = parse_samples(render_text(compute_lb_families([_snapshot("svc", 1, 10, None)])))
+    assert sample(samples, "skylite_lb_requests_total", service="svc", version="1", replica="http://r1",
+                  code="2xx") == 10
+    assert all("worker" not in dict(labels) for _, labels in samples)
