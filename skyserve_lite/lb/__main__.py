@@ -65,7 +65,14 @@ from skyserve_lite.lb.server import serve, serve_taking
 from skyserve_lite.lb.settings import ConnectionLimits, LbSettings, compute_worker_count
 from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
 from skyserve_lite.lb.version_counts import VersionCounter
-from skyserve_lite.lb.workers import HandoffReceiver, WorkerProcess, can_hand_off, compute_share, run_parent
+from skyserve_lite.lb.workers import (
+    STOPPED_STATUS,
+    HandoffReceiver,
+    WorkerProcess,
+    can_hand_off,
+    compute_share,
+    run_parent,
+)
 from skyserve_lite.netaddr import host_port
 from skyserve_lite.state.models import LbEndpoint
 
@@ -294,16 +301,18 @@ async def _run(
         await asyncio.to_thread(tls.discard)  # the key's copy lives only as long as the load balancer
         await asyncio.to_thread(store.close)
     log.info("load balancer for service %s stopped", service)
-    return 0
+    # A worker tells its parent why it ended: 0 only when the service is gone (the parent then ends too).
+    return STOPPED_STATUS if role is not None and stop.is_set() else 0
 
 
 def _shared_buckets(role: WorkerRole, opened: list[SharedBuckets], limits: tuple[RateLimit, ...]) -> SharedBuckets:
     """The workers' shared table (``lb.buckets``) for ``limits``: keyed by them, so that new limits start from
-    fresh buckets in every worker, as a single process's do."""
+    fresh buckets in every worker, as a single process's do. Mapped once (``opened`` holds the mapping)."""
     salt = hashlib.blake2b(repr(limits).encode(), digest_size=32).digest()
-    table = SharedBuckets(role.buckets_fd, salt)
-    opened.append(table)
-    return table
+    if not opened:
+        opened.append(SharedBuckets(role.buckets_fd, salt))
+        return opened[0]
+    return opened[0].with_salt(salt)
 
 
 async def _run_parent(

@@ -138,15 +138,16 @@ def make_shared_table(slots: int) -> int:
 
 class SharedBuckets:
     """The buckets in a table several processes map (see the module docstring); ``fd`` is the table's file
-    (``make_shared_table``), ``salt`` names the limits in force. ``close`` unmaps it."""
+    (``make_shared_table``), ``salt`` names the limits in force. ``with_salt`` gives the same table's buckets
+    for other limits (one mapping per process); ``close`` unmaps it."""
 
-    def __init__(self, fd: int, salt: bytes) -> None:
+    def __init__(self, fd: int, salt: bytes, _map: mmap.mmap | None = None) -> None:
         size = os.fstat(fd).st_size
         if size < SLOT_BYTES * PROBE or size % SLOT_BYTES:
             raise ValueError(f"a shared bucket table holds whole entries, at least {PROBE}; got {size} bytes")
         self._fd = fd
         self._slots = size // SLOT_BYTES
-        self._map = mmap.mmap(fd, size)
+        self._map = _map if _map is not None else mmap.mmap(fd, size)
         self._salt = salt
         # key -> digest for the keys seen lately: a digest costs about a microsecond, a dict look-up a tenth;
         # emptied when it reaches _DIGESTS_KEPT entries, so it is bounded whatever clients come.
@@ -158,6 +159,10 @@ class SharedBuckets:
 
     def close(self) -> None:
         self._map.close()
+
+    def with_salt(self, salt: bytes) -> SharedBuckets:
+        """The buckets of other limits in the same table and mapping (closing either unmaps both)."""
+        return SharedBuckets(self._fd, salt, self._map)
 
     def digest(self, key: BucketKey) -> int:
         index, client = key

@@ -12,10 +12,11 @@ in-flight ledger, outlier ejection, guard, TLS and metrics file); the parent doe
   (``WorkerPool``), so the per-client limit is exact across workers, and each worker holds its share of
   ``max_connections`` (``compute_share``) with the single process's eviction of the longest idle.
 * **Lifetimes**: workers are started by the parent and report ready (the zero token) once serving. A
-  worker that exits before it is ready ends the parent with its exit status (e.g. 1: the API keys cannot
+  worker that exits before it is ready at the load balancer's start ends the parent with its exit status (e.g. 1: the API keys cannot
   be read), so that a load balancer that cannot serve still fails as one; a worker that dies later is
   started again (``compute_restart_delay``) and its connections are released; a worker that stops on its
-  own with status 0 means the service is gone, and the parent stops too. A worker whose parent is gone
+  own with status 0 means the service is gone, and the parent stops too (a worker stopped by a signal
+  exits with ``STOPPED_STATUS`` and is started again). A worker whose parent is gone
   (the control socket's end of file) stops after answering the requests in flight; the parent's SIGTERM is
   passed on to every worker and waited for.
 * **Shared**: the rate limits' buckets (``lb.buckets.SharedBuckets``: one table in a file every worker
@@ -50,6 +51,7 @@ from skyserve_lite.lb.settings import ConnectionLimits
 
 __all__ = [
     "READY_TOKEN",
+    "STOPPED_STATUS",
     "ExitPlan",
     "HandoffReceiver",
     "Worker",
@@ -72,6 +74,9 @@ _TOKEN: Final = struct.Struct("!Q")
 _PEER_GONE: Final = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ECONNREFUSED, errno.ENOTCONN})
 # A worker's first message: it is serving. Connection tokens start at 1.
 READY_TOKEN: Final = 0
+# A worker's exit status when it was stopped (a signal, its parent's end), not because the service is gone
+# (0): a worker stopped by hand is started again rather than taken for the end of the service.
+STOPPED_STATUS: Final = 3
 # Tokens per message a worker sends back: 512 x 8 bytes, one page-sized datagram.
 _TOKENS_PER_MESSAGE: Final = 512
 # Connections received per wake-up of a worker's control socket, as the listener's ACCEPT_BATCH.

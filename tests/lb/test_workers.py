@@ -390,6 +390,7 @@ def test_two_views_of_one_table_count_against_one_bucket_as_one_local_store_does
     assert _burst(second, (0, "198.51.100.1"), [0.0]) == [True]  # another client: its own bucket
     assert _burst(second, (1, "203.0.113.7"), [1.0]) == [True]  # another limit: its own bucket
     assert _burst(SharedBuckets(table_fd, b"new limits"), (0, "203.0.113.7"), [1.0]) == [True]  # fresh buckets
+    assert _burst(first.with_salt(b"limits"), (0, "203.0.113.7"), [1.0]) == [False]  # one mapping, same table
     assert len(first) == 4
 
 

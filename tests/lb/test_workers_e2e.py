@@ -217,6 +217,16 @@ def test_a_killed_worker_is_started_again_and_the_endpoint_keeps_answering(lb_of
     assert lb.stop() == 0
 
 
+def test_a_worker_stopped_by_hand_is_started_again_and_the_load_balancer_goes_on(lb_of: Callable[..., Lb]) -> None:
+    lb = lb_of()
+    victim = min(lb.workers())
+    os.kill(victim, signal.SIGTERM)  # a clean stop, but not the service's end: only status 0 is that
+    wait_for(lambda: len(lb.workers()) == 2 and victim not in lb.workers(), "the worker to be started again")
+    assert lb.process.poll() is None
+    assert _served(lb)
+    assert lb.stop() == 0
+
+
 def test_the_workers_stop_when_their_parent_is_killed(lb_of: Callable[..., Lb]) -> None:
     lb = lb_of()
     workers = lb.workers()
