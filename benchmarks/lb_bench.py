@@ -19,9 +19,9 @@ controller could drive instead, measured for comparison.
 ``--workers 1,2`` measures the load balancer as 1 process and as a parent with 2 worker processes, as
 ``SKY_LITE_LB_WORKERS=2`` runs it (``lb.workers``: the parent accepts and hands each connection to a worker;
 the rate limit's buckets are shared; the CPU columns count the parent and its workers). ``--compiled``
-adds the same paths for a copy of the tree whose load-balancer modules (``COMPILED_MODULES``) are compiled
-with mypyc (from the ``dev`` extra; a C compiler is needed): a compiled data plane from the same source,
-measured for the decision docs/benchmarks.md records.
+adds the same paths for a copy of the tree whose load-balancer modules are compiled as ``pip install .``
+compiles them (setup.py's ``COMPILED_MODULES``, mypyc from the ``dev`` extra; a C compiler is needed),
+for the pure-Python source against the compiled build in the same rounds.
 
 As in production with ``service.auth`` and ``service.rate_limits``, the load balancer checks every request's
 API key (wrk sends ``Authorization: Bearer`` to every path alike) and its rate limit (per client address, set
@@ -42,6 +42,7 @@ Internal modes, used by the script itself to start its subprocesses:
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import contextlib
 import dataclasses
@@ -78,11 +79,6 @@ TARGET_RPS_RATIO = 0.8
 TARGET_P99_RATIO = 1.5
 # The API key the benchmark's load balancer asks for; not a secret, it guards nothing but this run.
 BENCH_KEY = "lb-bench-key"
-# The load balancer's modules on the request path, compiled by ``--compiled``.
-COMPILED_MODULES = (
-    "http1", "guard", "policies", "outcomes", "records", "metrics", "proxy", "pooled_upstream", "server",
-    "upstream", "outliers", "split", "buckets",
-)
 LOOPS = ("uvloop", "asyncio")
 
 
@@ -681,20 +677,32 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def compile_tree(into: Path) -> Path:
-    """A copy of this checkout's package in ``into`` with ``COMPILED_MODULES`` of ``skyserve_lite.lb``
-    compiled by mypyc; the directory to put on sys.path. Exits with a message when mypyc or a C compiler is
-    missing."""
+    """A copy of this checkout's package in ``into`` with its load-balancer modules compiled as ``pip install``
+    compiles them (setup.py's mypyc build, in place); the directory to put on sys.path. Exits with a message
+    when mypyc or a C compiler is missing, or a module did not compile."""
     if importlib.util.find_spec("mypyc") is None:
         raise SystemExit("lb_bench: --compiled needs mypyc (pip install -e '.[dev]', which has mypy). Nothing was run.")
     shutil.copytree(REPO / "skyserve_lite", into / "skyserve_lite", ignore=shutil.ignore_patterns("__pycache__"))
-    modules = [f"skyserve_lite/lb/{name}.py" for name in COMPILED_MODULES]
-    print(f"compiling {len(modules)} load-balancer modules with mypyc ...", file=sys.stderr)
-    built = subprocess.run(
-        [sys.executable, "-m", "mypyc", *modules], cwd=into, capture_output=True, text=True, check=False
-    )
-    if built.returncode != 0:
-        raise SystemExit(f"lb_bench: mypyc failed:\n{built.stdout[-3000:]}{built.stderr[-3000:]}")
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, into / name)
+    print("compiling the load-balancer modules with mypyc (setup.py) ...", file=sys.stderr)
+    environ = {key: value for key, value in os.environ.items() if key != "SKY_LITE_PURE_PYTHON"}
+    built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=into, env=environ,
+                           capture_output=True, text=True, check=False)
+    lb = into / "skyserve_lite" / "lb"
+    missing = [name for name in compiled_modules(into) if not list(lb.glob(f"{name}.*.so"))]
+    if built.returncode != 0 or missing:
+        raise SystemExit(f"lb_bench: mypyc did not compile {', '.join(missing) or 'the modules'}:\n"
+                         f"{built.stdout[-3000:]}{built.stderr[-3000:]}")
     return into
+
+
+def compiled_modules(tree: Path) -> tuple[str, ...]:
+    """setup.py's ``COMPILED_MODULES`` (read from the file: running it would build)."""
+    for node in ast.parse((tree / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMPILED_MODULES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise SystemExit("lb_bench: setup.py names no COMPILED_MODULES")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -61,7 +61,7 @@ from skyserve_lite.lb.listener import raise_open_file_limit
 from skyserve_lite.lb.metrics import LbMetrics, metrics_path
 from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
-from skyserve_lite.lb.server import serve, serve_taking
+from skyserve_lite.lb.server import is_compiled, serve, serve_taking
 from skyserve_lite.lb.settings import ConnectionLimits, LbSettings, compute_worker_count
 from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
 from skyserve_lite.lb.version_counts import VersionCounter
@@ -392,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.worker is not None:
             role = WorkerRole(args.worker, args.workers, args.control_fd, args.buckets_fd, args.endpoint_pid)
             return _run_until_complete(_run(home, args.service, args.host, args.port, settings, limits, role))
-        count = compute_worker_count(settings.workers, _cpu_count(), can_hand_off())
+        count = compute_worker_count(settings.workers, _cpu_count(), can_hand_off(), is_compiled())
         if count > 1:
             return _run_until_complete(_run_parent(home, args.service, args.host, args.port, limits, count))
         return _run_until_complete(_run(home, args.service, args.host, args.port, settings, limits))

@@ -93,7 +93,9 @@ __all__ = [
     "SWEEP_SECONDS",
     "WRITE_HIGH_WATER",
     "HttpServer",
+    "describe_build",
     "describe_loop",
+    "is_compiled",
     "render_local_answer",
     "render_response_head",
     "serve",
@@ -989,12 +991,13 @@ async def _serve(lb: LoadBalancer, server: HttpServer, begin: Callable[[], Await
     try:
         where = await begin()
         log.info(
-            "load balancer for service %s %s; head deadline %g s, keep-alive %g s; event loop: %s)",
+            "load balancer for service %s %s; head deadline %g s, keep-alive %g s; event loop: %s; %s)",
             lb.service,
             where,
             server.limits.head_seconds,
             server.limits.keepalive_seconds,
             describe_loop(asyncio.get_running_loop()),
+            describe_build(__file__),
         )
         await _wait_until_stopped(lb, stop)
     finally:
@@ -1007,6 +1010,17 @@ async def _serve(lb: LoadBalancer, server: HttpServer, begin: Callable[[], Await
 
 def _over_https(server: HttpServer) -> str:
     return " over HTTPS" if server.ssl_context() is not None else ""
+
+
+def is_compiled() -> bool:
+    """Whether this module runs compiled by mypyc (setup.py): then the others of the request path do too."""
+    return describe_build(__file__) != "interpreted"
+
+
+def describe_build(module_file: str) -> str:
+    """Whether this module (its ``__file__``) runs compiled by mypyc (setup.py) or as Python source, for the
+    log: an extension module's file is not a .py."""
+    return "interpreted" if module_file.endswith((".py", ".pyc")) else "compiled with mypyc"
 
 
 def describe_loop(loop: asyncio.AbstractEventLoop) -> str:

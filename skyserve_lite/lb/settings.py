@@ -29,9 +29,10 @@
 
 ``SKY_LITE_LB_WORKERS``
     Processes serving the endpoint (a whole number, at least 1, or ``auto``: one per CPU the process may
-    run on; default 1). With more than one, a parent process owns the port and hands each connection to
-    the worker with the fewest (``lb.workers``); the connection limits stay the load balancer's as a
-    whole. Where sockets cannot be passed between processes (Windows) it is always 1.
+    run on). Unset: 2 where the load balancer runs compiled (setup.py) on 2 or more CPUs, else 1
+    (``compute_worker_count``: a second process pays off only compiled; docs/benchmarks.md). With more
+    than one, a parent process owns the port and hands each connection to the worker with the fewest
+    (``lb.workers``). Where sockets cannot be passed between processes (not Linux) it is always 1.
 
 ``LbSettings.from_env`` reads them all and raises ``UsageError`` naming the first invalid variable.
 The deadlines are checked by one sweep a second, so each may run up to a second longer than set.
@@ -42,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from skyserve_lite.errors import UsageError
 
@@ -86,6 +87,11 @@ UPSTREAM_TIMEOUT_VARIABLE: Final = "SKY_LITE_LB_UPSTREAM_TIMEOUT_SECONDS"
 EJECT_AFTER_FAILURES_VARIABLE: Final = "SKY_LITE_LB_EJECT_AFTER_FAILURES"
 EJECT_SECONDS_VARIABLE: Final = "SKY_LITE_LB_EJECT_SECONDS"
 WORKERS_VARIABLE: Final = "SKY_LITE_LB_WORKERS"
+# Unset, a compiled load balancer runs as a parent and 2 workers: measured 0.82x nginx's requests/s against
+# 0.64x for one compiled process on 2 cores; more than the cores is worse (0.70x with 3 on 2).
+DEFAULT_COMPILED_WORKERS: Final = 2
+# A count of processes, "auto" (one per CPU) or "default" (``compute_worker_count``).
+WorkerSetting = int | Literal["auto", "default"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +127,7 @@ class LbSettings:
     upstream_timeout_seconds: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS
     eject_after_failures: int = DEFAULT_EJECT_AFTER_FAILURES
     eject_seconds: float = DEFAULT_EJECT_SECONDS
-    workers: int | None = 1  # None: one per CPU (``auto``)
+    workers: WorkerSetting = "default"  # a count, "auto" (one per CPU) or "default" (``compute_worker_count``)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> LbSettings:
@@ -170,20 +176,27 @@ def max_connections_from_env(environ: Mapping[str, str]) -> int | None:
     return _count_from_env(environ, MAX_CONNECTIONS_VARIABLE, 1)
 
 
-def workers_from_env(environ: Mapping[str, str]) -> int | None:
-    """``SKY_LITE_LB_WORKERS``: a whole number (1 or more), None for ``auto``; 1 when unset or empty. Raises
-    ``UsageError`` naming the variable for anything else ("two", "0")."""
+def workers_from_env(environ: Mapping[str, str]) -> WorkerSetting:
+    """``SKY_LITE_LB_WORKERS``: a whole number (1 or more), or ``"auto"``; ``"default"`` when unset or empty.
+    Raises ``UsageError`` naming the variable for anything else ("two", "0")."""
     if environ.get(WORKERS_VARIABLE, "").strip().lower() == "auto":
-        return None
-    return _or_default(_count_from_env(environ, WORKERS_VARIABLE, 1), 1)
+        return "auto"
+    count = _count_from_env(environ, WORKERS_VARIABLE, 1)
+    return "default" if count is None else count
 
 
-def compute_worker_count(setting: int | None, cpus: int, can_hand_off: bool) -> int:
-    """How many processes serve: ``setting`` (None: ``cpus``, at least 1), or 1 where connections cannot be
-    handed between processes. Pure."""
+def compute_worker_count(setting: WorkerSetting, cpus: int, can_hand_off: bool, compiled: bool) -> int:
+    """How many processes serve: 1 where connections cannot be handed between processes; else a count as
+    set, ``cpus`` for ``"auto"``, and by default ``DEFAULT_COMPILED_WORKERS`` (at most ``cpus``) where the
+    load balancer runs compiled and 1 where it runs interpreted (two interpreted processes spend more CPU
+    for fewer requests: docs/benchmarks.md, "fifth pass"). Pure."""
     if not can_hand_off:
         return 1
-    return setting if setting is not None else max(1, cpus)
+    if setting == "auto":
+        return max(1, cpus)
+    if setting == "default":
+        return max(1, min(DEFAULT_COMPILED_WORKERS, cpus)) if compiled else 1
+    return setting
 
 
 def _or_default(value: int | None, default: int) -> int:

@@ -12,13 +12,13 @@ in-flight ledger, outlier ejection, guard, TLS and metrics file); the parent doe
   (``WorkerPool``), so the per-client limit is exact across workers, and each worker holds its share of
   ``max_connections`` (``compute_share``) with the single process's eviction of the longest idle.
 * **Lifetimes**: workers are started by the parent and report ready (the zero token) once serving. A
-  worker that exits before it is ready at the load balancer's start ends the parent with its exit status (e.g. 1: the API keys cannot
-  be read), so that a load balancer that cannot serve still fails as one; a worker that dies later is
-  started again (``compute_restart_delay``) and its connections are released; a worker that stops on its
-  own with status 0 means the service is gone, and the parent stops too (a worker stopped by a signal
-  exits with ``STOPPED_STATUS`` and is started again). A worker whose parent is gone
-  (the control socket's end of file) stops after answering the requests in flight; the parent's SIGTERM is
-  passed on to every worker and waited for.
+  worker that exits before it is ready at the load balancer's start ends the parent with its exit status
+  (e.g. 1: the API keys cannot be read), so that a load balancer that cannot serve still fails as one
+  (``plan_worker_exit``); a worker that dies later is started again (``compute_restart_delay``) and its
+  connections are released; a worker that stops on its own with status 0 means the service is gone, and
+  the parent stops too (a worker stopped by a signal exits with ``STOPPED_STATUS`` and is started again). A
+  worker whose parent is gone (the control socket's end of file) stops after answering the requests in
+  flight; the parent's SIGTERM is passed on to every worker and waited for.
 * **Shared**: the rate limits' buckets (``lb.buckets.SharedBuckets``: one table in a file every worker
   maps, so a client whose connections land on two workers gets its rate once, not twice), the request
   counts and the load report (the store adds them up: each worker reports under its own name); the

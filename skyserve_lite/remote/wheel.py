@@ -24,6 +24,7 @@ DISTRIBUTION = "skyserve-lite"
 _ENTRY_POINTS = "[console_scripts]\nsky-lite = skyserve_lite.cli.entry:main\n"
 _WHEEL = "Wheel-Version: 1.0\nGenerator: sky-lite\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed times: the same files make the same wheel
+_LEFT_OUT = frozenset({".pyc", ".pyo", ".so", ".pyd"})
 
 
 def package_root() -> Path:
@@ -31,10 +32,12 @@ def package_root() -> Path:
 
 
 def iter_package_files(root: Path | None = None) -> Iterator[tuple[str, Path]]:
-    """(archive name, path) of every file of the package, sorted; compiled caches left out."""
+    """(archive name, path) of every file of the package, sorted; compiled caches and compiled modules left
+    out. The load balancer's modules compiled at install (setup.py) are for this machine's Python and need
+    a library outside the package: the host gets their source, which runs the same (interpreted)."""
     root = root or package_root()
     for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in _LEFT_OUT:
             yield f"skyserve_lite/{path.relative_to(root).as_posix()}", path
 
 

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from skyserve_lite.lb.http1 import MAX_HEAD_BYTES
 from skyserve_lite.lb.proxy import LocalAnswer
-from skyserve_lite.lb.server import describe_loop, render_local_answer, render_response_head
+from skyserve_lite.lb.server import describe_build, describe_loop, render_local_answer, render_response_head
 
 from .serving import serving
 
@@ -381,3 +381,12 @@ def test_the_event_loop_is_named_for_the_log() -> None:
         assert describe_loop(loop) == "uvloop"
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize(("module_file", "said"), [
+    ("/site-packages/skyserve_lite/lb/server.py", "interpreted"),
+    ("/site-packages/skyserve_lite/lb/server.cpython-311-x86_64-linux-gnu.so", "compiled with mypyc"),
+    ("C:/site-packages/skyserve_lite/lb/server.cp311-win_amd64.pyd", "compiled with mypyc"),
+])
+def test_the_log_says_whether_the_load_balancer_runs_compiled(module_file: str, said: str) -> None:
+    assert describe_build(module_file) == said

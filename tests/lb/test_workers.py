@@ -28,7 +28,7 @@ from skyserve_lite.lb.buckets import (
     make_shared_table,
 )
 from skyserve_lite.lb.metrics_file import LatencyRow, LbSnapshot
-from skyserve_lite.lb.settings import compute_worker_count, workers_from_env
+from skyserve_lite.lb.settings import WorkerSetting, compute_worker_count, workers_from_env
 from skyserve_lite.lb.workers import (
     READY_TOKEN,
     ExitPlan,
@@ -105,15 +105,25 @@ def test_a_worker_dying_again_and_again_waits_longer_each_time(quick_deaths: int
     assert compute_restart_delay(quick_deaths) == delay
 
 
-@pytest.mark.parametrize(("setting", "cpus", "can_hand_off", "count"), [
-    (1, 8, True, 1), (4, 2, True, 4), (None, 2, True, 2), (None, 0, True, 1), (4, 8, False, 1), (None, 8, False, 1),
+@pytest.mark.parametrize(("setting", "cpus", "can_hand_off", "compiled", "count"), [
+    (1, 8, True, True, 1),
+    (4, 2, True, False, 4),  # as set, whatever the build
+    ("auto", 8, True, False, 8),
+    ("auto", 0, True, True, 1),
+    ("default", 8, True, True, 2),  # compiled: a second process fills the CPU one leaves idle
+    ("default", 1, True, True, 1),
+    ("default", 8, True, False, 1),  # interpreted: a second process only costs CPU
+    (4, 8, False, True, 1),  # no hand-off (not Linux): one process
+    ("auto", 8, False, True, 1),
 ])
-def test_worker_count(setting: int | None, cpus: int, can_hand_off: bool, count: int) -> None:
-    assert compute_worker_count(setting, cpus, can_hand_off) == count
+def test_worker_count(setting: WorkerSetting, cpus: int, can_hand_off: bool, compiled: bool, count: int) -> None:
+    assert compute_worker_count(setting, cpus, can_hand_off, compiled) == count
 
 
-@pytest.mark.parametrize(("value", "expected"), [(None, 1), ("", 1), ("2", 2), (" auto ", None), ("AUTO", None)])
-def test_workers_from_the_environment(value: str | None, expected: int | None) -> None:
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, "default"), ("", "default"), ("2", 2), (" auto ", "auto"), ("AUTO", "auto"),
+])
+def test_workers_from_the_environment(value: str | None, expected: WorkerSetting) -> None:
     environ = {} if value is None else {"SKY_LITE_LB_WORKERS": value}
     assert workers_from_env(environ) == expected
 

@@ -192,6 +192,17 @@ def test_the_wheel_holds_the_running_package(tmp_path: Path) -> None:
     assert build_wheel(tmp_path).read_bytes() == wheel.read_bytes()  # the same files make the same wheel
 
 
+def test_compiled_modules_stay_out_of_the_wheel_and_its_digest(tmp_path: Path) -> None:
+    root = tmp_path / "skyserve_lite"
+    (root / "lb").mkdir(parents=True)
+    (root / "lb" / "proxy.py").write_text("x = 1\n")
+    first = package_digest(root)
+    (root / "lb" / "proxy.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    (root / "lb" / "proxy.cp311-win_amd64.pyd").write_bytes(b"MZ")
+    assert [name for name, _ in iter_package_files(root)] == ["skyserve_lite/lb/proxy.py"]
+    assert package_digest(root) == first
+
+
 def test_the_package_digest_follows_the_files(tmp_path: Path) -> None:
     root = tmp_path / "skyserve_lite"
     root.mkdir()
