@@ -63,7 +63,7 @@ from skyserve_lite.lb.pooled_upstream import PooledUpstream
 from skyserve_lite.lb.proxy import LbReport, LbView, LoadBalancer
 from skyserve_lite.lb.server import is_compiled, serve, serve_taking
 from skyserve_lite.lb.settings import ConnectionLimits, LbSettings, compute_worker_count
-from skyserve_lite.lb.tls import TlsError, TlsReloader, tls_dir
+from skyserve_lite.lb.tls import REFRESH_SECONDS, TlsError, TlsReloader, tls_dir
 from skyserve_lite.lb.version_counts import VersionCounter
 from skyserve_lite.lb.workers import (
     STOPPED_STATUS,
@@ -315,6 +315,27 @@ def _shared_buckets(role: WorkerRole, opened: list[SharedBuckets], limits: tuple
     return opened[0].with_salt(salt)
 
 
+class TlsFlag:
+    """Whether the service's current version has ``service.tls``, for a parent's refusals (``run_parent``):
+    read from the store every ``REFRESH_SECONDS`` as the workers read their certificates."""
+
+    def __init__(self, current: CurrentVersionValue[bool]) -> None:
+        self._current = current
+        self._on = False
+
+    def read(self) -> bool:
+        return self._on
+
+    async def run(self) -> None:
+        while True:
+            try:
+                on = await asyncio.to_thread(self._current.read)
+                self._on = bool(on) if on is not None else self._on
+            except Exception:  # a store that cannot be read keeps the last answer
+                log.exception("reading whether the service is served over TLS failed")
+            await asyncio.sleep(REFRESH_SECONDS)
+
+
 async def _run_parent(
     home: Path, service: str, host: str, port: int, limits: ConnectionLimits, count: int
 ) -> int:
@@ -334,10 +355,15 @@ async def _run_parent(
                    "--host", host, "--port", str(port), *role.args()]
         return await asyncio.create_subprocess_exec(*command, pass_fds=(control.fileno(), buckets_fd))
 
+    tls = TlsFlag(CurrentVersionValue(store, service, lambda record: record.spec.service.tls is not None))
+    watching = asyncio.create_task(tls.run(), name=f"lb-tls-flag-{service}")
     try:
         return await run_parent(service, host, port, limits, count, spawn, stop,
-                                on_serving=functools.partial(_record_endpoint, store, service))
+                                on_serving=functools.partial(_record_endpoint, store, service), over_tls=tls.read)
     finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
         os.close(buckets_fd)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(store.delete_lb_endpoint, service, socket.gethostname(), os.getpid())

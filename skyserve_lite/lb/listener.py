@@ -200,7 +200,8 @@ class Listener:
     With several worker processes (``lb.workers``) the parent's listener accepts and, instead of serving a
     connection it admits, gives it to ``hand_off(connection, release)``: True when a worker took it (the
     parent then calls ``release`` when the worker says the connection closed), False to refuse it. A
-    worker's listener binds nothing (``start_taking``) and is given each connection with ``take``.
+    worker's listener binds nothing (``start_taking``) and is given each connection with ``take``; the
+    parent, which has no TLS context, is told by ``over_tls()`` whether its refusals must be silent.
     """
 
     def __init__(
@@ -217,6 +218,7 @@ class Listener:
         evict: Callable[[], bool] = lambda: False,
         handshake_seconds: float | None = None,
         hand_off: Callable[[socket.socket, Callable[[], None]], bool] | None = None,
+        over_tls: Callable[[], bool] | None = None,
     ) -> None:
         self._make_protocol = make_protocol
         self._hand_off = hand_off
@@ -225,6 +227,9 @@ class Listener:
         self._max_connections = max_connections
         self._backoff_seconds = backoff_seconds
         self._ssl_context = ssl_context
+        # Whether clients speak TLS now, so that a refusal is a close without the 503 they could not read:
+        # ssl_context() says so, or for a parent that hands connections over (no context of its own) this.
+        self._over_tls = over_tls if over_tls is not None else lambda: ssl_context() is not None
         self._max_per_client = max_per_client
         self._client_refusal = client_refusal or refusal
         self._evict = evict
@@ -393,7 +398,7 @@ class Listener:
             connection.setblocking(False)
             with contextlib.suppress(BlockingIOError):
                 connection.recv(_REFUSAL_DRAIN)
-            if self._ssl_context() is None:
+            if not self._over_tls():
                 connection.send(refusal)
             connection.shutdown(socket.SHUT_WR)
         connection.close()

@@ -466,12 +466,14 @@ async def run_parent(
     spawn: Callable[[int, socket.socket], Awaitable[WorkerProcess]],
     stop: asyncio.Event,
     on_serving: Callable[[list[tuple[str, int]]], Awaitable[None]] | None = None,
+    over_tls: Callable[[], bool] = lambda: False,
 ) -> int:
     """The parent of ``count`` workers started by ``spawn``: bind ``host:port`` alone, hand the connections
     it admits to them, until ``stop`` is set or the pool finishes (the module docstring says when); then
     SIGTERM to the workers, and wait for them. ``on_serving`` is awaited with the bound addresses once every
-    worker serves. Returns the exit status: 0, 1 when the port cannot be bound, or the status of a worker
-    that could not start."""
+    worker serves. ``over_tls()`` says whether the service is served over TLS now (its refusals are then
+    a close, as a TLS client could not read a plain 503). Returns the exit status: 0, 1 when the port cannot
+    be bound, or the status of a worker that could not start."""
     from skyserve_lite.lb.proxy import LocalAnswer
     from skyserve_lite.lb.server import render_local_answer, too_many_from_client_message
 
@@ -485,7 +487,8 @@ async def run_parent(
     # The parent holds each client address to its limit; the total is the workers' (each holds its share
     # and makes room by closing its longest idle connection), so the parent never refuses for it.
     listener = Listener(lambda release: asyncio.Protocol(), unplaced, name, sys.maxsize,
-                        max_per_client=limits.per_client, client_refusal=client_refusal, hand_off=pool.hand_off)
+                        max_per_client=limits.per_client, client_refusal=client_refusal, hand_off=pool.hand_off,
+                        over_tls=over_tls)
     try:
         try:
             # Bound first (a port taken fails before any worker starts), accepting once the workers run.

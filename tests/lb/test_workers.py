@@ -484,3 +484,40 @@ def test_without_workers_the_families_keep_their_labels() -> None:
     assert sample(samples, "skylite_lb_requests_total", service="svc", version="1", replica="http://r1",
                   code="2xx") == 10
     assert all("worker" not in dict(labels) for _, labels in samples)
+
+
+# -- the parent's refusals ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("over_tls", "answer"), [(False, b"HTTP/1.1 503 "), (True, b"")])
+def test_a_parent_refuses_a_client_over_its_limit_with_a_503_or_over_tls_a_bare_close(
+        over_tls: bool, answer: bytes) -> None:
+    """A parent has no TLS context of its own (its workers do): ``over_tls`` tells it a refusal must be a close,
+    as a TLS client could not read a plain 503."""
+    from skyserve_lite.lb.listener import Listener
+
+    async def body() -> None:
+        handed: list[socket.socket] = []
+
+        def hand_off(connection: socket.socket, release: Callable[[], None]) -> bool:
+            handed.append(connection)  # held, as a worker would hold it
+            return True
+
+        listener = Listener(lambda release: asyncio.Protocol(), b"HTTP/1.1 503 none\r\n\r\n", "test", 100,
+                            max_per_client=1, client_refusal=b"HTTP/1.1 503 over the limit\r\n\r\n",
+                            hand_off=hand_off, over_tls=lambda: over_tls)
+        [(_, port)] = listener.start("127.0.0.1", 0)
+        try:
+            first = await asyncio.open_connection("127.0.0.1", port)
+            await _settle()
+            assert len(handed) == 1
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            got = await asyncio.wait_for(reader.read(), 5)
+            assert got.startswith(answer) and (answer or got == b"")
+            writer.close()
+            first[1].close()
+        finally:
+            listener.close()
+            for sock in handed:
+                sock.close()
+
+    _run(body)
