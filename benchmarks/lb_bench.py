@@ -42,7 +42,6 @@ Internal modes, used by the script itself to start its subprocesses:
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import contextlib
 import dataclasses
@@ -678,31 +677,22 @@ def bench(args: argparse.Namespace) -> int:
 
 def compile_tree(into: Path) -> Path:
     """A copy of this checkout's package in ``into`` with its load-balancer modules compiled as ``pip install``
-    compiles them (setup.py's mypyc build, in place); the directory to put on sys.path. Exits with a message
-    when mypyc or a C compiler is missing, or a module did not compile."""
+    compiles them (scripts/test_compiled_lb.py's in-place build with setup.py); the directory to put on
+    sys.path. Exits with a message when mypyc or a C compiler is missing, or a module did not compile."""
     if importlib.util.find_spec("mypyc") is None:
         raise SystemExit("lb_bench: --compiled needs mypyc (pip install -e '.[dev]', which has mypy). Nothing was run.")
-    shutil.copytree(REPO / "skyserve_lite", into / "skyserve_lite", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "skyserve_lite", into / "skyserve_lite",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, into / name)
     print("compiling the load-balancer modules with mypyc (setup.py) ...", file=sys.stderr)
-    environ = {key: value for key, value in os.environ.items() if key != "SKY_LITE_PURE_PYTHON"}
-    built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=into, env=environ,
-                           capture_output=True, text=True, check=False)
-    lb = into / "skyserve_lite" / "lb"
-    missing = [name for name in compiled_modules(into) if not list(lb.glob(f"{name}.*.so"))]
-    if built.returncode != 0 or missing:
-        raise SystemExit(f"lb_bench: mypyc did not compile {', '.join(missing) or 'the modules'}:\n"
-                         f"{built.stdout[-3000:]}{built.stderr[-3000:]}")
+    sys.path.insert(0, str(REPO / "scripts"))
+    from test_compiled_lb import build_in_place
+
+    interpreted = build_in_place(into)
+    if interpreted:
+        raise SystemExit(f"lb_bench: mypyc did not compile {', '.join(interpreted)}")
     return into
-
-
-def compiled_modules(tree: Path) -> tuple[str, ...]:
-    """setup.py's ``COMPILED_MODULES`` (read from the file: running it would build)."""
-    for node in ast.parse((tree / "setup.py").read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMPILED_MODULES" for t in node.targets):
-            return tuple(ast.literal_eval(node.value))
-    raise SystemExit("lb_bench: setup.py names no COMPILED_MODULES")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -119,9 +119,11 @@ def force_down(home: Path, *, regions: Sequence[str] = (), clouds: CloudProvider
         if process is not None and procs.stop_processes([process], _CONTROLLER_GRACE_SECONDS):
             stopped.append(StoppedProcesses("the controller", (process.pid,)))
     load_balancers = find_load_balancers(home)
+    by_service: dict[str, list[int]] = {}  # a load balancer with workers is several processes (lb.workers)
     for process in procs.stop_processes([p for p, _service in load_balancers], _LB_GRACE_SECONDS):
-        service = dict((p.pid, s) for p, s in load_balancers)[process.pid]
-        stopped.append(StoppedProcesses(f"the load balancer of {service}", (process.pid,)))
+        by_service.setdefault(dict((p.pid, s) for p, s in load_balancers)[process.pid], []).append(process.pid)
+    stopped.extend(StoppedProcesses(f"the load balancer of {service}", tuple(sorted(pids)))
+                   for service, pids in by_service.items())
     is_ours = find_replica_tag_test(home)
     replicas = stop_replica_processes(is_ours, find_recorded_replica_pids(home),
                                       grace_seconds)
@@ -165,7 +167,8 @@ def terminate_tagged(provider: Provider, regions: Collection[str]) -> list[Insta
 
 
 def find_load_balancers(home: Path) -> list[tuple[procs.ProcessInfo, str]]:
-    """The load balancer processes of ``home`` with their service, by their argv."""
+    """The load balancer processes of ``home`` with their service, by their argv (a parent's workers too:
+    they have the same module and options)."""
     found = []
     for process in procs.list_processes():
         argv = procs.read_cmdline(process.pid)

@@ -19,6 +19,15 @@ def sample(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
+def total(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sum of ``name``'s samples with these labels over every ``worker`` (a load balancer on several
+    processes has a series per worker, one process none): what a query summing by the other labels reads.
+    None when there is no such sample."""
+    found = [value for (each, labelset), value in samples.items()
+             if each == name and {key: text for key, text in labelset if key != "worker"} == labels]
+    return sum(found) if found else None
+
+
 class IdleLoad:
     """A load balancer's load (``lb.metrics.LoadSource``) with nothing in flight: two replicas, the second
     ejected, two retries and one ejection so far; for snapshots of recorded outcomes only."""

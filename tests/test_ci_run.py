@@ -26,9 +26,10 @@ APT_INSTALL = "apt-get install -y -qq --no-install-recommends openssh-server ope
 CHECKS = [
     "python -m pip install --quiet --upgrade pip",
     "pip install --quiet .[dev]",
-    "ruff check skyserve_lite tests benchmarks noxfile.py",
+    "ruff check skyserve_lite tests benchmarks scripts noxfile.py setup.py",
     "mypy",
     "mypy --strict tests",
+    "python scripts/test_compiled_lb.py",
     "pip install .[test]",
     "python -m pytest",
 ]

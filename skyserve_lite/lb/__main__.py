@@ -326,14 +326,18 @@ class TlsFlag:
     def read(self) -> bool:
         return self._on
 
+    async def refresh(self) -> None:
+        """Read the current version again; a store that cannot be read keeps the last answer (logged)."""
+        try:
+            on = await asyncio.to_thread(self._current.read)
+            self._on = bool(on) if on is not None else self._on
+        except Exception:  # the top of this step: the parent serves on with what it knew
+            log.exception("reading whether the service is served over TLS failed")
+
     async def run(self) -> None:
         while True:
-            try:
-                on = await asyncio.to_thread(self._current.read)
-                self._on = bool(on) if on is not None else self._on
-            except Exception:  # a store that cannot be read keeps the last answer
-                log.exception("reading whether the service is served over TLS failed")
             await asyncio.sleep(REFRESH_SECONDS)
+            await self.refresh()
 
 
 async def _run_parent(
@@ -356,6 +360,7 @@ async def _run_parent(
         return await asyncio.create_subprocess_exec(*command, pass_fds=(control.fileno(), buckets_fd))
 
     tls = TlsFlag(CurrentVersionValue(store, service, lambda record: record.spec.service.tls is not None))
+    await tls.refresh()  # before the first connection
     watching = asyncio.create_task(tls.run(), name=f"lb-tls-flag-{service}")
     try:
         return await run_parent(service, host, port, limits, count, spawn, stop,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from skyserve_lite import procs
+from skyserve_lite.forcedown import find_load_balancers
 
 from .conftest import SkyLite, wait_until
 
@@ -37,9 +38,16 @@ def serve(sky: SkyLite, tmp_path: Path) -> str:
     (tmp_path / "web.yaml").write_text(TASK)
     sky.run("serve", "up", str(tmp_path / "web.yaml"), "--name", "web")
     endpoint = str(sky.status("web")["services"][0]["endpoint"])
-    # supervisor, wrapper, http.server and the escaped sleep per replica; the load balancer; the controller
-    wait_until(lambda: len(sky.processes()) == 2 * 4 + 2, message="every process of the service")
+    # supervisor, wrapper, http.server and the escaped sleep per replica; the controller; the load balancer's
+    # processes (one, or a parent and its workers: all there once the endpoint answers)
+    wait_until(lambda: len(sky.processes()) == 2 * 4 + 1 + lb_processes(sky), message="every process of the service")
     return endpoint
+
+
+def lb_processes(sky: SkyLite) -> int:
+    found = len(find_load_balancers(Path(os.path.realpath(sky.home))))
+    assert found >= 1
+    return found
 
 
 def is_listening(endpoint: str) -> bool:
@@ -59,7 +67,7 @@ def test_force_down_with_a_garbage_database_stops_everything_and_is_safe_to_run_
 
     lines = first.stdout.splitlines()
     assert lines[0].startswith("Stopped the controller (pid ")
-    assert lines[1].startswith("Stopped the load balancer of web (pid ")
+    assert lines[1].startswith("Stopped the load balancer of web (pid")  # "pids" with workers
     assert [line.split(" (")[0] for line in lines[2:4]] == ["Stopped replica 1 of web", "Stopped replica 2 of web"]
     assert lines[4].startswith("Cloud instances were not searched")
     assert sky.processes() == []
@@ -75,7 +83,7 @@ def test_deleting_the_home_after_a_controller_restart_stops_every_replica(sky: S
     os.kill(controller, signal.SIGTERM)
     wait_until(lambda: not procs.is_alive(controller), message="the controller to stop")
     sky.run("controller", "start")  # a new controller: it spawned none of the replicas
-    assert len(sky.processes()) == 2 * 4 + 2
+    assert len(sky.processes()) == 2 * 4 + 1 + lb_processes(sky)
 
     shutil.rmtree(sky.home)
 
