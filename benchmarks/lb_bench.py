@@ -159,14 +159,14 @@ def serve_lb(
         buckets: Any = None
         serving: Any = functools.partial(serve, host="127.0.0.1", port=port, stop=stop)
         if worker is not None:
-            from skyserve_lite.lb.buckets import SharedBuckets
+            from skyserve_lite.lb.buckets import SharedBuckets, compute_salt
             from skyserve_lite.lb.server import serve_taking
             from skyserve_lite.lb.settings import ConnectionLimits
             from skyserve_lite.lb.workers import HandoffReceiver, compute_share
 
             _, control, table = worker
             def buckets(limits: Any) -> Any:
-                return SharedBuckets(table, repr(limits).encode())
+                return SharedBuckets(table, compute_salt(limits))
 
             receiver = HandoffReceiver(socket.socket(fileno=control), stop.set)
             share = ConnectionLimits(max_connections=compute_share(ConnectionLimits().max_connections, workers))

@@ -36,7 +36,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import hashlib
 import importlib
 import logging
 import os
@@ -54,7 +53,7 @@ from skyserve_lite.errors import SkyLiteError, StateConflictError
 from skyserve_lite.files.blobs import blob_store_of
 from skyserve_lite.files.manifest import Manifest
 from skyserve_lite.lb.auth_keys import StoreGuardSource
-from skyserve_lite.lb.buckets import SharedBuckets, compute_table_slots, make_shared_table
+from skyserve_lite.lb.buckets import SharedBuckets, compute_salt, compute_table_slots, make_shared_table
 from skyserve_lite.lb.current_version import CurrentVersionValue
 from skyserve_lite.lb.guard import DEFAULT_MAX_BUCKETS, Guard
 from skyserve_lite.lb.listener import raise_open_file_limit
@@ -308,7 +307,7 @@ async def _run(
 def _shared_buckets(role: WorkerRole, opened: list[SharedBuckets], limits: tuple[RateLimit, ...]) -> SharedBuckets:
     """The workers' shared table (``lb.buckets``) for ``limits``: keyed by them, so that new limits start from
     fresh buckets in every worker, as a single process's do. Mapped once (``opened`` holds the mapping)."""
-    salt = hashlib.blake2b(repr(limits).encode(), digest_size=32).digest()
+    salt = compute_salt(limits)
     if not opened:
         opened.append(SharedBuckets(role.buckets_fd, salt))
         return opened[0]

@@ -35,6 +35,7 @@ __all__ = [
     "BucketStore",
     "LocalBuckets",
     "SharedBuckets",
+    "compute_salt",
     "compute_table_slots",
     "compute_take",
     "make_shared_table",
@@ -122,6 +123,12 @@ def compute_table_slots(max_buckets: int) -> int:
     table holding the local store's limit is at most half full (with 8-entry windows, about 1 new key in
     1,000 then takes a live bucket's entry; at 3/4 full, 4 in 100). Pure."""
     return max(PROBE, 1 << max(0, 2 * max_buckets - 1).bit_length())
+
+
+def compute_salt(limits: object) -> bytes:
+    """The salt of ``SharedBuckets`` for a set of limits (their repr, the same in every process): other
+    limits key other buckets. Pure."""
+    return hashlib.blake2b(repr(limits).encode(), digest_size=32).digest()
 
 
 def make_shared_table(slots: int) -> int:

@@ -521,3 +521,17 @@ def test_a_parent_refuses_a_client_over_its_limit_with_a_503_or_over_tls_a_bare_
                 sock.close()
 
     _run(body)
+
+
+def test_the_salt_follows_the_limits_and_is_the_same_in_every_process() -> None:
+    from skyserve_lite.lb.buckets import compute_salt
+    from skyserve_lite.spec.model import RateLimit
+
+    limits = (RateLimit(2.0, "/v1/", 5),)
+    assert compute_salt(limits) == compute_salt((RateLimit(2.0, "/v1/", 5),))
+    assert compute_salt(limits) != compute_salt((RateLimit(2.0, "/v1/", 6),))
+    script = "from skyserve_lite.lb.buckets import compute_salt; from skyserve_lite.spec.model import RateLimit; " \
+             "print(compute_salt((RateLimit(2.0, '/v1/', 5),)).hex())"
+    other = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert other.stdout.strip() == compute_salt(limits).hex()
